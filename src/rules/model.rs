@@ -1,0 +1,248 @@
+//! The loaded, validated rules: what a request's descriptors are matched against.
+//!
+//! The loader (`load.rs`) builds these from YAML and the matcher (`matcher.rs`) walks them;
+//! nothing here parses or matches. A [`RuleSet`] is immutable once built: a reload builds a
+//! new one and swaps it in whole.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// A time unit as envoyproxy/ratelimit spells it (case-insensitive in files).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// Length in seconds, as in the reference (a month is 30 days, a year 365).
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.name().eq_ignore_ascii_case(s))
+    }
+}
+
+/// How a limit counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Capacity `burst`, refilled smoothly at `requests_per_unit` per window. The default.
+    #[default]
+    TokenBucket,
+    /// At most `requests_per_unit` per epoch-aligned window (the reference's behaviour).
+    FixedWindow,
+}
+
+impl Algorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        [Algorithm::TokenBucket, Algorithm::FixedWindow]
+            .into_iter()
+            .find(|a| a.name() == s)
+    }
+
+    /// A short tag that goes into store keys, so two algorithms never share a bucket.
+    pub fn key_tag(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "tb",
+            Algorithm::FixedWindow => "fw",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a rule was declared, for errors, logs and `/config`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Origin {
+    pub file: PathBuf,
+    pub line: usize,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file.display(), self.line)
+    }
+}
+
+/// One rate limit, fully resolved (defaults applied).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Limit {
+    /// The reference's `name` (used by `replaces` and reported in `current_limit.name`).
+    pub name: Option<String>,
+    /// `None` for `unlimited: true`.
+    pub rate: Option<Rate>,
+    /// Per-rule shadow mode: an over-limit decision is reported as OK (and counted).
+    pub shadow_mode: bool,
+    /// The descriptor's `detailed_metric`: label metrics with the request's values too.
+    pub detailed_metric: bool,
+    /// Names of other limits this one replaces when both match one request.
+    pub replaces: Vec<String>,
+    /// The metrics label for this limit: `class`, else `name`, else the key path.
+    pub class: String,
+    /// Position in its descriptor's `rate_limits` list (0 for a single `rate_limit`); part
+    /// of the store key so several limits on one key keep separate buckets.
+    pub index: usize,
+    pub origin: Origin,
+}
+
+/// The numbers of a counted (not unlimited) limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Rate {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// The window is `unit_multiplier` units long (e.g. 5 × minute).
+    pub unit_multiplier: u32,
+    /// Token-bucket capacity; defaults to `requests_per_unit`.
+    pub burst: u64,
+    pub algorithm: Algorithm,
+}
+
+impl Rate {
+    pub fn window_ms(&self) -> u64 {
+        self.unit.seconds() * 1000 * u64::from(self.unit_multiplier)
+    }
+}
+
+/// One level of the descriptor tree: the children of a domain or of a descriptor.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Level {
+    /// `key` → exact `value` → node (two levels so a lookup borrows the request's strings).
+    pub exact: HashMap<String, HashMap<String, Arc<Descriptor>>>,
+    /// `key` + a value containing `*`, in declaration order (the first match wins).
+    pub wildcard: Vec<(String, String, Arc<Descriptor>)>,
+    /// `key` without a value: any value of that key.
+    pub bare: HashMap<String, Arc<Descriptor>>,
+}
+
+impl Level {
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcard.is_empty() && self.bare.is_empty()
+    }
+}
+
+/// A declared descriptor node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Descriptor {
+    pub key: String,
+    pub value: Option<String>,
+    /// Empty when the node only groups children (or means "no limit").
+    pub limits: Vec<Arc<Limit>>,
+    /// With a wildcard value: every matching value shares one bucket.
+    pub share_threshold: bool,
+    /// Label metrics with this descriptor's full key path and values (opt-in cardinality).
+    pub detailed_metric: bool,
+    pub children: Level,
+    pub origin: Origin,
+}
+
+/// A domain: a namespace of descriptors, one per rules file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Domain {
+    pub name: String,
+    pub root: Level,
+    pub origin: Origin,
+}
+
+/// Everything loaded from the rules path.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RuleSet {
+    pub domains: HashMap<String, Domain>,
+    /// The files read, in load order (for `check` and `/config`).
+    pub files: Vec<PathBuf>,
+    /// Non-fatal findings (fields accepted but not acted on), as `file:line: message`.
+    pub warnings: Vec<String>,
+}
+
+impl RuleSet {
+    /// Counts (domains, descriptor nodes, limits) for summaries.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        fn walk(level: &Level, nodes: &mut usize, limits: &mut usize) {
+            let all = level
+                .exact
+                .values()
+                .flat_map(|m| m.values())
+                .chain(level.wildcard.iter().map(|(_, _, d)| d))
+                .chain(level.bare.values());
+            for d in all {
+                *nodes += 1;
+                *limits += d.limits.len();
+                walk(&d.children, nodes, limits);
+            }
+        }
+        let (mut nodes, mut limits) = (0, 0);
+        for d in self.domains.values() {
+            walk(&d.root, &mut nodes, &mut limits);
+        }
+        (self.domains.len(), nodes, limits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_parse_case_insensitively_and_have_reference_lengths() {
+        assert_eq!(Unit::parse("MINUTE"), Some(Unit::Minute));
+        assert_eq!(Unit::parse("Hour"), Some(Unit::Hour));
+        assert_eq!(Unit::parse("minutes"), None);
+        assert_eq!(Unit::Month.seconds(), 2_592_000);
+        assert_eq!(Unit::Year.seconds(), 31_536_000);
+    }
+}

@@ -1,0 +1,66 @@
+//! The request-facing side: gRPC `RateLimitService` (`rls.rs`) and the proto response
+//! (`response.rs`), around one shared [`RateLimiter`] that both gRPC and the admin port's
+//! `/json` call.
+//!
+//! Flow: proto request → [`rls::to_request`] (bounds, INVALID_ARGUMENT) → `Limiter::decide`
+//! against the rules in force → [`response::to_proto`] (statuses, headers) → metrics.
+
+pub mod response;
+pub mod rls;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+use crate::limiter::Limiter;
+use crate::rules::RuleSet;
+use crate::telemetry::{Metrics, RequestLabels};
+
+/// Limits on what one request may carry (each a setting).
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    pub max_descriptors: usize,
+    pub max_entries: usize,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+}
+
+/// Everything a decision needs, shared by the gRPC service and the admin port.
+#[derive(Debug)]
+pub struct RateLimiter {
+    pub rules: Arc<ArcSwap<RuleSet>>,
+    pub limiter: Limiter,
+    pub metrics: Arc<Metrics>,
+    pub bounds: Bounds,
+    pub response_headers: bool,
+}
+
+impl RateLimiter {
+    /// Validates, decides and builds the response; records the request's metrics.
+    pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        let started = Instant::now();
+        let result = self.decide(req).await;
+        let code = match &result {
+            Ok(r) if r.overall_code == PbCode::OverLimit as i32 => "over_limit",
+            Ok(_) => "ok",
+            Err(s) if s.code() == tonic::Code::InvalidArgument => "invalid",
+            Err(_) => "error",
+        };
+        self.metrics.requests.get_or_create(&RequestLabels { code }).inc();
+        self.metrics.request_duration.observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        let request = rls::to_request(req, &self.bounds)?;
+        let rules = self.rules.load();
+        let decision = self.limiter.decide(&rules, &request).await.map_err(|e| {
+            tracing::warn!(error = %e, "store call failed; answering UNAVAILABLE");
+            tonic::Status::unavailable(e.to_string())
+        })?;
+        Ok(response::to_proto(&decision, self.response_headers))
+    }
+}

@@ -1,0 +1,193 @@
+//! The embedded store: bucket state in this process's memory.
+//!
+//! Exact for one replica (and the right choice for a single-replica service or for trying
+//! tollgate out); it does not share a quota between replicas. State sits in a fixed number of
+//! mutex-guarded shards picked by key hash, so concurrent requests for different keys rarely
+//! contend, and the read-decide-write of one key happens under its shard's lock, so
+//! concurrent takes on one key are exact. Every entry records when it stops mattering (a token
+//! bucket once it has refilled to full, a window once it has ended); [`MemoryStore::sweep`]
+//! drops those, so memory follows the number of *active* keys, not of keys ever seen.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Mutex, MutexGuard};
+
+use super::{Op, OpKind, Outcome};
+use crate::clock::Clock;
+use crate::limiter::bucket::{self, TokenBucketParams, TokenBucketState, WindowState};
+
+const SHARDS: usize = 64;
+
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<HashMap<String, Entry>>]>,
+    hasher: RandomState,
+    clock: Clock,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    state: State,
+    /// Monotonic ms after which the entry equals a fresh one and can be dropped.
+    idle_at_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum State {
+    Token(TokenBucketState),
+    Window(WindowState),
+}
+
+impl MemoryStore {
+    pub fn new(clock: Clock) -> Self {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            clock,
+        }
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Entry>> {
+        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
+        // A poisoned shard only means another thread panicked mid-update of plain numbers;
+        // the map itself is intact, so keep serving.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies one op atomically with respect to every other op on the same key.
+    pub fn apply(&self, op: &Op) -> Outcome {
+        let mono = self.clock.mono_ms();
+        let mut shard = self.shard(&op.key);
+        let old = shard.get(op.key.as_str()).map(|e| e.state);
+        let (entry, outcome) = match op.kind {
+            OpKind::TokenBucket {
+                capacity,
+                refill,
+                window_ms,
+            } => {
+                let p = TokenBucketParams {
+                    capacity,
+                    refill,
+                    window_ms,
+                };
+                let prev = match old {
+                    Some(State::Token(s)) => Some(s),
+                    _ => None,
+                };
+                let (s, o) = bucket::take_token(prev, mono, p, op.cost);
+                let idle_at_ms = mono + bucket::token_idle_after_ms(s, p);
+                (Entry { state: State::Token(s), idle_at_ms }, o)
+            }
+            OpKind::FixedWindow { limit, window_ms } => {
+                let prev = match old {
+                    Some(State::Window(s)) => Some(s),
+                    _ => None,
+                };
+                let (s, o) = bucket::take_window(prev, self.clock.wall_ms(), limit, window_ms, op.cost);
+                (Entry { state: State::Window(s), idle_at_ms: mono + o.reset_ms }, o)
+            }
+        };
+        match shard.get_mut(op.key.as_str()) {
+            Some(e) => *e = entry,
+            None => {
+                shard.insert(op.key.clone(), entry);
+            }
+        }
+        outcome
+    }
+
+    /// Drops entries that no longer differ from a fresh bucket. Returns how many were dropped.
+    /// Holds one shard's lock at a time, so requests on other shards go on meanwhile.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.mono_ms();
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let before = map.len();
+            map.retain(|_, e| e.idle_at_ms > now);
+            dropped += before - map.len();
+            // Give memory back after a spike instead of keeping the peak capacity forever.
+            let len = map.len();
+            if map.capacity() > 64 && len < map.capacity() / 4 {
+                map.shrink_to(len * 2);
+            }
+        }
+        dropped
+    }
+
+    /// Number of buckets held.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn tb(key: &str, cost: u64, capacity: u64, window_ms: u64) -> Op {
+        Op {
+            key: key.to_string(),
+            kind: OpKind::TokenBucket {
+                capacity,
+                refill: capacity,
+                window_ms,
+            },
+            cost,
+        }
+    }
+
+    #[test]
+    fn keys_are_independent() {
+        let store = MemoryStore::new(Clock::manual(0));
+        assert!(store.apply(&tb("a", 1, 1, 1000)).allowed);
+        assert!(!store.apply(&tb("a", 1, 1, 1000)).allowed);
+        assert!(store.apply(&tb("b", 1, 1, 1000)).allowed);
+    }
+
+    #[test]
+    fn concurrent_takes_on_one_key_are_exact() {
+        let store = Arc::new(MemoryStore::new(Clock::system()));
+        let limit = 1000;
+        let admitted: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let store = &store;
+                    s.spawn(move || (0..400).filter(|_| store.apply(&tb("hot", 1, limit, 3_600_000)).allowed).count())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(admitted as u64, limit, "3,200 attempts on an hour-long limit of 1,000");
+    }
+
+    #[test]
+    fn sweep_drops_only_idle_buckets_and_bounds_memory() {
+        let clock = Clock::manual(1_000_000);
+        let store = MemoryStore::new(clock.clone());
+        for i in 0..100_000 {
+            store.apply(&tb(&format!("k{i}"), 1, 10, 1000));
+        }
+        store.apply(&tb("slow", 1, 10, 3_600_000));
+        let fw = Op { key: "win".into(), kind: OpKind::FixedWindow { limit: 5, window_ms: 60_000 }, cost: 1 };
+        store.apply(&fw);
+        assert_eq!(store.len(), 100_002);
+        clock.advance_ms(200); // 1 token of 10 refills in 100 ms: the first ones are full again
+        assert_eq!(store.sweep(), 100_000);
+        assert_eq!(store.len(), 2, "the hour-long bucket and the window remain");
+        clock.advance_ms(3_600_000);
+        store.sweep();
+        assert!(store.is_empty());
+        // Swept buckets come back full: dropping them changed no decision.
+        assert_eq!(store.apply(&tb("k1", 0, 10, 1000)).remaining, 10);
+    }
+}

@@ -1,0 +1,172 @@
+//! Metrics and logs: every metric family is declared here, once, with its name and help.
+//!
+//! The limiter and the servers record into a shared [`Metrics`]; the admin port's `/metrics`
+//! renders it in the Prometheus text format. Decisions are labelled by `domain`, `class` and
+//! `outcome`: `class` is the rule's `class`, else its `name`, else its key path, never a raw
+//! request value, so the number of series stays bounded by the rules, not by traffic.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+pub const DECISIONS: &str = "tollgate_decisions";
+pub const REQUEST_DURATION: &str = "tollgate_request_duration_seconds";
+pub const REQUESTS: &str = "tollgate_requests";
+pub const GLOBAL_SHADOW: &str = "tollgate_global_shadow";
+pub const RULES_RELOADS: &str = "tollgate_rules_reloads";
+pub const RULES_LOADED: &str = "tollgate_rules_loaded_limits";
+pub const STORE_ERRORS: &str = "tollgate_store_errors";
+
+/// What happened to one descriptor.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Outcome {
+    ok,
+    over_limit,
+    /// Over the limit, but the rule is in shadow mode: reported as OK.
+    shadow,
+    unlimited,
+    no_rule,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub domain: String,
+    pub class: String,
+    pub outcome: Outcome,
+}
+
+/// The result of one ShouldRateLimit call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `ok`, `over_limit`, `invalid` or `error`.
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+/// Every metric tollgate exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub decisions: Family<DecisionLabels, Counter>,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: Histogram,
+    pub global_shadow: Counter,
+    pub rules_reloads: Family<ResultLabels, Counter>,
+    pub rules_loaded: Gauge,
+    pub store_errors: Family<KindLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            DECISIONS,
+            "Descriptor decisions by domain, rule class and outcome (ok, over_limit, shadow, unlimited, no_rule)",
+            decisions.clone(),
+        );
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(REQUESTS, "ShouldRateLimit calls by overall result", requests.clone());
+        // 50 µs … ~0.8 s: a decision should take well under Envoy's 20 ms timeout.
+        let request_duration = Histogram::new(exponential_buckets(0.000_05, 2.0, 15));
+        registry.register(
+            REQUEST_DURATION,
+            "Time to decide one ShouldRateLimit call, store round trip included",
+            request_duration.clone(),
+        );
+        let global_shadow = Counter::default();
+        registry.register(
+            GLOBAL_SHADOW,
+            "Requests that were over a limit but answered OK because of the global shadow mode",
+            global_shadow.clone(),
+        );
+        let rules_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(RULES_RELOADS, "Rules reloads by result (ok, error)", rules_reloads.clone());
+        let rules_loaded = Gauge::default();
+        registry.register(RULES_LOADED, "Limits in the rules in force", rules_loaded.clone());
+        let store_errors = Family::<KindLabels, Counter>::default();
+        registry.register(STORE_ERRORS, "Store calls that failed, by kind", store_errors.clone());
+        Metrics {
+            registry: Mutex::new(registry),
+            decisions,
+            requests,
+            request_duration,
+            global_shadow,
+            rules_reloads,
+            rules_loaded,
+            store_errors,
+        }
+    }
+
+    /// Lets a later component (the Redis store) add its own families.
+    pub fn with_registry<T>(&self, f: impl FnOnce(&mut Registry) -> T) -> T {
+        let mut r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut r)
+    }
+
+    /// The Prometheus text exposition of every family.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // Encoding into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        out
+    }
+}
+
+/// Starts logging to stderr. `filter` is a `tracing` filter such as `info` or
+/// `tollgate=debug,info`; `RUST_LOG`, when set, wins.
+pub fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(filter))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second init (tests) is harmless: the first subscriber stays.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_decisions_with_their_labels() {
+        let m = Metrics::new();
+        m.decisions
+            .get_or_create(&DecisionLabels {
+                domain: "edge".into(),
+                class: "tenant".into(),
+                outcome: Outcome::over_limit,
+            })
+            .inc();
+        let text = m.render();
+        assert!(
+            text.contains(r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="over_limit"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("tollgate_request_duration_seconds_bucket"), "{text}");
+    }
+}
