@@ -39,9 +39,11 @@ pub struct TokenBucketState {
 }
 
 impl TokenBucketParams {
-    /// Tokens per millisecond, computed the same way as `token_bucket.lua` does.
-    fn rate(&self) -> f64 {
-        self.refill as f64 / self.window_ms as f64
+    /// Tokens refilled in `elapsed_ms`. Multiply first, divide once: whole-token answers stay
+    /// exact in f64 (e.g. 2/hour gives exactly one token after 1,800,000 ms), and
+    /// `token_bucket.lua` computes it in the same order so both agree to the bit.
+    fn refilled(&self, elapsed_ms: f64) -> f64 {
+        elapsed_ms * self.refill as f64 / self.window_ms as f64
     }
 
     /// Milliseconds for `missing` tokens to refill, rounded up; `None` if nothing refills.
@@ -49,8 +51,7 @@ impl TokenBucketParams {
         if missing <= 0.0 {
             return Some(0);
         }
-        let rate = self.rate();
-        (rate > 0.0).then(|| (missing / rate).ceil() as u64)
+        (self.refill > 0).then(|| (missing * self.window_ms as f64 / self.refill as f64).ceil() as u64)
     }
 }
 
@@ -68,7 +69,7 @@ pub fn take_token(
         None => capacity,
         Some(s) => {
             let elapsed = now_ms.saturating_sub(s.ts_ms) as f64;
-            capacity.min(s.tokens + elapsed * p.rate())
+            capacity.min(s.tokens + p.refilled(elapsed))
         }
     };
     let need = cost.max(1) as f64;

@@ -304,3 +304,232 @@ fn class_of(limit: &Limit, req: &RequestDescriptor<'_>) -> String {
     }
     class
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::clock::Clock;
+    use crate::rules::load::{LoadOptions, load_sources};
+    use crate::store::MemoryStore;
+
+    const RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: tenant
+    value: vip
+    rate_limit: {unit: hour, requests_per_unit: 1, name: vip, replaces: [{name: plan}]}
+  - key: plan
+    rate_limit: {unit: hour, requests_per_unit: 1, name: plan}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: zero
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: both
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {unit: hour, requests_per_unit: 2, name: sustained}
+  - key: group
+    value: "g-*"
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: window
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
+"#;
+
+    struct Fixture {
+        rules: RuleSet,
+        limiter: Limiter,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+    }
+
+    fn fixture(shadow_mode: bool) -> Fixture {
+        let rules = load_sources(&[(PathBuf::from("t.yaml"), RULES.to_string())], LoadOptions::default()).unwrap();
+        let clock = Clock::manual(1_700_000_000_000);
+        let metrics = Arc::new(Metrics::new());
+        let limiter = Limiter::new(
+            Store::Memory(MemoryStore::new(clock.clone())),
+            LimiterConfig {
+                key_prefix: "t:".into(),
+                shadow_mode,
+            },
+            metrics.clone(),
+        );
+        Fixture {
+            rules,
+            limiter,
+            metrics,
+            clock,
+        }
+    }
+
+    fn req<'a>(domain: &'a str, descs: &[&[(&'a str, &'a str)]]) -> Request<'a> {
+        Request {
+            domain,
+            descriptors: descs
+                .iter()
+                .map(|e| RequestDescriptor {
+                    entries: e.to_vec(),
+                    hits_addend: None,
+                })
+                .collect(),
+            hits_addend: 0,
+        }
+    }
+
+    impl Fixture {
+        fn decide(&self, r: &Request<'_>) -> Decision {
+            tokio_test_block_on(self.limiter.decide(&self.rules, r)).unwrap()
+        }
+        fn codes(&self, r: &Request<'_>) -> Vec<Code> {
+            self.decide(r).statuses.iter().map(|s| s.code).collect()
+        }
+    }
+
+    /// Runs a future to completion on a fresh current-thread runtime.
+    fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    }
+
+    #[test]
+    fn counts_down_then_over_limit_and_keys_are_per_value() {
+        let f = fixture(false);
+        let a = req("edge", &[&[("tenant", "a")]]);
+        let d = f.decide(&a);
+        assert_eq!(d.overall, Code::Ok);
+        let s = &d.statuses[0];
+        assert_eq!(s.remaining, 1);
+        assert_eq!(s.limit.as_ref().map(|l| (l.requests_per_unit, l.unit)), Some((2, Unit::Hour)));
+        assert_eq!(s.reset_ms, 1_800_000, "one token of 2/hour refills in 30 min");
+        f.decide(&a);
+        let d = f.decide(&a);
+        assert_eq!((d.overall, d.statuses[0].code), (Code::OverLimit, Code::OverLimit));
+        assert_eq!(d.statuses[0].retry_ms, Some(1_800_000));
+        assert_eq!(f.decide(&req("edge", &[&[("tenant", "b")]])).overall, Code::Ok);
+        let text = f.metrics.render();
+        assert!(text.contains(r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="over_limit"} 1"#), "{text}");
+        assert!(!text.contains("class=\"a\""), "raw values never become labels");
+    }
+
+    #[test]
+    fn unknown_domain_and_no_rule_are_ok_without_a_limit() {
+        let f = fixture(false);
+        let d = f.decide(&req("nope", &[&[("tenant", "a")]]));
+        assert_eq!(d.statuses, vec![Status::no_limit(0)]);
+        let d = f.decide(&req("edge", &[&[("nobody", "x")], &[("tenant", "a"), ("deeper", "x")]]));
+        assert!(d.statuses.iter().all(|s| s.code == Code::Ok && s.limit.is_none()));
+        assert!(f.metrics.render().contains(r#"domain="(unknown)",class="",outcome="no_rule""#));
+    }
+
+    #[test]
+    fn unlimited_reports_max_remaining() {
+        let f = fixture(false);
+        let d = f.decide(&req("edge", &[&[("free", "x")]]));
+        assert_eq!((d.statuses[0].remaining, d.statuses[0].limit.is_none()), (u32::MAX, true));
+    }
+
+    #[test]
+    fn every_descriptor_is_charged_and_any_over_makes_the_request_over() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("zero", "x")], &[("tenant", "c")]]);
+        assert_eq!(f.codes(&r), [Code::OverLimit, Code::Ok]);
+        assert_eq!(f.decide(&r).overall, Code::OverLimit);
+        // tenant c was charged both times although the request was over: the third is over.
+        assert_eq!(f.codes(&r), [Code::OverLimit, Code::OverLimit]);
+        let zero = &f.decide(&r).statuses[0];
+        assert_eq!((zero.remaining, zero.retry_ms), (0, None), "0/s never admits, never waits");
+    }
+
+    #[test]
+    fn hits_addend_request_and_descriptor_level() {
+        let f = fixture(false);
+        let mut r = req("edge", &[&[("tenant", "h")]]);
+        r.hits_addend = 2;
+        assert_eq!(f.decide(&r).statuses[0].remaining, 0, "request-level 2 spends both");
+        let mut check = req("edge", &[&[("tenant", "h2")]]);
+        check.descriptors[0].hits_addend = Some(0);
+        check.hits_addend = 5;
+        for _ in 0..3 {
+            let s = &f.decide(&check).statuses[0];
+            assert_eq!((s.code, s.remaining), (Code::Ok, 2), "descriptor-level 0 only checks");
+        }
+        let mut big = req("edge", &[&[("tenant", "h3")]]);
+        big.descriptors[0].hits_addend = Some(u64::MAX);
+        let s = &f.decide(&big).statuses[0];
+        assert_eq!((s.code, s.retry_ms), (Code::OverLimit, None), "above capacity never fits");
+        assert_eq!(f.decide(&req("edge", &[&[("tenant", "h3")]])).statuses[0].remaining, 1, "nothing was taken");
+    }
+
+    #[test]
+    fn rule_shadow_mode_reports_ok_and_counts_shadow() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("shadowed", "s")]]);
+        f.decide(&r);
+        let d = f.decide(&r);
+        assert_eq!((d.overall, d.statuses[0].code, d.statuses[0].shadow), (Code::Ok, Code::Ok, true));
+        assert!(f.metrics.render().contains(r#"class="shadowed",outcome="shadow"} 1"#));
+    }
+
+    #[test]
+    fn global_shadow_mode_only_changes_the_overall_code() {
+        let f = fixture(true);
+        let r = req("edge", &[&[("zero", "x")]]);
+        let d = f.decide(&r);
+        assert_eq!((d.overall, d.statuses[0].code), (Code::Ok, Code::OverLimit));
+        assert!(f.metrics.render().contains("tollgate_global_shadow_total 1"));
+    }
+
+    #[test]
+    fn replaces_drops_the_named_limit() {
+        let f = fixture(false);
+        // plan alone is limited to 1/hour.
+        let plan = req("edge", &[&[("plan", "p")]]);
+        f.decide(&plan);
+        assert_eq!(f.codes(&plan), [Code::OverLimit]);
+        // With vip matched too, vip replaces plan: plan's descriptor reports no limit.
+        let both = req("edge", &[&[("tenant", "vip")], &[("plan", "p")]]);
+        let d = f.decide(&both);
+        assert_eq!(d.statuses[1], Status::no_limit(0));
+        assert_eq!(d.statuses[0].limit.as_ref().unwrap().name, "vip");
+    }
+
+    #[test]
+    fn several_limits_on_one_key_report_the_most_constrained() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("both", "x")]]);
+        let s = &f.decide(&r).statuses[0];
+        assert_eq!((s.remaining, s.limit.as_ref().unwrap().name.as_str()), (1, "sustained"));
+        f.decide(&r);
+        let s = &f.decide(&r).statuses[0];
+        assert_eq!((s.code, s.limit.as_ref().unwrap().unit), (Code::OverLimit, Unit::Hour));
+        // The per-second bucket was charged only while the request was admitted... and both are
+        // separate buckets: a second later the hourly one is still over.
+        f.clock.advance_ms(1000);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+    }
+
+    #[test]
+    fn share_threshold_values_share_one_bucket() {
+        let f = fixture(false);
+        assert_eq!(f.codes(&req("edge", &[&[("group", "g-1")]])), [Code::Ok]);
+        assert_eq!(f.codes(&req("edge", &[&[("group", "g-2")]])), [Code::OverLimit]);
+    }
+
+    #[test]
+    fn fixed_window_resets_at_the_window_edge() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("window", "w")]]);
+        assert_eq!(f.decide(&r).statuses[0].reset_ms, 40_000, "1.7e12 ms is 20 s into a minute");
+        f.decide(&r);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        f.clock.advance_ms(40_000);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+    }
+}
