@@ -53,7 +53,10 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         s.limiter.metrics.render(),
     )
 }

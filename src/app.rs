@@ -45,7 +45,10 @@ pub enum AppError {
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs tollgate until `shutdown` resolves.
-pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), AppError> {
+pub async fn run(
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AppError> {
     let opts = LoadOptions {
         default_algorithm: settings.default_algorithm,
     };
@@ -133,7 +136,8 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     health_reporter
         .set_serving::<RateLimitServiceServer<Rls>>()
         .await;
-    let rls = RateLimitServiceServer::new(Rls(service.clone())).max_decoding_message_size(settings.max_message_bytes);
+    let rls = RateLimitServiceServer::new(Rls(service.clone()))
+        .max_decoding_message_size(settings.max_message_bytes);
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(rls)
@@ -147,8 +151,14 @@ pub async fn run(settings: Settings, shutdown: impl Future<Output = ()> + Send +
     admin_state.set_ready(true);
     tracing::info!(%grpc_addr, %admin_addr, store = service.limiter.store().name(), "tollgate ready");
     let (g, a) = tokio::join!(grpc, admin);
-    g.map_err(|e| AppError::Serve { what: "gRPC", message: e.to_string() })?;
-    a.map_err(|e| AppError::Serve { what: "admin", message: e.to_string() })?;
+    g.map_err(|e| AppError::Serve {
+        what: "gRPC",
+        message: e.to_string(),
+    })?;
+    a.map_err(|e| AppError::Serve {
+        what: "admin",
+        message: e.to_string(),
+    })?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -164,7 +174,9 @@ fn build_store(settings: &Settings, clock: Clock) -> Result<Store, AppError> {
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
-    TcpListener::bind(addr).await.map_err(|source| AppError::Bind { what, addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| AppError::Bind { what, addr, source })
 }
 
 /// Resolves once the shutdown flag is set (or its sender is gone).

@@ -61,7 +61,10 @@ fn needs_escape(b: u8) -> bool {
 
 /// Appends `part` escaped, or its hash when the escaped form would be too long.
 fn push_part(out: &mut String, part: &str) {
-    let escaped_len: usize = part.bytes().map(|b| if needs_escape(b) { 3 } else { 1 }).sum();
+    let escaped_len: usize = part
+        .bytes()
+        .map(|b| if needs_escape(b) { 3 } else { 1 })
+        .sum();
     if escaped_len > MAX_PART {
         out.push_str("%#");
         out.push_str(&sha1_smol::Sha1::from(part.as_bytes()).digest().to_string());
@@ -97,7 +100,11 @@ fn crc16(data: &[u8]) -> u16 {
     for &b in data {
         crc ^= u16::from(b) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
         }
     }
     crc
@@ -121,13 +128,30 @@ mod tests {
     }
 
     fn key(entries: &[(&str, &str)]) -> String {
-        bucket_key("tg:", "dom", entries.iter().copied(), &rate(Algorithm::TokenBucket), 0, None)
+        bucket_key(
+            "tg:",
+            "dom",
+            entries.iter().copied(),
+            &rate(Algorithm::TokenBucket),
+            0,
+            None,
+        )
     }
 
     #[test]
     fn layout_is_prefix_then_one_tag() {
-        assert_eq!(key(&[("tenant", "acme")]), "tg:{dom|tenant=acme|tb:60000:0}");
-        let fw = bucket_key("", "d", [("k", "v")], &rate(Algorithm::FixedWindow), 2, Some(3));
+        assert_eq!(
+            key(&[("tenant", "acme")]),
+            "tg:{dom|tenant=acme|tb:60000:0}"
+        );
+        let fw = bucket_key(
+            "",
+            "d",
+            [("k", "v")],
+            &rate(Algorithm::FixedWindow),
+            2,
+            Some(3),
+        );
         assert_eq!(fw, "{d|k=v|fw:60000:2|#3}");
     }
 
@@ -154,7 +178,10 @@ mod tests {
     fn slot_follows_the_hash_tag() {
         // Known values from the Redis Cluster specification's examples.
         assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(cluster_slot("{user1000}.following"), cluster_slot("{user1000}.followers"));
+        assert_eq!(
+            cluster_slot("{user1000}.following"),
+            cluster_slot("{user1000}.followers")
+        );
         assert_eq!(cluster_slot("foo{}{bar}"), cluster_slot("foo{}{bar}"));
         assert_eq!(cluster_slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16_384);
         assert_eq!(cluster_slot("foo{{bar}}zap"), crc16(b"{bar") % 16_384);
@@ -162,7 +189,9 @@ mod tests {
 
     /// A small deterministic generator (no extra dependency) for the property tests.
     fn values(seed: u64, n: usize) -> Vec<String> {
-        const ALPHABET: &[char] = &['a', '%', '{', '}', '|', '=', '#', '\\', '0', 'F', '\n', 'é', '2', '5', '7'];
+        const ALPHABET: &[char] = &[
+            'a', '%', '{', '}', '|', '=', '#', '\\', '0', 'F', '\n', 'é', '2', '5', '7',
+        ];
         let mut x = seed;
         (0..n)
             .map(|_| {
@@ -203,7 +232,10 @@ mod tests {
             assert_eq!(close, k.len() - 1, "the tag must run to the end: {k}");
             assert!(open < close);
             // The hash slot is the tag's: recompute from the tag alone.
-            assert_eq!(cluster_slot(&k), crc16(k[open + 1..close].as_bytes()) % 16_384);
+            assert_eq!(
+                cluster_slot(&k),
+                crc16(&k.as_bytes()[open + 1..close]) % 16_384
+            );
         }
     }
 }

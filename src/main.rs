@@ -9,7 +9,11 @@ use tollgate::rules::{self, Algorithm, LoadOptions};
 use tollgate::settings::{self, Settings, Sources};
 
 #[derive(Parser)]
-#[command(name = "tollgate", version, about = "An Envoy-compatible global rate-limit service")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "An Envoy-compatible global rate-limit service"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,7 +34,8 @@ enum Command {
 }
 
 fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    Algorithm::parse(s).ok_or_else(|| format!("unknown algorithm '{s}' (token_bucket or fixed_window)"))
+    Algorithm::parse(s)
+        .ok_or_else(|| format!("unknown algorithm '{s}' (token_bucket or fixed_window)"))
 }
 
 /// Flags for `serve`: each overrides the same key from TOLLGATE_* and the --config file.
@@ -119,14 +124,19 @@ impl ServeArgs {
             ("log_level", &self.log_level),
         ];
         debug_assert_eq!(all.len(), settings::KEYS.len());
-        all.into_iter().filter_map(|(k, v)| v.clone().map(|v| (k, v))).collect()
+        all.into_iter()
+            .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+            .collect()
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { path, default_algorithm } => check(&path, default_algorithm),
+        Command::Check {
+            path,
+            default_algorithm,
+        } => check(&path, default_algorithm),
         Command::Serve(args) => match serve(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -149,7 +159,11 @@ fn check(path: &std::path::Path, default_algorithm: Algorithm) -> ExitCode {
             println!(
                 "ok: {} file(s), {domains} domain(s) [{}], {nodes} descriptor(s), {limits} limit(s)",
                 set.files.len(),
-                names.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                names
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             ExitCode::SUCCESS
         }
@@ -168,7 +182,9 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         flags: args.overrides(),
     })?;
     tollgate::telemetry::init_logging(&settings.log_level);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(tollgate::app::run(settings, shutdown_signal()))?;
     Ok(())
 }

@@ -18,21 +18,42 @@ use crate::rules::Algorithm;
 pub const KEYS: &[(&str, &str)] = &[
     ("rules", "rules file or directory of *.yaml/*.yml files"),
     ("grpc_addr", "address of the Envoy RateLimitService (gRPC)"),
-    ("admin_addr", "address of the admin HTTP port (/healthz /readyz /metrics /config /json)"),
-    ("store", "`memory`, or redis://… / redis+cluster://… (see README)"),
-    ("default_algorithm", "token_bucket or fixed_window, for limits that name none"),
-    ("shadow_mode", "global shadow mode: the overall code is always OK"),
-    ("response_headers", "add RateLimit-* and Retry-After to responses"),
+    (
+        "admin_addr",
+        "address of the admin HTTP port (/healthz /readyz /metrics /config /json)",
+    ),
+    (
+        "store",
+        "`memory`, or redis://… / redis+cluster://… (see README)",
+    ),
+    (
+        "default_algorithm",
+        "token_bucket or fixed_window, for limits that name none",
+    ),
+    (
+        "shadow_mode",
+        "global shadow mode: the overall code is always OK",
+    ),
+    (
+        "response_headers",
+        "add RateLimit-* and Retry-After to responses",
+    ),
     ("key_prefix", "prefix of every store key"),
     ("store_pool_size", "connections to the store"),
-    ("store_connect_timeout_ms", "timeout to connect to the store"),
+    (
+        "store_connect_timeout_ms",
+        "timeout to connect to the store",
+    ),
     ("store_timeout_ms", "timeout of one store call"),
     ("max_descriptors", "most descriptors in one request"),
     ("max_entries", "most entries in one descriptor"),
     ("max_key_bytes", "longest descriptor key"),
     ("max_value_bytes", "longest descriptor value"),
     ("max_message_bytes", "largest gRPC request message"),
-    ("reload_interval_ms", "how often to look for changed rules files (0: never)"),
+    (
+        "reload_interval_ms",
+        "how often to look for changed rules files (0: never)",
+    ),
     ("log_level", "log filter, e.g. info or tollgate=debug"),
 ];
 
@@ -106,8 +127,12 @@ pub struct Sources {
 
 /// The documented `TOLLGATE_*` variables that are set (empty counts as unset), read through
 /// `get` so tests need not touch the process environment.
-pub fn from_env(get: impl Fn(&str) -> Option<String>) -> (Option<PathBuf>, Vec<(&'static str, String)>) {
-    let file = get("TOLLGATE_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from);
+pub fn from_env(
+    get: impl Fn(&str) -> Option<String>,
+) -> (Option<PathBuf>, Vec<(&'static str, String)>) {
+    let file = get("TOLLGATE_CONFIG")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
     let vars = KEYS
         .iter()
         .filter_map(|(key, _)| {
@@ -123,7 +148,11 @@ impl Settings {
     pub fn load(sources: &Sources) -> Result<Settings, SettingsError> {
         let mut b = config::Config::builder();
         if let Some(file) = &sources.file {
-            b = b.add_source(config::File::from(file.as_path()).format(config::FileFormat::Yaml).required(true));
+            b = b.add_source(
+                config::File::from(file.as_path())
+                    .format(config::FileFormat::Yaml)
+                    .required(true),
+            );
         }
         // Later overrides of the same key replace earlier ones: flags win over env.
         for (key, value) in sources.env.iter().chain(&sources.flags) {
@@ -135,16 +164,32 @@ impl Settings {
 
     /// Checks what serde cannot: ranges, the store URL's scheme, the key prefix.
     pub fn validate(self) -> Result<Settings, SettingsError> {
-        let bad = |key, message: &str| Err(SettingsError::Invalid { key, message: message.to_string() });
+        let bad = |key, message: &str| {
+            Err(SettingsError::Invalid {
+                key,
+                message: message.to_string(),
+            })
+        };
         if self.store != "memory"
-            && !["redis://", "rediss://", "redis+cluster://", "rediss+cluster://"]
-                .iter()
-                .any(|s| self.store.starts_with(s))
+            && ![
+                "redis://",
+                "rediss://",
+                "redis+cluster://",
+                "rediss+cluster://",
+            ]
+            .iter()
+            .any(|s| self.store.starts_with(s))
         {
-            return bad("store", "expected `memory`, redis://…, rediss://…, redis+cluster://… or rediss+cluster://…");
+            return bad(
+                "store",
+                "expected `memory`, redis://…, rediss://…, redis+cluster://… or rediss+cluster://…",
+            );
         }
         if self.key_prefix.contains(['{', '}']) {
-            return bad("key_prefix", "must not contain `{` or `}` (they would move the Redis Cluster hash tag)");
+            return bad(
+                "key_prefix",
+                "must not contain `{` or `}` (they would move the Redis Cluster hash tag)",
+            );
         }
         for (key, v) in [
             ("store_pool_size", self.store_pool_size as u64),
@@ -194,7 +239,10 @@ mod tests {
     use super::*;
 
     fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
@@ -209,7 +257,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tollgate-settings-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("tollgate.yaml");
-        std::fs::write(&file, "store_timeout_ms: 7\nmax_entries: 3\nshadow_mode: true\nkey_prefix: file\n").unwrap();
+        std::fs::write(
+            &file,
+            "store_timeout_ms: 7\nmax_entries: 3\nshadow_mode: true\nkey_prefix: file\n",
+        )
+        .unwrap();
         let (f, vars) = from_env(env(&[
             ("TOLLGATE_CONFIG", file.to_str().unwrap()),
             ("TOLLGATE_MAX_ENTRIES", "5"),
@@ -239,7 +291,13 @@ mod tests {
             ("TOLLGATE_STORE", ""),
         ]));
         assert!(vars.is_empty());
-        assert!(Settings::load(&Sources { env: vars, ..Sources::default() }).is_ok());
+        assert!(
+            Settings::load(&Sources {
+                env: vars,
+                ..Sources::default()
+            })
+            .is_ok()
+        );
     }
 
     #[test]
@@ -255,27 +313,45 @@ mod tests {
         assert!(load("store_timeout_ms", "0").contains("store_timeout_ms: must be at least 1"));
         assert!(load("store", "memcached://x").contains("store:"));
         assert!(load("key_prefix", "a{b").contains("key_prefix"));
-        assert!(load("grpc_addr", "not-an-address").contains("grpc_addr"), "{}", load("grpc_addr", "x"));
+        assert!(
+            load("grpc_addr", "not-an-address").contains("grpc_addr"),
+            "{}",
+            load("grpc_addr", "x")
+        );
         assert!(load("default_algorithm", "leaky").contains("default_algorithm"));
     }
 
     #[test]
     fn unknown_keys_in_the_file_are_errors() {
-        let dir = std::env::temp_dir().join(format!("tollgate-settings-bad-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-settings-bad-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("s.yaml");
         std::fs::write(&file, "store_timeout: 5\n").unwrap();
-        let err = Settings::load(&Sources { file: Some(file), ..Sources::default() }).unwrap_err();
+        let err = Settings::load(&Sources {
+            file: Some(file),
+            ..Sources::default()
+        })
+        .unwrap_err();
         assert!(err.to_string().contains("store_timeout"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn secrets_are_redacted() {
-        assert_eq!(redact_url("redis://:hunter2@r:6379/0"), "redis://:***@r:6379/0");
-        assert_eq!(redact_url("redis+cluster://u:p@a:1,b:2"), "redis+cluster://u:***@a:1,b:2");
+        assert_eq!(
+            redact_url("redis://:hunter2@r:6379/0"),
+            "redis://:***@r:6379/0"
+        );
+        assert_eq!(
+            redact_url("redis+cluster://u:p@a:1,b:2"),
+            "redis+cluster://u:***@a:1,b:2"
+        );
         assert_eq!(redact_url("redis://r:6379"), "redis://r:6379");
-        let s = Settings { store: "rediss://u:pw@h:1".into(), ..Settings::default() };
+        let s = Settings {
+            store: "rediss://u:pw@h:1".into(),
+            ..Settings::default()
+        };
         assert!(!format!("{:?}", s.redacted()).contains("pw"));
     }
 }

@@ -87,7 +87,11 @@ impl Metrics {
             decisions.clone(),
         );
         let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(REQUESTS, "ShouldRateLimit calls by overall result", requests.clone());
+        registry.register(
+            REQUESTS,
+            "ShouldRateLimit calls by overall result",
+            requests.clone(),
+        );
         // 50 µs … ~0.8 s: a decision should take well under Envoy's 20 ms timeout.
         let request_duration = Histogram::new(exponential_buckets(0.000_05, 2.0, 15));
         registry.register(
@@ -102,11 +106,23 @@ impl Metrics {
             global_shadow.clone(),
         );
         let rules_reloads = Family::<ResultLabels, Counter>::default();
-        registry.register(RULES_RELOADS, "Rules reloads by result (ok, error)", rules_reloads.clone());
+        registry.register(
+            RULES_RELOADS,
+            "Rules reloads by result (ok, error)",
+            rules_reloads.clone(),
+        );
         let rules_loaded = Gauge::default();
-        registry.register(RULES_LOADED, "Limits in the rules in force", rules_loaded.clone());
+        registry.register(
+            RULES_LOADED,
+            "Limits in the rules in force",
+            rules_loaded.clone(),
+        );
         let store_errors = Family::<KindLabels, Counter>::default();
-        registry.register(STORE_ERRORS, "Store calls that failed, by kind", store_errors.clone());
+        registry.register(
+            STORE_ERRORS,
+            "Store calls that failed, by kind",
+            store_errors.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             decisions,
@@ -164,9 +180,14 @@ mod tests {
             .inc();
         let text = m.render();
         assert!(
-            text.contains(r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="over_limit"} 1"#),
+            text.contains(
+                r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="over_limit"} 1"#
+            ),
             "{text}"
         );
-        assert!(text.contains("tollgate_request_duration_seconds_bucket"), "{text}");
+        assert!(
+            text.contains("tollgate_request_duration_seconds_bucket"),
+            "{text}"
+        );
     }
 }

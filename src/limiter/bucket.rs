@@ -51,7 +51,8 @@ impl TokenBucketParams {
         if missing <= 0.0 {
             return Some(0);
         }
-        (self.refill > 0).then(|| (missing * self.window_ms as f64 / self.refill as f64).ceil() as u64)
+        (self.refill > 0)
+            .then(|| (missing * self.window_ms as f64 / self.refill as f64).ceil() as u64)
     }
 }
 
@@ -92,13 +93,21 @@ pub fn take_token(
         retry_ms,
     };
     // A clock that steps back (a failover to a skewed host) must not refill twice later.
-    (TokenBucketState { tokens, ts_ms: now_ms.max(last_ms) }, outcome)
+    (
+        TokenBucketState {
+            tokens,
+            ts_ms: now_ms.max(last_ms),
+        },
+        outcome,
+    )
 }
 
 /// Milliseconds after `now_ms` at which a token bucket in `state` is full again, i.e. when its
 /// stored state stops mattering and may be dropped (the Lua script's `PEXPIRE`).
 pub fn token_idle_after_ms(state: TokenBucketState, p: TokenBucketParams) -> u64 {
-    p.wait_ms(p.capacity as f64 - state.tokens).unwrap_or(p.window_ms).max(1)
+    p.wait_ms(p.capacity as f64 - state.tokens)
+        .unwrap_or(p.window_ms)
+        .max(1)
 }
 
 /// A fixed window's stored state.
@@ -170,12 +179,18 @@ mod tests {
     #[test]
     fn a_new_bucket_is_full_and_drains() {
         let out = run(P, &[(0, 1), (0, 8), (0, 1), (0, 1)]);
-        assert_eq!(out.iter().map(|o| o.allowed).collect::<Vec<_>>(), [true, true, true, false]);
+        assert_eq!(
+            out.iter().map(|o| o.allowed).collect::<Vec<_>>(),
+            [true, true, true, false]
+        );
         assert_eq!(out[0].remaining, 9);
         assert_eq!(out[0].reset_ms, 100, "one token refills in 100 ms");
         assert_eq!(out[2].remaining, 0);
         assert_eq!(out[3].retry_ms, Some(100));
-        assert_eq!(out[3].reset_ms, 1000, "empty bucket is full again after one window");
+        assert_eq!(
+            out[3].reset_ms, 1000,
+            "empty bucket is full again after one window"
+        );
     }
 
     #[test]
@@ -211,12 +226,23 @@ mod tests {
 
     #[test]
     fn zero_rate_denies_everything_without_infinite_waits() {
-        let zero = TokenBucketParams { capacity: 0, refill: 0, window_ms: 1000 };
+        let zero = TokenBucketParams {
+            capacity: 0,
+            refill: 0,
+            window_ms: 1000,
+        };
         let out = run(zero, &[(0, 1), (5000, 0)]);
-        assert!(out.iter().all(|o| !o.allowed && o.remaining == 0 && o.retry_ms.is_none()));
+        assert!(
+            out.iter()
+                .all(|o| !o.allowed && o.remaining == 0 && o.retry_ms.is_none())
+        );
         assert_eq!(out[0].reset_ms, 0);
         // A burst without refill drains once and then stays empty.
-        let once = TokenBucketParams { capacity: 2, refill: 0, window_ms: 1000 };
+        let once = TokenBucketParams {
+            capacity: 2,
+            refill: 0,
+            window_ms: 1000,
+        };
         let out = run(once, &[(0, 2), (1_000_000, 1)]);
         assert!(out[0].allowed && !out[1].allowed);
         assert_eq!((out[1].retry_ms, out[1].reset_ms), (None, 1000));
@@ -224,7 +250,11 @@ mod tests {
 
     #[test]
     fn burst_differs_from_refill() {
-        let p = TokenBucketParams { capacity: 100, refill: 60, window_ms: 60_000 };
+        let p = TokenBucketParams {
+            capacity: 100,
+            refill: 60,
+            window_ms: 60_000,
+        };
         let out = run(p, &[(0, 100), (1000, 1), (1500, 1)]);
         assert!(out[0].allowed && out[1].allowed && !out[2].allowed);
         assert_eq!(out[2].retry_ms, Some(500), "one token per second");
@@ -241,7 +271,11 @@ mod tests {
         let (s, _) = take_token(None, 0, P, 4);
         assert_eq!(token_idle_after_ms(s, P), 400);
         let (s, _) = take_token(None, 0, P, 0);
-        assert_eq!(token_idle_after_ms(s, P), 1, "a full bucket expires at once");
+        assert_eq!(
+            token_idle_after_ms(s, P),
+            1,
+            "a full bucket expires at once"
+        );
     }
 
     #[test]

@@ -105,7 +105,11 @@ const UNKNOWN_DOMAIN: &str = "(unknown)";
 
 impl Limiter {
     pub fn new(store: Store, config: LimiterConfig, metrics: Arc<Metrics>) -> Self {
-        Limiter { store, config, metrics }
+        Limiter {
+            store,
+            config,
+            metrics,
+        }
     }
 
     pub fn store(&self) -> &Store {
@@ -127,8 +131,11 @@ impl Limiter {
         };
 
         // 1. Match: the limits of each descriptor (and the entries' key values).
-        let matches: Vec<Option<matcher::Match<'_>>> =
-            req.descriptors.iter().map(|d| matcher::find(domain, &d.entries)).collect();
+        let matches: Vec<Option<matcher::Match<'_>>> = req
+            .descriptors
+            .iter()
+            .map(|d| matcher::find(domain, &d.entries))
+            .collect();
 
         // 2. `replaces`: a matched limit named by another matched limit's `replaces` is dropped.
         let replaced: Vec<&str> = matches
@@ -137,7 +144,11 @@ impl Limiter {
             .flat_map(|m| m.node.limits.iter())
             .flat_map(|l| l.replaces.iter().map(String::as_str))
             .collect();
-        let is_replaced = |l: &Limit| l.name.as_deref().is_some_and(|name| replaced.contains(&name));
+        let is_replaced = |l: &Limit| {
+            l.name
+                .as_deref()
+                .is_some_and(|name| replaced.contains(&name))
+        };
 
         // 3. Plan one op per counted limit.
         let mut planned: Vec<Planned<'_>> = Vec::new();
@@ -145,16 +156,25 @@ impl Limiter {
         for (i, m) in matches.iter().enumerate() {
             let Some(m) = m else { continue };
             let desc = &req.descriptors[i];
-            let cost = desc
-                .hits_addend
-                .unwrap_or(if req.hits_addend == 0 { 1 } else { req.hits_addend });
+            let cost = desc.hits_addend.unwrap_or(if req.hits_addend == 0 {
+                1
+            } else {
+                req.hits_addend
+            });
             for limit in m.node.limits.iter().filter(|l| !is_replaced(l)) {
                 let Some(rate) = limit.rate else { continue };
                 let entries = desc.entries.iter().enumerate().map(|(j, &(k, v))| {
                     let shared = m.shared.iter().find(|(at, _)| *at == j).map(|(_, p)| *p);
                     (k, shared.unwrap_or(v))
                 });
-                let key = keys::bucket_key(&self.config.key_prefix, req.domain, entries, &rate, limit.index, None);
+                let key = keys::bucket_key(
+                    &self.config.key_prefix,
+                    req.domain,
+                    entries,
+                    &rate,
+                    limit.index,
+                    None,
+                );
                 let kind = match rate.algorithm {
                     Algorithm::TokenBucket => OpKind::TokenBucket {
                         capacity: rate.burst,
@@ -192,9 +212,21 @@ impl Limiter {
                     Status::no_limit(0)
                 }
                 Some(m) => {
-                    let limits: Vec<&Limit> =
-                        m.node.limits.iter().map(|l| &**l).filter(|l| !is_replaced(l)).collect();
-                    self.descriptor_status(&domain.name, i, &limits, &planned, &outcomes, &req.descriptors[i])
+                    let limits: Vec<&Limit> = m
+                        .node
+                        .limits
+                        .iter()
+                        .map(|l| &**l)
+                        .filter(|l| !is_replaced(l))
+                        .collect();
+                    self.descriptor_status(
+                        &domain.name,
+                        i,
+                        &limits,
+                        &planned,
+                        &outcomes,
+                        &req.descriptors[i],
+                    )
                 }
             };
             statuses.push(status);
@@ -351,7 +383,11 @@ descriptors:
     }
 
     fn fixture(shadow_mode: bool) -> Fixture {
-        let rules = load_sources(&[(PathBuf::from("t.yaml"), RULES.to_string())], LoadOptions::default()).unwrap();
+        let rules = load_sources(
+            &[(PathBuf::from("t.yaml"), RULES.to_string())],
+            LoadOptions::default(),
+        )
+        .unwrap();
         let clock = Clock::manual(1_700_000_000_000);
         let metrics = Arc::new(Metrics::new());
         let limiter = Limiter::new(
@@ -395,7 +431,10 @@ descriptors:
 
     /// Runs a future to completion on a fresh current-thread runtime.
     fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
     }
 
     #[test]
@@ -406,16 +445,36 @@ descriptors:
         assert_eq!(d.overall, Code::Ok);
         let s = &d.statuses[0];
         assert_eq!(s.remaining, 1);
-        assert_eq!(s.limit.as_ref().map(|l| (l.requests_per_unit, l.unit)), Some((2, Unit::Hour)));
-        assert_eq!(s.reset_ms, 1_800_000, "one token of 2/hour refills in 30 min");
+        assert_eq!(
+            s.limit.as_ref().map(|l| (l.requests_per_unit, l.unit)),
+            Some((2, Unit::Hour))
+        );
+        assert_eq!(
+            s.reset_ms, 1_800_000,
+            "one token of 2/hour refills in 30 min"
+        );
         f.decide(&a);
         let d = f.decide(&a);
-        assert_eq!((d.overall, d.statuses[0].code), (Code::OverLimit, Code::OverLimit));
+        assert_eq!(
+            (d.overall, d.statuses[0].code),
+            (Code::OverLimit, Code::OverLimit)
+        );
         assert_eq!(d.statuses[0].retry_ms, Some(1_800_000));
-        assert_eq!(f.decide(&req("edge", &[&[("tenant", "b")]])).overall, Code::Ok);
+        assert_eq!(
+            f.decide(&req("edge", &[&[("tenant", "b")]])).overall,
+            Code::Ok
+        );
         let text = f.metrics.render();
-        assert!(text.contains(r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="over_limit"} 1"#), "{text}");
-        assert!(!text.contains("class=\"a\""), "raw values never become labels");
+        assert!(
+            text.contains(
+                r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="over_limit"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("class=\"a\""),
+            "raw values never become labels"
+        );
     }
 
     #[test]
@@ -423,16 +482,30 @@ descriptors:
         let f = fixture(false);
         let d = f.decide(&req("nope", &[&[("tenant", "a")]]));
         assert_eq!(d.statuses, vec![Status::no_limit(0)]);
-        let d = f.decide(&req("edge", &[&[("nobody", "x")], &[("tenant", "a"), ("deeper", "x")]]));
-        assert!(d.statuses.iter().all(|s| s.code == Code::Ok && s.limit.is_none()));
-        assert!(f.metrics.render().contains(r#"domain="(unknown)",class="",outcome="no_rule""#));
+        let d = f.decide(&req(
+            "edge",
+            &[&[("nobody", "x")], &[("tenant", "a"), ("deeper", "x")]],
+        ));
+        assert!(
+            d.statuses
+                .iter()
+                .all(|s| s.code == Code::Ok && s.limit.is_none())
+        );
+        assert!(
+            f.metrics
+                .render()
+                .contains(r#"domain="(unknown)",class="",outcome="no_rule""#)
+        );
     }
 
     #[test]
     fn unlimited_reports_max_remaining() {
         let f = fixture(false);
         let d = f.decide(&req("edge", &[&[("free", "x")]]));
-        assert_eq!((d.statuses[0].remaining, d.statuses[0].limit.is_none()), (u32::MAX, true));
+        assert_eq!(
+            (d.statuses[0].remaining, d.statuses[0].limit.is_none()),
+            (u32::MAX, true)
+        );
     }
 
     #[test]
@@ -444,7 +517,11 @@ descriptors:
         // tenant c was charged both times although the request was over: the third is over.
         assert_eq!(f.codes(&r), [Code::OverLimit, Code::OverLimit]);
         let zero = &f.decide(&r).statuses[0];
-        assert_eq!((zero.remaining, zero.retry_ms), (0, None), "0/s never admits, never waits");
+        assert_eq!(
+            (zero.remaining, zero.retry_ms),
+            (0, None),
+            "0/s never admits, never waits"
+        );
     }
 
     #[test]
@@ -452,19 +529,35 @@ descriptors:
         let f = fixture(false);
         let mut r = req("edge", &[&[("tenant", "h")]]);
         r.hits_addend = 2;
-        assert_eq!(f.decide(&r).statuses[0].remaining, 0, "request-level 2 spends both");
+        assert_eq!(
+            f.decide(&r).statuses[0].remaining,
+            0,
+            "request-level 2 spends both"
+        );
         let mut check = req("edge", &[&[("tenant", "h2")]]);
         check.descriptors[0].hits_addend = Some(0);
         check.hits_addend = 5;
         for _ in 0..3 {
             let s = &f.decide(&check).statuses[0];
-            assert_eq!((s.code, s.remaining), (Code::Ok, 2), "descriptor-level 0 only checks");
+            assert_eq!(
+                (s.code, s.remaining),
+                (Code::Ok, 2),
+                "descriptor-level 0 only checks"
+            );
         }
         let mut big = req("edge", &[&[("tenant", "h3")]]);
         big.descriptors[0].hits_addend = Some(u64::MAX);
         let s = &f.decide(&big).statuses[0];
-        assert_eq!((s.code, s.retry_ms), (Code::OverLimit, None), "above capacity never fits");
-        assert_eq!(f.decide(&req("edge", &[&[("tenant", "h3")]])).statuses[0].remaining, 1, "nothing was taken");
+        assert_eq!(
+            (s.code, s.retry_ms),
+            (Code::OverLimit, None),
+            "above capacity never fits"
+        );
+        assert_eq!(
+            f.decide(&req("edge", &[&[("tenant", "h3")]])).statuses[0].remaining,
+            1,
+            "nothing was taken"
+        );
     }
 
     #[test]
@@ -473,8 +566,15 @@ descriptors:
         let r = req("edge", &[&[("shadowed", "s")]]);
         f.decide(&r);
         let d = f.decide(&r);
-        assert_eq!((d.overall, d.statuses[0].code, d.statuses[0].shadow), (Code::Ok, Code::Ok, true));
-        assert!(f.metrics.render().contains(r#"class="shadowed",outcome="shadow"} 1"#));
+        assert_eq!(
+            (d.overall, d.statuses[0].code, d.statuses[0].shadow),
+            (Code::Ok, Code::Ok, true)
+        );
+        assert!(
+            f.metrics
+                .render()
+                .contains(r#"class="shadowed",outcome="shadow"} 1"#)
+        );
     }
 
     #[test]
@@ -483,7 +583,11 @@ descriptors:
         let r = req("edge", &[&[("zero", "x")]]);
         let d = f.decide(&r);
         assert_eq!((d.overall, d.statuses[0].code), (Code::Ok, Code::OverLimit));
-        assert!(f.metrics.render().contains("tollgate_global_shadow_total 1"));
+        assert!(
+            f.metrics
+                .render()
+                .contains("tollgate_global_shadow_total 1")
+        );
     }
 
     #[test]
@@ -505,10 +609,16 @@ descriptors:
         let f = fixture(false);
         let r = req("edge", &[&[("both", "x")]]);
         let s = &f.decide(&r).statuses[0];
-        assert_eq!((s.remaining, s.limit.as_ref().unwrap().name.as_str()), (1, "sustained"));
+        assert_eq!(
+            (s.remaining, s.limit.as_ref().unwrap().name.as_str()),
+            (1, "sustained")
+        );
         f.decide(&r);
         let s = &f.decide(&r).statuses[0];
-        assert_eq!((s.code, s.limit.as_ref().unwrap().unit), (Code::OverLimit, Unit::Hour));
+        assert_eq!(
+            (s.code, s.limit.as_ref().unwrap().unit),
+            (Code::OverLimit, Unit::Hour)
+        );
         // The per-second bucket was charged only while the request was admitted... and both are
         // separate buckets: a second later the hourly one is still over.
         f.clock.advance_ms(1000);
@@ -519,14 +629,21 @@ descriptors:
     fn share_threshold_values_share_one_bucket() {
         let f = fixture(false);
         assert_eq!(f.codes(&req("edge", &[&[("group", "g-1")]])), [Code::Ok]);
-        assert_eq!(f.codes(&req("edge", &[&[("group", "g-2")]])), [Code::OverLimit]);
+        assert_eq!(
+            f.codes(&req("edge", &[&[("group", "g-2")]])),
+            [Code::OverLimit]
+        );
     }
 
     #[test]
     fn fixed_window_resets_at_the_window_edge() {
         let f = fixture(false);
         let r = req("edge", &[&[("window", "w")]]);
-        assert_eq!(f.decide(&r).statuses[0].reset_ms, 40_000, "1.7e12 ms is 20 s into a minute");
+        assert_eq!(
+            f.decide(&r).statuses[0].reset_ms,
+            40_000,
+            "1.7e12 ms is 20 s into a minute"
+        );
         f.decide(&r);
         assert_eq!(f.codes(&r), [Code::OverLimit]);
         f.clock.advance_ms(40_000);

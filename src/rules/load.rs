@@ -74,7 +74,8 @@ pub fn load_path(path: &Path, opts: LoadOptions) -> Result<RuleSet, RulesError> 
             message,
         }],
     };
-    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read the rules path: {e}")))?;
+    let meta =
+        std::fs::metadata(path).map_err(|e| fail(format!("cannot read the rules path: {e}")))?;
     let files = if meta.is_dir() {
         list_dir(path).map_err(|e| fail(format!("cannot list the rules directory: {e}")))?
     } else {
@@ -123,7 +124,10 @@ fn list_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 }
 
 /// Loads rules from `(file name, text)` pairs: the core of [`load_path`], usable in tests.
-pub fn load_sources(sources: &[(PathBuf, String)], opts: LoadOptions) -> Result<RuleSet, RulesError> {
+pub fn load_sources(
+    sources: &[(PathBuf, String)],
+    opts: LoadOptions,
+) -> Result<RuleSet, RulesError> {
     let mut set = RuleSet::default();
     let mut errors = Vec::new();
     for (file, text) in sources {
@@ -134,7 +138,9 @@ pub fn load_sources(sources: &[(PathBuf, String)], opts: LoadOptions) -> Result<
             errors: &mut errors,
             warnings: &mut set.warnings,
         };
-        let Some(domain) = cx.file_rules(text) else { continue };
+        let Some(domain) = cx.file_rules(text) else {
+            continue;
+        };
         if let Some(first) = set.domains.get(&domain.name) {
             cx.error(
                 domain.origin_pos(),
@@ -148,7 +154,11 @@ pub fn load_sources(sources: &[(PathBuf, String)], opts: LoadOptions) -> Result<
         }
         set.domains.insert(domain.name.clone(), domain);
     }
-    if errors.is_empty() { Ok(set) } else { Err(RulesError { errors }) }
+    if errors.is_empty() {
+        Ok(set)
+    } else {
+        Err(RulesError { errors })
+    }
 }
 
 impl Domain {
@@ -190,7 +200,11 @@ impl Cx<'_> {
         let root = match yaml::parse(text) {
             Ok(Some(root)) => root,
             Ok(None) => {
-                self.error(Pos { line: 1, col: 1 }, "", "the file is empty: expected `domain` and `descriptors`");
+                self.error(
+                    Pos { line: 1, col: 1 },
+                    "",
+                    "the file is empty: expected `domain` and `descriptors`",
+                );
                 return None;
             }
             Err(e) => {
@@ -201,7 +215,11 @@ impl Cx<'_> {
         let fields = self.fields(&root, "", &["domain", "descriptors"])?;
         let domain = match fields.get("domain") {
             None => {
-                self.error(root.pos, "domain", "missing: every rules file names its domain");
+                self.error(
+                    root.pos,
+                    "domain",
+                    "missing: every rules file names its domain",
+                );
                 None
             }
             Some(node) => match self.string(node, "domain") {
@@ -225,10 +243,19 @@ impl Cx<'_> {
     }
 
     /// A mapping's fields by name; unknown and repeated fields are errors.
-    fn fields<'n>(&mut self, node: &'n Node, path: &str, allowed: &[&str]) -> Option<HashMap<&'n str, &'n Node>> {
+    fn fields<'n>(
+        &mut self,
+        node: &'n Node,
+        path: &str,
+        allowed: &[&str],
+    ) -> Option<HashMap<&'n str, &'n Node>> {
         let Value::Map(pairs) = &node.value else {
             let what = if path.is_empty() { "the file" } else { path };
-            self.error(node.pos, path, format!("{what} must be a mapping, found {}", node.kind()));
+            self.error(
+                node.pos,
+                path,
+                format!("{what} must be a mapping, found {}", node.kind()),
+            );
             return None;
         };
         let mut out: HashMap<&str, &Node> = HashMap::new();
@@ -239,7 +266,11 @@ impl Cx<'_> {
             };
             let field = join(path, text);
             if !allowed.contains(&text.as_str()) {
-                self.error(k.pos, &field, format!("unknown field (expected one of: {})", allowed.join(", ")));
+                self.error(
+                    k.pos,
+                    &field,
+                    format!("unknown field (expected one of: {})", allowed.join(", ")),
+                );
             } else if out.insert(text.as_str(), v).is_some() {
                 self.error(k.pos, &field, "field given twice");
             }
@@ -251,14 +282,22 @@ impl Cx<'_> {
         match &node.value {
             Value::Scalar { text, .. } if !node.is_null() => Some(text.clone()),
             _ => {
-                self.error(node.pos, field, format!("expected a string, found {}", node.kind()));
+                self.error(
+                    node.pos,
+                    field,
+                    format!("expected a string, found {}", node.kind()),
+                );
                 None
             }
         }
     }
 
     fn bool(&mut self, node: &Node, field: &str) -> Option<bool> {
-        if let Value::Scalar { text, quoted: false } = &node.value {
+        if let Value::Scalar {
+            text,
+            quoted: false,
+        } = &node.value
+        {
             if text.eq_ignore_ascii_case("true") {
                 return Some(true);
             }
@@ -271,12 +310,25 @@ impl Cx<'_> {
     }
 
     fn uint(&mut self, node: &Node, field: &str, max: u64) -> Option<u64> {
-        let Value::Scalar { text, quoted: false } = &node.value else {
-            self.error(node.pos, field, format!("expected a whole number, found {}", node.kind()));
+        let Value::Scalar {
+            text,
+            quoted: false,
+        } = &node.value
+        else {
+            self.error(
+                node.pos,
+                field,
+                format!("expected a whole number, found {}", node.kind()),
+            );
             return None;
         };
-        if text.starts_with('-') && text[1..].chars().all(|c| c.is_ascii_digit()) && text.len() > 1 {
-            self.error(node.pos, field, format!("must not be negative (found {text})"));
+        if text.starts_with('-') && text[1..].chars().all(|c| c.is_ascii_digit()) && text.len() > 1
+        {
+            self.error(
+                node.pos,
+                field,
+                format!("must not be negative (found {text})"),
+            );
             return None;
         }
         match text.parse::<u64>() {
@@ -286,7 +338,11 @@ impl Cx<'_> {
                 None
             }
             Err(_) => {
-                self.error(node.pos, field, format!("expected a whole number, found '{text}'"));
+                self.error(
+                    node.pos,
+                    field,
+                    format!("expected a whole number, found '{text}'"),
+                );
                 None
             }
         }
@@ -297,7 +353,11 @@ impl Cx<'_> {
             Value::Seq(items) => Some(items),
             _ if node.is_null() => Some(&[]),
             _ => {
-                self.error(node.pos, field, format!("expected a list, found {}", node.kind()));
+                self.error(
+                    node.pos,
+                    field,
+                    format!("expected a list, found {}", node.kind()),
+                );
                 None
             }
         }
@@ -321,7 +381,11 @@ impl Cx<'_> {
                     Some(v) => format!("key '{}' with value '{v}'", d.key),
                     None => format!("key '{}' without a value", d.key),
                 };
-                self.error(item.pos, &field, format!("duplicate descriptor: {shown} is already declared at line {first}"));
+                self.error(
+                    item.pos,
+                    &field,
+                    format!("duplicate descriptor: {shown} is already declared at line {first}"),
+                );
                 ok = false;
                 continue;
             }
@@ -333,7 +397,11 @@ impl Cx<'_> {
                 }
                 Some(v) if v.contains('*') => level.wildcard.push((d.key.clone(), v.clone(), d)),
                 Some(v) => {
-                    level.exact.entry(d.key.clone()).or_default().insert(v.clone(), d);
+                    level
+                        .exact
+                        .entry(d.key.clone())
+                        .or_default()
+                        .insert(v.clone(), d);
                 }
             }
         }
@@ -358,7 +426,11 @@ impl Cx<'_> {
         let mut ok = true;
         let key = match f.get("key") {
             None => {
-                self.error(node.pos, &join(path, "key"), "missing: every descriptor has a key");
+                self.error(
+                    node.pos,
+                    &join(path, "key"),
+                    "missing: every descriptor has a key",
+                );
                 None
             }
             Some(n) => match self.string(n, &join(path, "key")) {
@@ -371,7 +443,9 @@ impl Cx<'_> {
         };
         // An empty value is the same as no value, as in the reference.
         let value = match f.get("value") {
-            Some(n) if !n.is_null() => self.string(n, &join(path, "value")).filter(|v| !v.is_empty()),
+            Some(n) if !n.is_null() => self
+                .string(n, &join(path, "value"))
+                .filter(|v| !v.is_empty()),
             _ => None,
         };
         let mut flag = |cx: &mut Self, name: &str| match f.get(name) {
@@ -395,27 +469,52 @@ impl Cx<'_> {
             }
         }
         let key = key?;
-        let key_path = if parent_keys.is_empty() { key.clone() } else { format!("{parent_keys}.{key}") };
-        if share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
-            if let Some(n) = f.get("share_threshold") {
-                self.error(n.pos, &join(path, "share_threshold"), "only applies to a wildcard `value` (one containing `*`)");
-                ok = false;
-            }
+        let key_path = if parent_keys.is_empty() {
+            key.clone()
+        } else {
+            format!("{parent_keys}.{key}")
+        };
+        if share_threshold
+            && !value.as_deref().is_some_and(|v| v.contains('*'))
+            && let Some(n) = f.get("share_threshold")
+        {
+            self.error(
+                n.pos,
+                &join(path, "share_threshold"),
+                "only applies to a wildcard `value` (one containing `*`)",
+            );
+            ok = false;
         }
         let mut limits = Vec::new();
         match (f.get("rate_limit"), f.get("rate_limits")) {
             (Some(_), Some(n)) => {
-                self.error(n.pos, &join(path, "rate_limits"), "use either `rate_limit` or `rate_limits`, not both");
+                self.error(
+                    n.pos,
+                    &join(path, "rate_limits"),
+                    "use either `rate_limit` or `rate_limits`, not both",
+                );
                 ok = false;
             }
-            (Some(n), None) => match self.limit(n, &join(path, "rate_limit"), 0, (shadow_mode, detailed_metric), &key_path) {
+            (Some(n), None) => match self.limit(
+                n,
+                &join(path, "rate_limit"),
+                0,
+                (shadow_mode, detailed_metric),
+                &key_path,
+            ) {
                 Some(l) => limits.push(Arc::new(l)),
                 None => ok = false,
             },
             (None, Some(n)) => {
                 let items = self.seq(n, &join(path, "rate_limits")).unwrap_or(&[]);
                 for (i, item) in items.iter().enumerate() {
-                    match self.limit(item, &format!("{path}.rate_limits[{i}]"), i, (shadow_mode, detailed_metric), &key_path) {
+                    match self.limit(
+                        item,
+                        &format!("{path}.rate_limits[{i}]"),
+                        i,
+                        (shadow_mode, detailed_metric),
+                        &key_path,
+                    ) {
                         Some(l) => limits.push(Arc::new(l)),
                         None => ok = false,
                     }
@@ -439,7 +538,14 @@ impl Cx<'_> {
         })
     }
 
-    fn limit(&mut self, node: &Node, path: &str, index: usize, flags: (bool, bool), key_path: &str) -> Option<Limit> {
+    fn limit(
+        &mut self,
+        node: &Node,
+        path: &str,
+        index: usize,
+        flags: (bool, bool),
+        key_path: &str,
+    ) -> Option<Limit> {
         let (shadow_mode, detailed_metric) = flags;
         const FIELDS: &[&str] = &[
             "unit",
@@ -455,16 +561,21 @@ impl Cx<'_> {
         ];
         let f = self.fields(node, path, FIELDS)?;
         let errors_before = self.errors.len();
-        let unlimited = f.get("unlimited").and_then(|n| self.bool(n, &join(path, "unlimited"))).unwrap_or(false);
+        let unlimited = f
+            .get("unlimited")
+            .and_then(|n| self.bool(n, &join(path, "unlimited")))
+            .unwrap_or(false);
         let name = f
             .get("name")
             .and_then(|n| self.string(n, &join(path, "name")))
             .filter(|s| !s.is_empty());
-        let class = f.get("class").and_then(|n| self.string(n, &join(path, "class")));
-        if let Some(n) = f.get("class") {
-            if class.as_deref() == Some("") {
-                self.error(n.pos, &join(path, "class"), "must not be empty");
-            }
+        let class = f
+            .get("class")
+            .and_then(|n| self.string(n, &join(path, "class")));
+        if let Some(n) = f.get("class")
+            && class.as_deref() == Some("")
+        {
+            self.error(n.pos, &join(path, "class"), "must not be empty");
         }
         if let Some(n) = f.get("quota_mode") {
             self.warnings.push(format!(
@@ -479,16 +590,28 @@ impl Cx<'_> {
             let field = join(path, "replaces");
             for (i, item) in self.seq(n, &field).unwrap_or(&[]).iter().enumerate() {
                 let item_path = format!("{field}[{i}]");
-                let Some(rf) = self.fields(item, &item_path, &["name"]) else { continue };
-                let replaced = rf.get("name").and_then(|n| self.string(n, &join(&item_path, "name")));
+                let Some(rf) = self.fields(item, &item_path, &["name"]) else {
+                    continue;
+                };
+                let replaced = rf
+                    .get("name")
+                    .and_then(|n| self.string(n, &join(&item_path, "name")));
                 match replaced {
-                    Some(r) if r.is_empty() => self.error(item.pos, &item_path, "a replaces entry needs a non-empty name"),
-                    None if rf.get("name").is_none() => {
-                        self.error(item.pos, &item_path, "a replaces entry needs a non-empty name")
-                    }
-                    Some(r) if Some(&r) == name.as_ref() => {
-                        self.error(item.pos, &item_path, format!("a limit cannot replace itself ('{r}')"))
-                    }
+                    Some(r) if r.is_empty() => self.error(
+                        item.pos,
+                        &item_path,
+                        "a replaces entry needs a non-empty name",
+                    ),
+                    None if !rf.contains_key("name") => self.error(
+                        item.pos,
+                        &item_path,
+                        "a replaces entry needs a non-empty name",
+                    ),
+                    Some(r) if Some(&r) == name.as_ref() => self.error(
+                        item.pos,
+                        &item_path,
+                        format!("a limit cannot replace itself ('{r}')"),
+                    ),
                     Some(r) => replaces.push(r),
                     None => {}
                 }
@@ -496,7 +619,11 @@ impl Cx<'_> {
         }
         let rate = if unlimited {
             if let Some(n) = f.get("unit") {
-                self.error(n.pos, &join(path, "unit"), "must not be set when `unlimited: true`");
+                self.error(
+                    n.pos,
+                    &join(path, "unit"),
+                    "must not be set when `unlimited: true`",
+                );
             }
             None
         } else {
@@ -506,7 +633,9 @@ impl Cx<'_> {
             return None;
         }
         Some(Limit {
-            class: class.or_else(|| name.clone()).unwrap_or_else(|| key_path.to_string()),
+            class: class
+                .or_else(|| name.clone())
+                .unwrap_or_else(|| key_path.to_string()),
             name,
             rate,
             shadow_mode,
@@ -520,7 +649,11 @@ impl Cx<'_> {
     fn rate(&mut self, node: &Node, path: &str, f: &HashMap<&str, &Node>) -> Option<Rate> {
         let unit = match f.get("unit") {
             None => {
-                self.error(node.pos, &join(path, "unit"), "missing (second, minute, hour, day, week, month or year)");
+                self.error(
+                    node.pos,
+                    &join(path, "unit"),
+                    "missing (second, minute, hour, day, week, month or year)",
+                );
                 None
             }
             Some(n) => {
@@ -563,7 +696,9 @@ impl Cx<'_> {
             }
         };
         let positive = |cx: &mut Self, name: &str, max: u64| -> Option<Option<u64>> {
-            let Some(n) = f.get(name) else { return Some(None) };
+            let Some(n) = f.get(name) else {
+                return Some(None);
+            };
             let v = cx.uint(n, &join(path, name), max)?;
             if v == 0 {
                 cx.error(n.pos, &join(path, name), "must be at least 1");
@@ -573,12 +708,18 @@ impl Cx<'_> {
         };
         let burst = positive(self, "burst", u64::from(u32::MAX));
         let multiplier = positive(self, "unit_multiplier", 1_000_000);
-        let (unit, rpu, algorithm, burst, multiplier) = (unit?, rpu?, algorithm?, burst?, multiplier?);
-        if burst.is_some() && algorithm == Algorithm::FixedWindow {
-            if let Some(n) = f.get("burst") {
-                self.error(n.pos, &join(path, "burst"), "only applies to algorithm token_bucket");
-                return None;
-            }
+        let (unit, rpu, algorithm, burst, multiplier) =
+            (unit?, rpu?, algorithm?, burst?, multiplier?);
+        if burst.is_some()
+            && algorithm == Algorithm::FixedWindow
+            && let Some(n) = f.get("burst")
+        {
+            self.error(
+                n.pos,
+                &join(path, "burst"),
+                "only applies to algorithm token_bucket",
+            );
+            return None;
         }
         Some(Rate {
             requests_per_unit: rpu as u32,
@@ -591,7 +732,11 @@ impl Cx<'_> {
 }
 
 fn join(path: &str, field: &str) -> String {
-    if path.is_empty() { field.to_string() } else { format!("{path}.{field}") }
+    if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
+    }
 }
 
 #[cfg(test)]
@@ -599,7 +744,10 @@ mod tests {
     use super::*;
 
     fn load(text: &str) -> Result<RuleSet, RulesError> {
-        load_sources(&[(PathBuf::from("r.yaml"), text.to_string())], LoadOptions::default())
+        load_sources(
+            &[(PathBuf::from("r.yaml"), text.to_string())],
+            LoadOptions::default(),
+        )
     }
 
     /// The single error of a refused file, as `line: field: message`.
@@ -619,7 +767,10 @@ mod tests {
         let d = &set.domains["edge"];
         let tenant = &d.root.bare["tenant"];
         let rate = tenant.limits[0].rate.unwrap();
-        assert_eq!((rate.requests_per_unit, rate.unit, rate.burst), (100, Unit::Minute, 100));
+        assert_eq!(
+            (rate.requests_per_unit, rate.unit, rate.burst),
+            (100, Unit::Minute, 100)
+        );
         assert_eq!(tenant.limits[0].class, "tenant");
         let ep = &tenant.children.exact["endpoint"]["/search"];
         assert_eq!(ep.limits[0].class, "search");
@@ -637,15 +788,33 @@ mod tests {
         .unwrap();
         let k = &set.domains["d"].root.bare["k"];
         let (a, b) = (k.limits[0].rate.unwrap(), k.limits[1].rate.unwrap());
-        assert_eq!((a.burst, a.algorithm, k.limits[0].class.as_str()), (20, Algorithm::TokenBucket, "burst"));
-        assert_eq!((b.window_ms(), b.algorithm, k.limits[1].index), (300_000, Algorithm::FixedWindow, 1));
+        assert_eq!(
+            (a.burst, a.algorithm, k.limits[0].class.as_str()),
+            (20, Algorithm::TokenBucket, "burst")
+        );
+        assert_eq!(
+            (b.window_ms(), b.algorithm, k.limits[1].index),
+            (300_000, Algorithm::FixedWindow, 1)
+        );
     }
 
     #[test]
     fn default_algorithm_applies_to_limits_without_one() {
         let src = [(PathBuf::from("r.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n".to_string())];
-        let set = load_sources(&src, LoadOptions { default_algorithm: Algorithm::FixedWindow }).unwrap();
-        assert_eq!(set.domains["d"].root.bare["k"].limits[0].rate.unwrap().algorithm, Algorithm::FixedWindow);
+        let set = load_sources(
+            &src,
+            LoadOptions {
+                default_algorithm: Algorithm::FixedWindow,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            set.domains["d"].root.bare["k"].limits[0]
+                .rate
+                .unwrap()
+                .algorithm,
+            Algorithm::FixedWindow
+        );
     }
 
     #[test]
@@ -657,9 +826,13 @@ mod tests {
 
     #[test]
     fn refuses_unknown_fields_at_their_line() {
-        let (line, field, msg) =
-            refused("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      request_per_unit: 2\n");
-        assert_eq!((line, field.as_str()), (7, "descriptors[0].rate_limit.request_per_unit"));
+        let (line, field, msg) = refused(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      request_per_unit: 2\n",
+        );
+        assert_eq!(
+            (line, field.as_str()),
+            (7, "descriptors[0].rate_limit.request_per_unit")
+        );
         assert!(msg.contains("unknown field"), "{msg}");
         assert_eq!(refused("domain: d\nextra: 1\n").0, 2);
     }
@@ -667,38 +840,65 @@ mod tests {
     #[test]
     fn refuses_bad_units_and_counts() {
         let base = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n";
-        let (line, field, msg) = refused(&format!("{base}      unit: minutes\n      requests_per_unit: 1\n"));
-        assert_eq!((line, field.as_str()), (5, "descriptors[0].rate_limit.unit"));
+        let (line, field, msg) = refused(&format!(
+            "{base}      unit: minutes\n      requests_per_unit: 1\n"
+        ));
+        assert_eq!(
+            (line, field.as_str()),
+            (5, "descriptors[0].rate_limit.unit")
+        );
         assert!(msg.contains("unknown unit 'minutes'"), "{msg}");
-        let (line, _, msg) = refused(&format!("{base}      unit: second\n      requests_per_unit: -5\n"));
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: -5\n"
+        ));
         assert_eq!(line, 6);
         assert!(msg.contains("negative"), "{msg}");
         let (line, field, msg) = refused(&format!("{base}      unit: second\n"));
-        assert_eq!((line, field.as_str()), (5, "descriptors[0].rate_limit.requests_per_unit"));
+        assert_eq!(
+            (line, field.as_str()),
+            (5, "descriptors[0].rate_limit.requests_per_unit")
+        );
         assert!(msg.contains("missing"), "{msg}");
-        let (line, _, msg) = refused(&format!("{base}      unit: second\n      requests_per_unit: 4294967296\n"));
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 4294967296\n"
+        ));
         assert_eq!(line, 6);
         assert!(msg.contains("too large"), "{msg}");
-        let (line, _, _) = refused(&format!("{base}      unit: second\n      requests_per_unit: ten\n"));
+        let (line, _, _) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: ten\n"
+        ));
         assert_eq!(line, 6);
-        let (line, _, msg) = refused(&format!("{base}      unit: second\n      requests_per_unit: 1\n      burst: 0\n"));
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 1\n      burst: 0\n"
+        ));
         assert_eq!(line, 7);
         assert!(msg.contains("at least 1"), "{msg}");
         // `unlimited` needs no requests_per_unit but refuses a unit.
         assert!(load(&format!("{base}      unlimited: true\n")).is_ok());
-        let (line, field, msg) = refused(&format!("{base}      unlimited: true\n      unit: second\n"));
-        assert_eq!((line, field.as_str()), (6, "descriptors[0].rate_limit.unit"));
+        let (line, field, msg) = refused(&format!(
+            "{base}      unlimited: true\n      unit: second\n"
+        ));
+        assert_eq!(
+            (line, field.as_str()),
+            (6, "descriptors[0].rate_limit.unit")
+        );
         assert!(msg.contains("unlimited"), "{msg}");
     }
 
     #[test]
     fn refuses_empty_domain_and_key() {
         let (line, field, msg) = refused("domain: \"\"\ndescriptors: []\n");
-        assert_eq!((line, field.as_str(), msg.as_str()), (1, "domain", "must not be empty"));
+        assert_eq!(
+            (line, field.as_str(), msg.as_str()),
+            (1, "domain", "must not be empty")
+        );
         let (line, field, _) = refused("descriptors: []\n");
         assert_eq!((line, field.as_str()), (1, "domain"));
         let (line, field, msg) = refused("domain: d\ndescriptors:\n  - key: \"\"\n");
-        assert_eq!((line, field.as_str(), msg.as_str()), (3, "descriptors[0].key", "must not be empty"));
+        assert_eq!(
+            (line, field.as_str(), msg.as_str()),
+            (3, "descriptors[0].key", "must not be empty")
+        );
         let (line, _, _) = refused("domain: d\ndescriptors:\n  - value: x\n");
         assert_eq!(line, 3);
         let (line, _, msg) = refused("");
@@ -748,7 +948,11 @@ mod tests {
         assert!(err.to_string().contains("r.yaml:4:"), "{err}");
         let set = load("domain: d\ndescriptors:\n  - key: a\n    value_to_metric: true\n").unwrap();
         assert_eq!(set.warnings.len(), 1);
-        assert!(set.warnings[0].starts_with("r.yaml:4:"), "{:?}", set.warnings);
+        assert!(
+            set.warnings[0].starts_with("r.yaml:4:"),
+            "{:?}",
+            set.warnings
+        );
     }
 
     #[test]
@@ -768,6 +972,9 @@ mod tests {
         assert_eq!(names, ["a", "b"]);
         std::fs::remove_dir_all(&dir).unwrap();
         let missing = load_path(&dir, LoadOptions::default()).unwrap_err();
-        assert!(missing.to_string().contains("cannot read the rules path"), "{missing}");
+        assert!(
+            missing.to_string().contains("cannot read the rules path"),
+            "{missing}"
+        );
     }
 }

@@ -18,7 +18,10 @@ pub struct Match<'r> {
 }
 
 /// Walks `entries` (key, value) down `domain`'s tree. `None`: nothing matched at full depth.
-pub fn find<'r>(domain: &'r Domain, entries: &[(impl AsRef<str>, impl AsRef<str>)]) -> Option<Match<'r>> {
+pub fn find<'r>(
+    domain: &'r Domain,
+    entries: &[(impl AsRef<str>, impl AsRef<str>)],
+) -> Option<Match<'r>> {
     let mut level = &domain.root;
     let mut shared = Vec::new();
     let last = entries.len().checked_sub(1)?;
@@ -26,8 +29,10 @@ pub fn find<'r>(domain: &'r Domain, entries: &[(impl AsRef<str>, impl AsRef<str>
         let (key, value) = (key.as_ref(), value.as_ref());
         let node = if let Some(d) = level.exact.get(key).and_then(|m| m.get(value)) {
             d
-        } else if let Some((_, pattern, d)) =
-            level.wildcard.iter().find(|(k, p, _)| k == key && glob_match(p, value))
+        } else if let Some((_, pattern, d)) = level
+            .wildcard
+            .iter()
+            .find(|(k, p, _)| k == key && glob_match(p, value))
         {
             if d.share_threshold {
                 shared.push((i, pattern.as_str()));
@@ -49,7 +54,9 @@ pub fn glob_match(pattern: &str, value: &str) -> bool {
     let mut parts = pattern.split('*');
     // split always yields at least one part; the first must be a prefix.
     let first = parts.next().unwrap_or("");
-    let Some(mut rest) = value.strip_prefix(first) else { return false };
+    let Some(mut rest) = value.strip_prefix(first) else {
+        return false;
+    };
     let mut parts: Vec<&str> = parts.collect();
     let Some(last) = parts.pop() else {
         return rest.is_empty(); // no `*` at all: an exact comparison
@@ -72,13 +79,21 @@ mod tests {
     use crate::rules::model::RuleSet;
 
     fn rules(text: &str) -> RuleSet {
-        load_sources(&[(PathBuf::from("t.yaml"), text.to_string())], LoadOptions::default()).unwrap()
+        load_sources(
+            &[(PathBuf::from("t.yaml"), text.to_string())],
+            LoadOptions::default(),
+        )
+        .unwrap()
     }
 
     /// The requests_per_unit of the limit found for `entries`, or None.
     fn limit_for(set: &RuleSet, entries: &[(&str, &str)]) -> Option<u32> {
         let m = find(&set.domains["d"], entries)?;
-        m.node.limits.first().and_then(|l| l.rate).map(|r| r.requests_per_unit)
+        m.node
+            .limits
+            .first()
+            .and_then(|l| l.rate)
+            .map(|r| r.requests_per_unit)
     }
 
     const TREE: &str = r#"
@@ -111,7 +126,11 @@ descriptors:
         let set = rules(TREE);
         assert_eq!(limit_for(&set, &[("tenant", "acme")]), Some(1));
         assert_eq!(limit_for(&set, &[("tenant", "team-red")]), Some(2));
-        assert_eq!(limit_for(&set, &[("tenant", "team-")]), Some(2), "* matches zero chars");
+        assert_eq!(
+            limit_for(&set, &[("tenant", "team-")]),
+            Some(2),
+            "* matches zero chars"
+        );
         // First declared wildcard wins: "team-x-beta-y" matches both patterns.
         assert_eq!(limit_for(&set, &[("tenant", "team-x-beta-y")]), Some(2));
         assert_eq!(limit_for(&set, &[("tenant", "x-beta-y")]), Some(3));
@@ -122,14 +141,26 @@ descriptors:
     #[test]
     fn limits_apply_only_at_full_depth() {
         let set = rules(TREE);
-        assert_eq!(limit_for(&set, &[("tenant", "other"), ("endpoint", "/a")]), Some(5));
+        assert_eq!(
+            limit_for(&set, &[("tenant", "other"), ("endpoint", "/a")]),
+            Some(5)
+        );
         // acme has no children: a deeper request matches nothing.
-        assert_eq!(limit_for(&set, &[("tenant", "acme"), ("endpoint", "/a")]), None);
+        assert_eq!(
+            limit_for(&set, &[("tenant", "acme"), ("endpoint", "/a")]),
+            None
+        );
         // remote alone has no limit (grouping node), remote+path does.
         assert_eq!(limit_for(&set, &[("remote", "x")]), None);
-        assert_eq!(limit_for(&set, &[("remote", "x"), ("path", "/slow")]), Some(6));
+        assert_eq!(
+            limit_for(&set, &[("remote", "x"), ("path", "/slow")]),
+            Some(6)
+        );
         assert_eq!(limit_for(&set, &[("remote", "x"), ("path", "/fast")]), None);
-        assert_eq!(limit_for(&set, &[("tenant", "o"), ("endpoint", "/a"), ("x", "y")]), None);
+        assert_eq!(
+            limit_for(&set, &[("tenant", "o"), ("endpoint", "/a"), ("x", "y")]),
+            None
+        );
         // A node with neither limit nor children matches, meaning "no limit".
         let m = find(&set.domains["d"], &[("empty", "v")]).unwrap();
         assert!(m.node.limits.is_empty());
@@ -138,7 +169,9 @@ descriptors:
 
     #[test]
     fn share_threshold_reports_the_pattern() {
-        let set = rules("domain: d\ndescriptors:\n  - key: k\n    value: \"a*\"\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: j\n    value: \"b*\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n");
+        let set = rules(
+            "domain: d\ndescriptors:\n  - key: k\n    value: \"a*\"\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: j\n    value: \"b*\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        );
         let m = find(&set.domains["d"], &[("k", "abc")]).unwrap();
         assert_eq!(m.shared, vec![(0, "a*")]);
         let m = find(&set.domains["d"], &[("j", "bcd")]).unwrap();

@@ -19,7 +19,10 @@ use crate::telemetry::{Metrics, ResultLabels};
 pub fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
     let files = match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => std::fs::read_dir(path)
-            .map(|it| it.filter_map(|e| e.ok().map(|e| e.path())).collect::<Vec<_>>())
+            .map(|it| {
+                it.filter_map(|e| e.ok().map(|e| e.path()))
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_default(),
         _ => vec![path.to_path_buf()],
     };
@@ -63,19 +66,30 @@ pub async fn watch(
 }
 
 /// Loads the rules path and swaps it in if valid. Returns whether it was swapped.
-pub fn reload_once(path: &Path, opts: LoadOptions, rules: &ArcSwap<RuleSet>, metrics: &Metrics) -> bool {
+pub fn reload_once(
+    path: &Path,
+    opts: LoadOptions,
+    rules: &ArcSwap<RuleSet>,
+    metrics: &Metrics,
+) -> bool {
     match load_path(path, opts) {
         Ok(set) => {
             let (domains, _, limits) = set.counts();
             tracing::info!(path = %path.display(), domains, limits, "rules reloaded");
             metrics.rules_loaded.set(limits as i64);
-            metrics.rules_reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
+            metrics
+                .rules_reloads
+                .get_or_create(&ResultLabels { result: "ok" })
+                .inc();
             rules.store(Arc::new(set));
             true
         }
         Err(e) => {
             tracing::error!(path = %path.display(), "rules not reloaded, the rules in force stay: {e}");
-            metrics.rules_reloads.get_or_create(&ResultLabels { result: "error" }).inc();
+            metrics
+                .rules_reloads
+                .get_or_create(&ResultLabels { result: "error" })
+                .inc();
             false
         }
     }

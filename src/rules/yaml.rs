@@ -21,7 +21,10 @@ pub struct Pos {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     /// A scalar as written; `quoted` is true for '…' and "…" (never a number, bool or null).
-    Scalar { text: String, quoted: bool },
+    Scalar {
+        text: String,
+        quoted: bool,
+    },
     Seq(Vec<Node>),
     /// Key/value pairs in document order (duplicates are kept so the loader can report them).
     Map(Vec<(Node, Node)>),
@@ -128,7 +131,10 @@ impl MarkedEventReceiver for Builder {
         let at = pos(&mark);
         match ev {
             Event::Scalar(text, style, anchor, _tag) => {
-                let quoted = matches!(style, TScalarStyle::SingleQuoted | TScalarStyle::DoubleQuoted);
+                let quoted = matches!(
+                    style,
+                    TScalarStyle::SingleQuoted | TScalarStyle::DoubleQuoted
+                );
                 self.push_value(
                     Node {
                         value: Value::Scalar { text, quoted },
@@ -155,7 +161,8 @@ impl MarkedEventReceiver for Builder {
                 if let Some((mut node, anchor)) = self.stack.pop() {
                     if let Value::Map(flat) = &mut node.value {
                         // Entries arrived one node at a time: pair them up as key, value.
-                        let items: Vec<Node> = std::mem::take(flat).into_iter().map(|(k, _)| k).collect();
+                        let items: Vec<Node> =
+                            std::mem::take(flat).into_iter().map(|(k, _)| k).collect();
                         let mut it = items.into_iter();
                         while let Some(k) = it.next() {
                             let v = it.next().unwrap_or_else(placeholder);
@@ -197,15 +204,29 @@ mod tests {
 
     #[test]
     fn keeps_lines_and_columns() {
-        let doc = parse("domain: x\ndescriptors:\n  - key: a\n    value: \"b\"\n").unwrap().unwrap();
-        let Value::Map(pairs) = &doc.value else { panic!() };
+        let doc = parse("domain: x\ndescriptors:\n  - key: a\n    value: \"b\"\n")
+            .unwrap()
+            .unwrap();
+        let Value::Map(pairs) = &doc.value else {
+            panic!()
+        };
         assert_eq!(scalar(&pairs[0].0), "domain");
         assert_eq!(pairs[0].0.pos, Pos { line: 1, col: 1 });
-        let Value::Seq(items) = &pairs[1].1.value else { panic!() };
+        let Value::Seq(items) = &pairs[1].1.value else {
+            panic!()
+        };
         assert_eq!(items[0].pos.line, 3);
-        let Value::Map(d) = &items[0].value else { panic!() };
+        let Value::Map(d) = &items[0].value else {
+            panic!()
+        };
         assert_eq!((d[1].1.pos.line, d[1].1.pos.col), (4, 12));
-        assert_eq!(d[1].1.value, Value::Scalar { text: "b".into(), quoted: true });
+        assert_eq!(
+            d[1].1.value,
+            Value::Scalar {
+                text: "b".into(),
+                quoted: true
+            }
+        );
     }
 
     #[test]
@@ -220,7 +241,9 @@ mod tests {
         assert_eq!(parse("").unwrap(), None);
         assert_eq!(parse("# only a comment\n").unwrap(), None);
         let doc = parse("a: &x {k: v}\nb: *x\n").unwrap().unwrap();
-        let Value::Map(pairs) = &doc.value else { panic!() };
+        let Value::Map(pairs) = &doc.value else {
+            panic!()
+        };
         assert!(matches!(pairs[1].1.value, Value::Map(_)));
         assert_eq!(pairs[1].1.pos.line, 2);
     }
@@ -228,7 +251,9 @@ mod tests {
     #[test]
     fn keeps_duplicate_keys_for_the_loader() {
         let doc = parse("a: 1\na: 2\n").unwrap().unwrap();
-        let Value::Map(pairs) = &doc.value else { panic!() };
+        let Value::Map(pairs) = &doc.value else {
+            panic!()
+        };
         assert_eq!(pairs.len(), 2);
     }
 }

@@ -40,7 +40,10 @@ pub struct RateLimiter {
 
 impl RateLimiter {
     /// Validates, decides and builds the response; records the request's metrics.
-    pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+    pub async fn should_rate_limit(
+        &self,
+        req: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
         let started = Instant::now();
         let result = self.decide(req).await;
         let code = match &result {
@@ -49,8 +52,13 @@ impl RateLimiter {
             Err(s) if s.code() == tonic::Code::InvalidArgument => "invalid",
             Err(_) => "error",
         };
-        self.metrics.requests.get_or_create(&RequestLabels { code }).inc();
-        self.metrics.request_duration.observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels { code })
+            .inc();
+        self.metrics
+            .request_duration
+            .observe(started.elapsed().as_secs_f64());
         result
     }
 

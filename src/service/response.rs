@@ -9,7 +9,9 @@
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code as PbCode, DescriptorStatus, RateLimit};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code as PbCode, DescriptorStatus, RateLimit,
+};
 use envoy_types::pb::google::protobuf::Duration;
 
 use crate::limiter::{Code, Decision, Status};
@@ -19,7 +21,11 @@ pub fn to_proto(decision: &Decision, headers: bool) -> RateLimitResponse {
     RateLimitResponse {
         overall_code: code(decision.overall) as i32,
         statuses: decision.statuses.iter().map(status).collect(),
-        response_headers_to_add: if headers { rate_limit_headers(decision) } else { Vec::new() },
+        response_headers_to_add: if headers {
+            rate_limit_headers(decision)
+        } else {
+            Vec::new()
+        },
         ..Default::default()
     }
 }
@@ -73,7 +79,11 @@ fn header(key: &str, value: u64) -> HeaderValue {
 }
 
 fn rate_limit_headers(decision: &Decision) -> Vec<HeaderValue> {
-    let over = decision.statuses.iter().rev().find(|s| s.code == Code::OverLimit);
+    let over = decision
+        .statuses
+        .iter()
+        .rev()
+        .find(|s| s.code == Code::OverLimit);
     let picked = over.or_else(|| {
         decision
             .statuses
@@ -82,16 +92,19 @@ fn rate_limit_headers(decision: &Decision) -> Vec<HeaderValue> {
             .min_by_key(|s| s.remaining)
     });
     let Some(s) = picked else { return Vec::new() };
-    let Some(limit) = &s.limit else { return Vec::new() };
+    let Some(limit) = &s.limit else {
+        return Vec::new();
+    };
     let mut out = vec![
         header("RateLimit-Limit", u64::from(limit.requests_per_unit)),
         header("RateLimit-Remaining", u64::from(s.remaining)),
         header("RateLimit-Reset", ceil_secs(s.reset_ms)),
     ];
-    if decision.overall == Code::OverLimit && s.code == Code::OverLimit {
-        if let Some(retry) = s.retry_ms {
-            out.push(header("Retry-After", ceil_secs(retry).max(1)));
-        }
+    if decision.overall == Code::OverLimit
+        && s.code == Code::OverLimit
+        && let Some(retry) = s.retry_ms
+    {
+        out.push(header("Retry-After", ceil_secs(retry).max(1)));
     }
     out
 }
@@ -104,7 +117,11 @@ mod tests {
     fn st(code: Code, remaining: u32, reset_ms: u64, retry_ms: Option<u64>) -> Status {
         Status {
             code,
-            limit: Some(ReportedLimit { requests_per_unit: 10, unit: Unit::Minute, name: "n".into() }),
+            limit: Some(ReportedLimit {
+                requests_per_unit: 10,
+                unit: Unit::Minute,
+                name: "n".into(),
+            }),
             remaining,
             reset_ms,
             retry_ms,
@@ -113,18 +130,28 @@ mod tests {
     }
 
     fn headers(d: &Decision) -> Vec<(String, String)> {
-        to_proto(d, true).response_headers_to_add.into_iter().map(|h| (h.key, h.value)).collect()
+        to_proto(d, true)
+            .response_headers_to_add
+            .into_iter()
+            .map(|h| (h.key, h.value))
+            .collect()
     }
 
     #[test]
     fn statuses_carry_limit_remaining_and_reset() {
-        let d = Decision { overall: Code::Ok, statuses: vec![st(Code::Ok, 3, 1_001, None)] };
+        let d = Decision {
+            overall: Code::Ok,
+            statuses: vec![st(Code::Ok, 3, 1_001, None)],
+        };
         let r = to_proto(&d, false);
         assert_eq!(r.overall_code, PbCode::Ok as i32);
         let s = &r.statuses[0];
         assert_eq!(s.limit_remaining, 3);
         assert_eq!(s.duration_until_reset.unwrap().seconds, 2, "rounded up");
-        assert_eq!(s.current_limit.as_ref().unwrap().unit, PbUnit::Minute as i32);
+        assert_eq!(
+            s.current_limit.as_ref().unwrap().unit,
+            PbUnit::Minute as i32
+        );
         assert!(r.response_headers_to_add.is_empty());
     }
 
@@ -132,20 +159,36 @@ mod tests {
     fn headers_pick_the_last_over_limit_and_add_retry_after() {
         let d = Decision {
             overall: Code::OverLimit,
-            statuses: vec![st(Code::OverLimit, 0, 9_000, Some(8_100)), st(Code::Ok, 1, 100, None), st(Code::OverLimit, 0, 5_000, Some(10))],
+            statuses: vec![
+                st(Code::OverLimit, 0, 9_000, Some(8_100)),
+                st(Code::Ok, 1, 100, None),
+                st(Code::OverLimit, 0, 5_000, Some(10)),
+            ],
         };
         let h = headers(&d);
         assert!(h.contains(&("RateLimit-Reset".into(), "5".into())), "{h:?}");
-        assert!(h.contains(&("Retry-After".into(), "1".into())), "at least 1: {h:?}");
+        assert!(
+            h.contains(&("Retry-After".into(), "1".into())),
+            "at least 1: {h:?}"
+        );
     }
 
     #[test]
     fn no_retry_after_on_ok_or_when_it_never_fits() {
-        let d = Decision { overall: Code::Ok, statuses: vec![st(Code::Ok, 4, 100, None), st(Code::Ok, 2, 100, None)] };
+        let d = Decision {
+            overall: Code::Ok,
+            statuses: vec![st(Code::Ok, 4, 100, None), st(Code::Ok, 2, 100, None)],
+        };
         let h = headers(&d);
-        assert!(h.contains(&("RateLimit-Remaining".into(), "2".into())), "lowest remaining: {h:?}");
+        assert!(
+            h.contains(&("RateLimit-Remaining".into(), "2".into())),
+            "lowest remaining: {h:?}"
+        );
         assert!(!h.iter().any(|(k, _)| k == "Retry-After"));
-        let d = Decision { overall: Code::OverLimit, statuses: vec![st(Code::OverLimit, 0, 100, None)] };
+        let d = Decision {
+            overall: Code::OverLimit,
+            statuses: vec![st(Code::OverLimit, 0, 100, None)],
+        };
         assert!(!headers(&d).iter().any(|(k, _)| k == "Retry-After"));
     }
 }

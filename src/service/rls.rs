@@ -22,12 +22,18 @@ impl RateLimitService for Rls {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        self.0.should_rate_limit(request.get_ref()).await.map(tonic::Response::new)
+        self.0
+            .should_rate_limit(request.get_ref())
+            .await
+            .map(tonic::Response::new)
     }
 }
 
 /// Checks `req` against `bounds` and borrows it as a limiter [`Request`].
-pub fn to_request<'a>(req: &'a RateLimitRequest, bounds: &Bounds) -> Result<Request<'a>, tonic::Status> {
+pub fn to_request<'a>(
+    req: &'a RateLimitRequest,
+    bounds: &Bounds,
+) -> Result<Request<'a>, tonic::Status> {
     let invalid = |m: String| Err(tonic::Status::invalid_argument(m));
     if req.domain.is_empty() {
         return invalid("rate limit domain must not be empty".into());
@@ -52,7 +58,9 @@ pub fn to_request<'a>(req: &'a RateLimitRequest, bounds: &Bounds) -> Result<Requ
             ));
         }
         if d.is_negative_hits {
-            return invalid(format!("descriptor {i}: is_negative_hits (refunds) is not supported"));
+            return invalid(format!(
+                "descriptor {i}: is_negative_hits (refunds) is not supported"
+            ));
         }
         let mut entries = Vec::with_capacity(d.entries.len());
         for e in &d.entries {

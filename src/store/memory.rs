@@ -76,15 +76,28 @@ impl MemoryStore {
                 };
                 let (s, o) = bucket::take_token(prev, mono, p, op.cost);
                 let idle_at_ms = mono + bucket::token_idle_after_ms(s, p);
-                (Entry { state: State::Token(s), idle_at_ms }, o)
+                (
+                    Entry {
+                        state: State::Token(s),
+                        idle_at_ms,
+                    },
+                    o,
+                )
             }
             OpKind::FixedWindow { limit, window_ms } => {
                 let prev = match old {
                     Some(State::Window(s)) => Some(s),
                     _ => None,
                 };
-                let (s, o) = bucket::take_window(prev, self.clock.wall_ms(), limit, window_ms, op.cost);
-                (Entry { state: State::Window(s), idle_at_ms: mono + o.reset_ms }, o)
+                let (s, o) =
+                    bucket::take_window(prev, self.clock.wall_ms(), limit, window_ms, op.cost);
+                (
+                    Entry {
+                        state: State::Window(s),
+                        idle_at_ms: mono + o.reset_ms,
+                    },
+                    o,
+                )
             }
         };
         match shard.get_mut(op.key.as_str()) {
@@ -162,12 +175,19 @@ mod tests {
             let handles: Vec<_> = (0..8)
                 .map(|_| {
                     let store = &store;
-                    s.spawn(move || (0..400).filter(|_| store.apply(&tb("hot", 1, limit, 3_600_000)).allowed).count())
+                    s.spawn(move || {
+                        (0..400)
+                            .filter(|_| store.apply(&tb("hot", 1, limit, 3_600_000)).allowed)
+                            .count()
+                    })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).sum()
         });
-        assert_eq!(admitted as u64, limit, "3,200 attempts on an hour-long limit of 1,000");
+        assert_eq!(
+            admitted as u64, limit,
+            "3,200 attempts on an hour-long limit of 1,000"
+        );
     }
 
     #[test]
@@ -178,7 +198,14 @@ mod tests {
             store.apply(&tb(&format!("k{i}"), 1, 10, 1000));
         }
         store.apply(&tb("slow", 1, 10, 3_600_000));
-        let fw = Op { key: "win".into(), kind: OpKind::FixedWindow { limit: 5, window_ms: 60_000 }, cost: 1 };
+        let fw = Op {
+            key: "win".into(),
+            kind: OpKind::FixedWindow {
+                limit: 5,
+                window_ms: 60_000,
+            },
+            cost: 1,
+        };
         store.apply(&fw);
         assert_eq!(store.len(), 100_002);
         clock.advance_ms(200); // 1 token of 10 refills in 100 ms: the first ones are full again

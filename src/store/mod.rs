@@ -22,8 +22,15 @@ pub struct Op {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpKind {
-    TokenBucket { capacity: u64, refill: u64, window_ms: u64 },
-    FixedWindow { limit: u64, window_ms: u64 },
+    TokenBucket {
+        capacity: u64,
+        refill: u64,
+        window_ms: u64,
+    },
+    FixedWindow {
+        limit: u64,
+        window_ms: u64,
+    },
 }
 
 /// A store failure. `transient` errors (timeouts, lost connections) may succeed on retry and

@@ -68,7 +68,12 @@ pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T>
 }
 
 /// A minimal HTTP/1.1 request (the admin port speaks plain HTTP/1.1). Returns (status, body).
-pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
@@ -78,8 +83,15 @@ pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> std::io::
     )?;
     let mut out = String::new();
     s.read_to_string(&mut out)?;
-    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -129,8 +141,14 @@ impl TestServer {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
-        poll(Duration::from_secs(10), || self.child.try_wait().ok().flatten()).expect("tollgate did not stop on SIGTERM")
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        poll(Duration::from_secs(10), || {
+            self.child.try_wait().ok().flatten()
+        })
+        .expect("tollgate did not stop on SIGTERM")
     }
 }
 
