@@ -5,6 +5,8 @@
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
 //! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining; the body names the store |
 //! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry.rs` |
+//! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error |
+//! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit |
 //!
 //! Readiness is about tollgate itself: a store outage does not pull replicas out of the
 //! Service (that would turn a Redis blip into a full outage); the store state is reported
@@ -13,19 +15,26 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use axum::Json;
 use axum::Router;
 use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
 
 use crate::service::RateLimiter;
+use crate::service::json::{JsonRequest, JsonResponse, RulesView};
+use crate::settings::Settings;
 
 /// Shared by the routes.
 #[derive(Debug)]
 pub struct AdminState {
     pub ready: AtomicBool,
     pub limiter: Arc<RateLimiter>,
+    /// Already redacted: shown as is on `/config`.
+    pub settings: Settings,
 }
 
 impl AdminState {
@@ -39,6 +48,8 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/json", post(json_decide))
+        .route("/config", get(config))
         .with_state(state)
 }
 
@@ -59,4 +70,49 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         )],
         s.limiter.metrics.render(),
     )
+}
+
+async fn json_decide(
+    State(s): State<Arc<AdminState>>,
+    body: Result<Json<JsonRequest>, JsonRejection>,
+) -> Response {
+    let req = match body {
+        Ok(Json(req)) => req.into_proto(),
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({ "error": e.body_text() })),
+            )
+                .into_response();
+        }
+    };
+    match s.limiter.should_rate_limit(&req).await {
+        Ok(resp) => {
+            let out = JsonResponse::from_proto(&resp);
+            let code = if out.is_over_limit() {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (code, Json(out)).into_response()
+        }
+        Err(status) => {
+            let code = if status.code() == tonic::Code::InvalidArgument {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (code, Json(json!({ "error": status.message() }))).into_response()
+        }
+    }
+}
+
+async fn config(State(s): State<Arc<AdminState>>) -> Response {
+    let rules = s.limiter.rules.load();
+    Json(json!({
+        "settings": s.settings,
+        "store": s.limiter.limiter.store().name(),
+        "rules": RulesView::new(&rules),
+    }))
+    .into_response()
 }

@@ -69,6 +69,7 @@ pub async fn run(
         LimiterConfig {
             key_prefix: settings.key_prefix.clone(),
             shadow_mode: settings.shadow_mode,
+            default_algorithm: settings.default_algorithm,
         },
         metrics.clone(),
     );
@@ -95,6 +96,7 @@ pub async fn run(
     let admin_state = Arc::new(AdminState {
         ready: false.into(),
         limiter: service.clone(),
+        settings: settings.redacted(),
     });
     {
         let admin_state = admin_state.clone();

@@ -30,6 +30,15 @@ pub struct RequestDescriptor<'a> {
     pub entries: Vec<(&'a str, &'a str)>,
     /// Descriptor-level cost; overrides the request's. `Some(0)` checks without consuming.
     pub hits_addend: Option<u64>,
+    /// Envoy's per-descriptor `limit`: used instead of the rules' limit, as in the reference.
+    pub limit_override: Option<LimitOverride>,
+}
+
+/// `RateLimitDescriptor.limit`: requests per unit supplied by Envoy's route config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitOverride {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +95,8 @@ pub struct LimiterConfig {
     pub key_prefix: String,
     /// Global shadow mode: the overall code is always OK (statuses stay as decided).
     pub shadow_mode: bool,
+    /// The algorithm of Envoy-supplied limit overrides.
+    pub default_algorithm: Algorithm,
 }
 
 #[derive(Debug)]
@@ -95,10 +106,37 @@ pub struct Limiter {
     metrics: Arc<Metrics>,
 }
 
-/// A counted limit matched by descriptor `desc`.
-struct Planned<'r> {
+/// A counted limit of descriptor `desc` (an `Arc` clone: the rules' own, or an override).
+struct Planned {
     desc: usize,
-    limit: &'r Limit,
+    limit: Arc<Limit>,
+}
+
+/// The metrics class of every Envoy-supplied limit override: one series, whatever the values.
+pub const OVERRIDE_CLASS: &str = "envoy_override";
+
+/// A limit from the request's `RateLimitDescriptor.limit`; its key path keeps its window, so
+/// two overrides with different units never share a bucket.
+fn override_limit(o: LimitOverride, algorithm: Algorithm) -> Arc<Limit> {
+    Arc::new(Limit {
+        name: None,
+        rate: Some(crate::rules::Rate {
+            requests_per_unit: o.requests_per_unit,
+            unit: o.unit,
+            unit_multiplier: 1,
+            burst: u64::from(o.requests_per_unit),
+            algorithm,
+        }),
+        shadow_mode: false,
+        detailed_metric: false,
+        replaces: Vec::new(),
+        class: OVERRIDE_CLASS.to_string(),
+        index: 0,
+        origin: crate::rules::model::Origin {
+            file: "(request)".into(),
+            line: 0,
+        },
+    })
 }
 
 const UNKNOWN_DOMAIN: &str = "(unknown)";
@@ -130,42 +168,58 @@ impl Limiter {
             });
         };
 
-        // 1. Match: the limits of each descriptor (and the entries' key values).
+        // 1. Match: the node of each descriptor (and which values share a bucket).
         let matches: Vec<Option<matcher::Match<'_>>> = req
             .descriptors
             .iter()
             .map(|d| matcher::find(domain, &d.entries))
             .collect();
 
-        // 2. `replaces`: a matched limit named by another matched limit's `replaces` is dropped.
+        // 2. The limits of each descriptor: Envoy's override if the request carries one (as the
+        //    reference: it replaces the rules' limit), else the matched ones minus those named
+        //    by another matched limit's `replaces`.
         let replaced: Vec<&str> = matches
             .iter()
             .flatten()
             .flat_map(|m| m.node.limits.iter())
             .flat_map(|l| l.replaces.iter().map(String::as_str))
             .collect();
-        let is_replaced = |l: &Limit| {
-            l.name
-                .as_deref()
-                .is_some_and(|name| replaced.contains(&name))
-        };
+        let limits: Vec<Vec<Arc<Limit>>> = req
+            .descriptors
+            .iter()
+            .zip(&matches)
+            .map(|(d, m)| match (d.limit_override, m) {
+                (Some(o), _) => vec![override_limit(o, self.config.default_algorithm)],
+                (None, Some(m)) => m
+                    .node
+                    .limits
+                    .iter()
+                    .filter(|l| {
+                        !l.name
+                            .as_deref()
+                            .is_some_and(|name| replaced.contains(&name))
+                    })
+                    .cloned()
+                    .collect(),
+                (None, None) => Vec::new(),
+            })
+            .collect();
 
         // 3. Plan one op per counted limit.
-        let mut planned: Vec<Planned<'_>> = Vec::new();
+        let mut planned: Vec<Planned> = Vec::new();
         let mut ops: Vec<Op> = Vec::new();
-        for (i, m) in matches.iter().enumerate() {
-            let Some(m) = m else { continue };
-            let desc = &req.descriptors[i];
+        for (i, desc) in req.descriptors.iter().enumerate() {
             let cost = desc.hits_addend.unwrap_or(if req.hits_addend == 0 {
                 1
             } else {
                 req.hits_addend
             });
-            for limit in m.node.limits.iter().filter(|l| !is_replaced(l)) {
+            let shared = matches[i].as_ref().map_or(&[][..], |m| &m.shared[..]);
+            for limit in &limits[i] {
                 let Some(rate) = limit.rate else { continue };
                 let entries = desc.entries.iter().enumerate().map(|(j, &(k, v))| {
-                    let shared = m.shared.iter().find(|(at, _)| *at == j).map(|(_, p)| *p);
-                    (k, shared.unwrap_or(v))
+                    let pattern = shared.iter().find(|(at, _)| *at == j).map(|(_, p)| *p);
+                    (k, pattern.unwrap_or(v))
                 });
                 let key = keys::bucket_key(
                     &self.config.key_prefix,
@@ -186,7 +240,10 @@ impl Limiter {
                         window_ms: rate.window_ms(),
                     },
                 };
-                planned.push(Planned { desc: i, limit });
+                planned.push(Planned {
+                    desc: i,
+                    limit: limit.clone(),
+                });
                 ops.push(Op { key, kind, cost });
             }
         }
@@ -204,33 +261,18 @@ impl Limiter {
         };
 
         // 5. Statuses, in request order.
-        let mut statuses = Vec::with_capacity(n);
-        for (i, m) in matches.iter().enumerate() {
-            let status = match m {
-                None => {
-                    self.count(&domain.name, "", telemetry::Outcome::no_rule);
-                    Status::no_limit(0)
-                }
-                Some(m) => {
-                    let limits: Vec<&Limit> = m
-                        .node
-                        .limits
-                        .iter()
-                        .map(|l| &**l)
-                        .filter(|l| !is_replaced(l))
-                        .collect();
-                    self.descriptor_status(
-                        &domain.name,
-                        i,
-                        &limits,
-                        &planned,
-                        &outcomes,
-                        &req.descriptors[i],
-                    )
-                }
-            };
-            statuses.push(status);
-        }
+        let statuses: Vec<Status> = (0..n)
+            .map(|i| {
+                self.descriptor_status(
+                    &domain.name,
+                    i,
+                    &limits[i],
+                    &planned,
+                    &outcomes,
+                    &req.descriptors[i],
+                )
+            })
+            .collect();
         let over = statuses.iter().any(|s| s.code == Code::OverLimit);
         let overall = if over && self.config.shadow_mode {
             self.metrics.global_shadow.inc();
@@ -250,8 +292,8 @@ impl Limiter {
         &self,
         domain: &str,
         desc: usize,
-        limits: &[&Limit],
-        planned: &[Planned<'_>],
+        limits: &[Arc<Limit>],
+        planned: &[Planned],
         outcomes: &[Outcome],
         req: &RequestDescriptor<'_>,
     ) -> Status {
@@ -263,7 +305,7 @@ impl Limiter {
             .iter()
             .zip(outcomes)
             .filter(|(p, _)| p.desc == desc)
-            .map(|(p, o)| (p.limit, o))
+            .map(|(p, o)| (&*p.limit, o))
             .collect();
         if counted.is_empty() {
             // Only unlimited limits matched.
@@ -291,18 +333,14 @@ impl Limiter {
         // A shadow limit that is over reports OK; a non-shadow over limit elsewhere on the
         // same descriptor still makes it OVER_LIMIT.
         let hard_over = counted.iter().any(|(l, o)| !o.allowed && !l.shadow_mode);
-        let rate = limit.rate.unwrap_or(crate::rules::Rate {
-            requests_per_unit: 0,
-            unit: Unit::Second,
-            unit_multiplier: 1,
-            burst: 0,
-            algorithm: Algorithm::TokenBucket,
-        });
+        let (requests_per_unit, unit) = limit
+            .rate
+            .map_or((0, Unit::Second), |r| (r.requests_per_unit, r.unit));
         Status {
             code: if hard_over { Code::OverLimit } else { Code::Ok },
             limit: Some(ReportedLimit {
-                requests_per_unit: rate.requests_per_unit,
-                unit: rate.unit,
+                requests_per_unit,
+                unit,
                 name: limit.name.clone().unwrap_or_default(),
             }),
             remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
@@ -395,6 +433,7 @@ descriptors:
             LimiterConfig {
                 key_prefix: "t:".into(),
                 shadow_mode,
+                default_algorithm: Algorithm::TokenBucket,
             },
             metrics.clone(),
         );
@@ -414,6 +453,7 @@ descriptors:
                 .map(|e| RequestDescriptor {
                     entries: e.to_vec(),
                     hits_addend: None,
+                    limit_override: None,
                 })
                 .collect(),
             hits_addend: 0,
@@ -648,5 +688,36 @@ descriptors:
         assert_eq!(f.codes(&r), [Code::OverLimit]);
         f.clock.advance_ms(40_000);
         assert_eq!(f.codes(&r), [Code::Ok]);
+    }
+
+    #[test]
+    fn envoy_limit_override_replaces_the_rule_and_keeps_one_metric_class() {
+        let f = fixture(false);
+        let mut r = req("edge", &[&[("tenant", "o")]]);
+        r.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 1,
+            unit: Unit::Day,
+        });
+        let s = &f.decide(&r).statuses[0];
+        assert_eq!(
+            s.limit.as_ref().map(|l| (l.requests_per_unit, l.unit)),
+            Some((1, Unit::Day))
+        );
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        // The rules' own bucket for tenant o is untouched.
+        let plain = &f.decide(&req("edge", &[&[("tenant", "o")]])).statuses[0];
+        assert_eq!(plain.remaining, 1);
+        // Overrides also apply where no rule matches, as in the reference.
+        let mut r = req("edge", &[&[("nobody", "x")]]);
+        r.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 5,
+            unit: Unit::Second,
+        });
+        assert_eq!(f.decide(&r).statuses[0].remaining, 4);
+        assert!(
+            f.metrics
+                .render()
+                .contains(r#"class="envoy_override",outcome="ok"} 2"#)
+        );
     }
 }

@@ -60,6 +60,21 @@ impl Unit {
         }
     }
 
+    /// `envoy.type.v3.RateLimitUnit` / `RateLimitResponse.RateLimit.Unit` numbers (both
+    /// enums agree: 1 second … 6 year, 7 week); 0 (unknown) and others are `None`.
+    pub fn from_proto(n: i32) -> Option<Unit> {
+        match n {
+            1 => Some(Unit::Second),
+            2 => Some(Unit::Minute),
+            3 => Some(Unit::Hour),
+            4 => Some(Unit::Day),
+            5 => Some(Unit::Month),
+            6 => Some(Unit::Year),
+            7 => Some(Unit::Week),
+            _ => None,
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Unit> {
         Unit::ALL
             .into_iter()

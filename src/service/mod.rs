@@ -5,6 +5,7 @@
 //! Flow: proto request → [`rls::to_request`] (bounds, INVALID_ARGUMENT) → `Limiter::decide`
 //! against the rules in force → [`response::to_proto`] (statuses, headers) → metrics.
 
+pub mod json;
 pub mod response;
 pub mod rls;
 

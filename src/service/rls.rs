@@ -10,7 +10,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
 use super::{Bounds, RateLimiter};
-use crate::limiter::{Request, RequestDescriptor};
+use crate::limiter::{LimitOverride, Request, RequestDescriptor};
+use crate::rules::Unit;
 
 /// The tonic service: a thin shell around [`RateLimiter`].
 #[derive(Clone, Debug)]
@@ -81,9 +82,25 @@ pub fn to_request<'a>(
             }
             entries.push((e.key.as_str(), e.value.as_str()));
         }
+        let limit_override = match &d.limit {
+            None => None,
+            Some(l) => match Unit::from_proto(l.unit) {
+                Some(unit) => Some(LimitOverride {
+                    requests_per_unit: l.requests_per_unit,
+                    unit,
+                }),
+                None => {
+                    return invalid(format!(
+                        "descriptor {i}: limit override has an unknown unit ({})",
+                        l.unit
+                    ));
+                }
+            },
+        };
         descriptors.push(RequestDescriptor {
             entries,
             hits_addend: d.hits_addend.as_ref().map(|h| h.value),
+            limit_override,
         });
     }
     Ok(Request {

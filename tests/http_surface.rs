@@ -1,0 +1,244 @@
+//! Issue #3 through the real binary: rule extensions, Envoy limit overrides, RateLimit headers,
+//! `/json`, `/config`, the request bounds.
+
+mod common;
+
+use common::{TestServer, get, http, request};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {unit: second, requests_per_unit: 100, class: tenant-burst}
+      - {unit: hour, requests_per_unit: 2, name: hourly, class: tenant-hourly}
+  - key: export
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 1, algorithm: fixed_window}
+  - key: bulk
+    rate_limit: {unit: hour, requests_per_unit: 10, burst: 3}
+"#;
+
+fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
+    r.response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect()
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+#[tokio::test]
+async fn several_limits_on_one_key_report_the_most_constrained_with_headers() {
+    let server = TestServer::builder(RULES)
+        .arg("response-headers", "true")
+        .start();
+    let mut client = server.client().await;
+    let req = request("api", &[&[("tenant", "t")]]);
+    let r = client
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let s = &r.statuses[0];
+    assert_eq!(
+        s.current_limit.as_ref().unwrap().name,
+        "hourly",
+        "1 left of 2/hour beats 99 of 100/s"
+    );
+    let h = headers(&r);
+    assert_eq!(header(&h, "RateLimit-Limit"), Some("2"));
+    assert_eq!(header(&h, "RateLimit-Remaining"), Some("1"));
+    assert_eq!(header(&h, "RateLimit-Reset"), Some("1800"));
+    assert_eq!(header(&h, "Retry-After"), None, "never on OK");
+    client.should_rate_limit(req.clone()).await.unwrap();
+    let r = client
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let h = headers(&r);
+    assert_eq!(
+        header(&h, "Retry-After"),
+        Some("1800"),
+        "until one token of 2/hour is back"
+    );
+    let text = get(server.admin, "/metrics").1;
+    assert!(
+        text.contains(r#"class="tenant-hourly",outcome="over_limit"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"class="tenant-burst",outcome="ok"} 3"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn custom_periods_burst_and_retry_after_that_can_never_fit() {
+    let server = TestServer::builder(RULES)
+        .arg("response-headers", "true")
+        .start();
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("api", &[&[("export", "e")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reset = r.statuses[0].duration_until_reset.unwrap().seconds;
+    assert!((1..=300).contains(&reset), "a 5-minute window: {reset}");
+    // burst 3 on 10/hour: three at once, then over.
+    let bulk = request("api", &[&[("bulk", "b")]]);
+    for _ in 0..3 {
+        assert_eq!(
+            client
+                .should_rate_limit(bulk.clone())
+                .await
+                .unwrap()
+                .into_inner()
+                .overall_code,
+            Code::Ok as i32
+        );
+    }
+    let r = client
+        .should_rate_limit(bulk.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        header(&headers(&r), "Retry-After"),
+        Some("360"),
+        "one of 10/hour"
+    );
+    // A cost above the capacity never fits: no Retry-After. u64::MAX must not overflow.
+    let mut huge = request("api", &[&[("bulk", "other")]]);
+    huge.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
+    let r = client.should_rate_limit(huge).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(header(&headers(&r), "Retry-After"), None);
+}
+
+#[tokio::test]
+async fn envoy_limit_override_is_honoured() {
+    let server = TestServer::builder(RULES).start();
+    let mut client = server.client().await;
+    let mut req = request("api", &[&[("anything", "x")]]);
+    req.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 4, /* DAY */
+    });
+    let r = client
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        1
+    );
+    let r = client
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    req.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 0,
+    });
+    let err = client.should_rate_limit(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let text = get(server.admin, "/metrics").1;
+    assert!(text.contains(r#"class="envoy_override""#), "{text}");
+    assert!(
+        !text.contains("anything"),
+        "raw values stay out of metrics: {text}"
+    );
+}
+
+#[tokio::test]
+async fn json_endpoint_answers_like_the_reference() {
+    let server = TestServer::builder(RULES).start();
+    let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"bulk","value":"j"}],"hitsAddend":"3"}]}"#;
+    let (code, out) = http(server.admin, "POST", "/json", body).unwrap();
+    assert_eq!(code, 200, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["overallCode"], "OK");
+    assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "HOUR");
+    assert_eq!(v["statuses"][0]["currentLimit"]["requestsPerUnit"], 10);
+    assert!(
+        v["statuses"][0].get("limitRemaining").is_none(),
+        "0 is omitted, as proto3 JSON does: {out}"
+    );
+    let snake = r#"{"domain":"api","descriptors":[{"entries":[{"key":"bulk","value":"j"}],"hits_addend":1}]}"#;
+    let (code, out) = http(server.admin, "POST", "/json", snake).unwrap();
+    assert_eq!(code, 429, "{out}");
+    assert!(out.contains(r#""overallCode":"OVER_LIMIT""#), "{out}");
+    let (code, out) = http(
+        server.admin,
+        "POST",
+        "/json",
+        r#"{"domain":"","descriptors":[]}"#,
+    )
+    .unwrap();
+    assert_eq!(code, 400, "{out}");
+    assert!(out.contains("domain"), "{out}");
+    let (code, out) = http(
+        server.admin,
+        "POST",
+        "/json",
+        r#"{"domain":"api","bogus":1}"#,
+    )
+    .unwrap();
+    assert_eq!(code, 400, "{out}");
+    assert!(out.contains("bogus"), "{out}");
+    let (code, _) = http(server.admin, "POST", "/json", "not json").unwrap();
+    assert_eq!(code, 400);
+}
+
+#[tokio::test]
+async fn config_shows_rules_and_settings_with_secrets_redacted() {
+    let server = TestServer::builder(RULES)
+        .env("TOLLGATE_KEY_PREFIX", "cfg:")
+        .start();
+    let (code, out) = get(server.admin, "/config");
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["settings"]["key_prefix"], "cfg:");
+    let limits = v["rules"]["domains"][0]["limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 4, "{out}");
+    assert_eq!(limits[0]["path"], "tenant");
+    assert_eq!(limits[2]["rate"]["unit_multiplier"], 5);
+    assert_eq!(v["store"], "memory");
+}
+
+#[tokio::test]
+async fn oversized_messages_are_refused() {
+    let server = TestServer::builder(RULES)
+        .arg("max-message-bytes", "1024")
+        .start();
+    let mut client = server.client().await;
+    let big = "x".repeat(2000);
+    let err = client
+        .should_rate_limit(request("api", &[&[("k", &big)]]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+    assert!(
+        client
+            .should_rate_limit(request("api", &[&[("tenant", "small")]]))
+            .await
+            .is_ok()
+    );
+}
