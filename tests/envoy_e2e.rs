@@ -1,0 +1,162 @@
+//! End to end through a real Envoy: examples/envoy/envoy.yaml in front of tollgate serving
+//! examples/rules/, over plain HTTP, as a user's client would see it.
+
+mod common;
+
+use std::time::Instant;
+
+use common::envoy::TestEnvoy;
+use common::{HttpResponse, TestServer, get, get_with};
+
+fn example_rules() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/rules/edge.yaml"
+    ))
+    .unwrap()
+}
+
+fn tollgate() -> TestServer {
+    TestServer::builder(&example_rules())
+        .arg("response-headers", "true")
+        .start()
+}
+
+fn send(envoy: &TestEnvoy, path: &str, tenant: &str) -> HttpResponse {
+    get_with(envoy.front, path, &[("x-tenant", tenant)]).expect("envoy answered")
+}
+
+/// Sends requests until the first non-200; returns (how many got 200, that response).
+fn until_limited(
+    envoy: &TestEnvoy,
+    path: &str,
+    tenant: &str,
+    max: usize,
+) -> (usize, Option<HttpResponse>) {
+    for i in 0..max {
+        let r = send(envoy, path, tenant);
+        if r.status != 200 {
+            return (i, Some(r));
+        }
+    }
+    (max, None)
+}
+
+#[test]
+fn tenants_get_429_with_retry_after_and_rate_limit_headers_independently() {
+    let server = tollgate();
+    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let ok = send(&envoy, "/", "alpha");
+    assert_eq!(ok.status, 200, "{ok:?}\n{}", envoy.log());
+    assert!(ok.body.contains("hello from upstream"));
+    assert_eq!(
+        ok.header("x-ratelimit-limit").map(|v| v.starts_with("100")),
+        Some(true),
+        "{ok:?}"
+    );
+    assert_eq!(ok.header("x-ratelimit-remaining"), Some("99"));
+    // The tenant rule: 100/minute. 99 more pass, then 429.
+    let (passed, limited) = until_limited(&envoy, "/", "alpha", 150);
+    assert_eq!(passed, 99);
+    let limited = limited.unwrap();
+    assert_eq!(limited.status, 429, "{limited:?}");
+    assert_eq!(limited.header("x-ratelimit-remaining"), Some("0"));
+    assert!(limited.header("x-ratelimit-reset").is_some(), "{limited:?}");
+    let retry: u64 = limited
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=1).contains(&retry),
+        "one token of 100/minute refills in 0.6 s: {retry}"
+    );
+    // Another tenant is unaffected.
+    assert_eq!(send(&envoy, "/", "beta").status, 200);
+}
+
+#[test]
+fn per_tenant_endpoint_limit_is_two_levels_deep() {
+    let server = tollgate();
+    let envoy = TestEnvoy::start(server.grpc, &[]);
+    // (tenant, endpoint=/export): 10/hour per tenant.
+    let (passed, limited) = until_limited(&envoy, "/export", "gamma", 20);
+    assert_eq!(passed, 10);
+    assert_eq!(limited.unwrap().status, 429);
+    assert_eq!(send(&envoy, "/export", "delta").status, 200);
+}
+
+#[test]
+fn endpoint_and_downstream_limits_apply_across_tenants() {
+    let server = tollgate();
+    let envoy = TestEnvoy::start(server.grpc, &[]);
+    // /search: burst 10 at 5/s for everyone together; each request from a new tenant.
+    let started = Instant::now();
+    let mut admitted = 0;
+    let mut limited = 0;
+    for i in 0..40 {
+        match send(&envoy, "/search", &format!("s{i}")).status {
+            200 => admitted += 1,
+            429 => limited += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let refill = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize;
+    assert!(limited > 0, "the endpoint limit never applied");
+    assert!(
+        (10..=10 + refill).contains(&admitted),
+        "admitted {admitted}, refill {refill}"
+    );
+
+    // /payments: 50/s in total for the payments partner, whatever the tenant.
+    let started = Instant::now();
+    let statuses: Vec<u16> = (0..120)
+        .map(|i| send(&envoy, "/payments", &format!("p{i}")).status)
+        .collect();
+    let refill = (started.elapsed().as_secs_f64() * 50.0).ceil() as usize;
+    let admitted = statuses.iter().filter(|&&s| s == 200).count();
+    assert!(
+        statuses.contains(&429),
+        "the downstream limit never applied"
+    );
+    assert!(
+        (50..=50 + refill).contains(&admitted),
+        "admitted {admitted}, refill {refill}"
+    );
+}
+
+#[test]
+fn shadow_mode_rules_never_429_but_are_counted() {
+    let server = tollgate();
+    let envoy = TestEnvoy::start(server.grpc, &[]);
+    for _ in 0..10 {
+        assert_eq!(send(&envoy, "/search-index", "x").status, 200);
+    }
+    let metrics = get(server.admin, "/metrics").1;
+    assert!(
+        metrics.contains(r#"class="downstream-search-index",outcome="shadow""#),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn with_tollgate_down_envoy_follows_failure_mode_deny() {
+    // The example fails open: requests pass unlimited while tollgate is unreachable.
+    let mut server = tollgate();
+    let envoy = TestEnvoy::start(server.grpc, &[]);
+    assert_eq!(send(&envoy, "/", "open").status, 200);
+    server.terminate();
+    for _ in 0..3 {
+        assert_eq!(send(&envoy, "/", "open").status, 200);
+    }
+    // Flipped to deny, Envoy answers its status_on_error (500), not 429.
+    let mut server = tollgate();
+    let envoy = TestEnvoy::start(
+        server.grpc,
+        &[("failure_mode_deny: false", "failure_mode_deny: true")],
+    );
+    assert_eq!(send(&envoy, "/", "closed").status, 200);
+    server.terminate();
+    let r = send(&envoy, "/", "closed");
+    assert_eq!(r.status, 500, "{r:?}");
+}
