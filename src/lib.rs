@@ -13,7 +13,7 @@
 //!    [`telemetry`] counts it; [`admin`] exposes health and metrics.
 //!
 //! [`app`] wires these together; [`settings`] reads the flat settings; [`clock`] is the one
-//! time source, so tests control time.
+//! time source, so tests control time. [`loadgen`] is `tollgate bench`, the load generator.
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +22,7 @@ pub mod app;
 pub mod clock;
 pub mod keys;
 pub mod limiter;
+pub mod loadgen;
 pub mod rules;
 pub mod service;
 pub mod settings;
