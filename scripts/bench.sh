@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# `make bench`: one run, side by side, on loopback:
+#   no-op RLS baseline (same tonic stack, no decision) | memory store | Redis | Redis Cluster
+# × { 1 hot key, 100,000 distinct keys }, with each row's ratio to the baseline and the
+# script calls (EVALSHA + EVAL from INFO commandstats) per descriptor decision; then the
+# memory store's bytes per key and Redis's MEMORY USAGE of one token bucket.
+# Bounded: BENCH_DURATION seconds per row (default 8) plus 2 s warm-up; about 2–3 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v redis-server >/dev/null || bash scripts/deps.sh
+
+DURATION=${BENCH_DURATION:-8}
+WARMUP=${BENCH_WARMUP:-2}
+CONCURRENCY=${BENCH_CONCURRENCY:-32}
+CONNECTIONS=${BENCH_CONNECTIONS:-4}
+
+cargo build --release -q
+BIN=target/release/tollgate
+TMP=$(mktemp -d /tmp/tollgate-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+
+# A free loopback port (below 55536, so a cluster node's bus port +10000 stays valid).
+free_port() {
+  python3 -c 'import socket,random
+while True:
+    p = random.randint(20000, 45000)
+    ok = True
+    for q in (p, p + 10000):
+        s = socket.socket()
+        try: s.bind(("127.0.0.1", q))
+        except OSError: ok = False
+        finally: s.close()
+    if ok: print(p); break'
+}
+
+wait_for() { # command… ; polls up to 15 s
+  for _ in $(seq 150); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "bench: timed out waiting for: $*" >&2; return 1
+}
+
+start_redis() { # port [extra args…]
+  local port=$1; shift
+  mkdir -p "$TMP/redis-$port"
+  (cd "$TMP/redis-$port" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+     --daemonize no --logfile "$TMP/redis-$port/log" "$@") &
+  PIDS+=($!)
+  wait_for redis-cli -p "$port" ping
+}
+
+# --- the stores -------------------------------------------------------------------------
+RP=$(free_port); start_redis "$RP"
+C1=$(free_port); C2=$(free_port); C3=$(free_port)
+for p in $C1 $C2 $C3; do start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf; done
+redis-cli --cluster create 127.0.0.1:$C1 127.0.0.1:$C2 127.0.0.1:$C3 --cluster-replicas 0 --cluster-yes >/dev/null
+for p in $C1 $C2 $C3; do wait_for bash -c "redis-cli -p $p cluster info | grep -q cluster_state:ok"; done
+
+# --- the servers ------------------------------------------------------------------------
+mkdir -p "$TMP/rules"
+cat > "$TMP/rules/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: tenant
+    # High enough that the run measures decisions, not rejections.
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+YAML
+
+start_tollgate() { # name store
+  local grpc admin; grpc=$(free_port); admin=$(free_port)
+  "$BIN" serve --rules "$TMP/rules" --store "$2" --grpc-addr 127.0.0.1:$grpc --admin-addr 127.0.0.1:$admin \
+    --log-level warn --store-timeout-ms 100 2>"$TMP/$1.log" &
+  PIDS+=($!)
+  wait_for curl -sf "127.0.0.1:$admin/readyz"
+  echo "$grpc"
+}
+NOOP=$(free_port)
+"$BIN" bench-baseline --grpc-addr 127.0.0.1:$NOOP 2>"$TMP/noop.log" &
+PIDS+=($!)
+wait_for bash -c "exec 3<>/dev/tcp/127.0.0.1/$NOOP"
+MEM=$(start_tollgate memory memory)
+RED=$(start_tollgate redis "redis://127.0.0.1:$RP")
+CLU=$(start_tollgate cluster "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3")
+
+script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
+  local total=0 n
+  for p in "$@"; do
+    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s += $3} END {print s+0}')
+    total=$((total + n))
+  done
+  echo "$total"
+}
+
+RESULTS="$TMP/results.jsonl"
+: > "$RESULTS"
+run() { # label target keys redis-ports…
+  local label=$1 target=$2 keys=$3; shift 3
+  local before=0 after=0
+  [ $# -gt 0 ] && before=$(script_calls "$@")
+  echo "bench: $label ($keys keys)…" >&2
+  line=$("$BIN" bench --target "127.0.0.1:$target" --duration "$DURATION" --warmup "$WARMUP" \
+     --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" --keys "$keys" --label "$label" --quiet | tail -1)
+  [ $# -gt 0 ] && after=$(script_calls "$@")
+  echo "$line" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["script_calls"]=int(sys.argv[1]); print(json.dumps(d))' \
+    "$((after - before))" >> "$RESULTS"
+}
+
+for keys in 1 100000; do
+  run baseline "$NOOP" "$keys"
+  run memory "$MEM" "$keys"
+  run redis "$RED" "$keys" "$RP"
+  run cluster "$CLU" "$keys" "$C1" "$C2" "$C3"
+done
+
+# --- memory -----------------------------------------------------------------------------
+KEY=$(redis-cli -p "$RP" --scan --pattern 'tollgate:*' --count 1000 | head -1)
+REDIS_BYTES=$(redis-cli -p "$RP" memory usage "$KEY")
+MEMLINE=$(cargo bench -q --bench memory 2>/dev/null | grep '^{' | tail -1 || true)
+
+python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$MEMLINE" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+key, redis_bytes, memline = sys.argv[2], sys.argv[3], sys.argv[4]
+base = {r["keys"]: r["rps"] for r in rows if r["label"] == "baseline"}
+print()
+print(f"| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | script calls / decision |")
+print(f"|---|---|---|---|---|---|---|---|")
+for r in rows:
+    ratio = r["rps"] / base[r["keys"]] if base.get(r["keys"]) else 0
+    decisions = r["requests"] * r["descriptors"]
+    calls = f'{r["script_calls"] / decisions:.2f}' if r["label"] in ("redis", "cluster") and decisions else "–"
+    print(f'| {r["label"]} | {r["keys"]:,} | {r["rps"]:,.0f} | {ratio:.2f} | {r["p50_us"]} | {r["p99_us"]} | {r["errors"]} | {calls} |')
+print()
+print(f"Redis MEMORY USAGE of one token bucket ({len(key)}-byte key {key}): {redis_bytes} bytes")
+if memline:
+    m = json.loads(memline)
+    print(f'Memory store: {m.get("rss_bytes_per_key")} bytes of RSS per key after {m.get("keys"):,} keys')
+PY
