@@ -54,9 +54,13 @@ pub fn router(state: Arc<AdminState>) -> Router {
 }
 
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
-    let store = s.limiter.limiter.store().name();
+    let store = s.limiter.limiter.store();
     if s.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, format!("ready\nstore: {store}\n"))
+        // The store's state is information, not a condition: see the module doc.
+        (
+            StatusCode::OK,
+            format!("ready\nstore: {} {}\n", store.name(), store.state()),
+        )
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string())
     }
@@ -112,6 +116,7 @@ async fn config(State(s): State<Arc<AdminState>>) -> Response {
     Json(json!({
         "settings": s.settings,
         "store": s.limiter.limiter.store().name(),
+        "store_state": s.limiter.limiter.store().state(),
         "rules": RulesView::new(&rules),
     }))
     .into_response()

@@ -22,7 +22,7 @@ use crate::rules::{self, LoadOptions, RulesError};
 use crate::service::rls::Rls;
 use crate::service::{Bounds, RateLimiter};
 use crate::settings::Settings;
-use crate::store::{MemoryStore, Store};
+use crate::store::Store;
 use crate::telemetry::Metrics;
 
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +63,7 @@ pub async fn run(
     let rules = Arc::new(ArcSwap::from_pointee(rule_set));
 
     let clock = Clock::system();
-    let store = build_store(&settings, clock)?;
+    let store = build_store(&settings, clock, &metrics).await?;
     let limiter = Limiter::new(
         store,
         LimiterConfig {
@@ -165,14 +165,16 @@ pub async fn run(
     Ok(())
 }
 
-fn build_store(settings: &Settings, clock: Clock) -> Result<Store, AppError> {
-    match settings.store.as_str() {
-        "memory" => Ok(Store::Memory(MemoryStore::new(clock))),
-        other => Err(AppError::Store(format!(
-            "{} is not supported by this build yet (use `memory`)",
-            crate::settings::redact_url(other)
-        ))),
-    }
+/// The store the settings name. A Redis that is down at startup is not an error (the store
+/// reconnects in the background and requests get UNAVAILABLE meanwhile); a bad URL is.
+async fn build_store(
+    settings: &Settings,
+    clock: Clock,
+    metrics: &Metrics,
+) -> Result<Store, AppError> {
+    Store::connect(settings, clock, metrics)
+        .await
+        .map_err(|e| AppError::Store(e.message))
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {

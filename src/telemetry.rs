@@ -21,6 +21,8 @@ pub const GLOBAL_SHADOW: &str = "tollgate_global_shadow";
 pub const RULES_RELOADS: &str = "tollgate_rules_reloads";
 pub const RULES_LOADED: &str = "tollgate_rules_loaded_limits";
 pub const STORE_ERRORS: &str = "tollgate_store_errors";
+pub const STORE_CALL_DURATION: &str = "tollgate_store_call_duration_seconds";
+pub const STORE_CONNECTIONS: &str = "tollgate_store_connections";
 
 /// What happened to one descriptor.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -56,6 +58,18 @@ pub struct ResultLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: &'static str,
+}
+
+/// A store operation (`apply`, `connect`, `ping`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: &'static str,
+}
+
+/// A count of store connections: `connected` or `total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: &'static str,
 }
 
 /// Every metric tollgate exports.

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod redis;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,0 +1,102 @@
+-- token_bucket.lua: one atomic token-bucket take, the Redis twin of `take_token` in
+-- src/limiter/bucket.rs (the store contract tests hold the two to the same answers).
+--
+-- A bucket holds up to `capacity` tokens and refills continuously at `refill` tokens per
+-- `window_ms`; a take of `cost` succeeds when that many tokens are there and removes them; a
+-- refused take removes nothing; a cost of 0 checks without consuming (allowed while at least
+-- one token is left). The clock is Redis `TIME` (ms), so every replica sees one clock.
+--
+-- State: KEYS[1] is a hash of two fields, `t` (tokens, a double kept at full precision) and
+-- `ts` (ms when `t` was last brought up to date). It expires (PEXPIRE) when the bucket would be
+-- full again: a missing key *is* a full bucket, so a full bucket is deleted rather than stored
+-- (as the memory store sweeps it). So `ts` survives a clock step back only while the bucket is
+-- partly drained, which is where it matters: a full bucket cannot refill twice.
+--
+-- KEYS[1]  the bucket key
+-- ARGV[1]  capacity: whole tokens (the burst)
+-- ARGV[2]  refill: tokens added per window
+-- ARGV[3]  window_ms: the refill window, >= 1
+-- ARGV[4]  cost: tokens to take, 0 = check only. Sent unclamped as a decimal integer (up to
+--          2^64-1): `tonumber` rounds it to the same double as Rust's `cost as f64`, so the
+--          comparisons below see exactly the numbers the Rust does.
+--
+-- Returns {allowed (1|0), remaining (whole tokens, floored), reset_ms (until full again),
+--          retry_ms (until a take of this cost would fit; 0 if allowed; -1 = never)}.
+-- Integers sent back are floored/ceiled deliberately; waits are capped at 2^53 ms (~285,000
+-- years, where the Rust saturates at 2^64) so Redis's double-to-integer conversion stays defined.
+
+local capacity = tonumber(ARGV[1])
+local refill = tonumber(ARGV[2])
+local window_ms = tonumber(ARGV[3])
+local cost = tonumber(ARGV[4])
+
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+local MAX_INT = 9007199254740992 -- 2^53
+
+-- TokenBucketParams::refilled: tokens refilled in `elapsed_ms`. Multiply first, divide once,
+-- in the same order as the Rust, so both round alike (whole-token answers stay exact).
+local function refilled(elapsed_ms)
+  return elapsed_ms * refill / window_ms
+end
+
+-- TokenBucketParams::wait_ms: ms for `missing` tokens to refill, rounded up; nil if nothing
+-- refills.
+local function wait_ms(missing)
+  if missing <= 0 then
+    return 0
+  end
+  if refill > 0 then
+    return math.min(math.ceil(missing * window_ms / refill), MAX_INT)
+  end
+  return nil
+end
+
+local state = redis.call('HMGET', KEYS[1], 't', 'ts')
+local stored = state[1] and state[2]
+local tokens, last_ms
+if stored then
+  last_ms = tonumber(state[2])
+  -- saturating_sub: a clock that stepped back refills nothing.
+  local elapsed = now_ms - last_ms
+  if elapsed < 0 then
+    elapsed = 0
+  end
+  tokens = math.min(capacity, tonumber(state[1]) + refilled(elapsed))
+else
+  last_ms = now_ms
+  tokens = capacity
+end
+
+local need = math.max(cost, 1)
+local allowed = capacity > 0 and tokens >= need
+if allowed then
+  tokens = tokens - cost
+end
+
+local retry_ms
+if allowed then
+  retry_ms = 0
+elseif cost > capacity then
+  retry_ms = -1
+else
+  retry_ms = wait_ms(need - tokens) or -1
+end
+
+-- A bucket that never refills is reported to reset at its window, like the reference.
+local reset_ms = wait_ms(capacity - tokens) or window_ms
+
+if tokens >= capacity then
+  -- Full: identical to a missing key, so store nothing.
+  if stored then
+    redis.call('DEL', KEYS[1])
+  end
+else
+  -- A clock that steps back (a failover to a skewed host) must not refill twice later.
+  redis.call('HSET', KEYS[1], 't', tokens, 'ts', math.max(now_ms, last_ms))
+  -- token_idle_after_ms: the state stops mattering once the bucket is full again.
+  redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))
+end
+
+return {allowed and 1 or 0, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}

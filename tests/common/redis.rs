@@ -1,0 +1,395 @@
+//! Test harness for Redis: [`TestRedis`] (one `redis-server`) and [`TestCluster`] (three
+//! primaries formed with `redis-cli --cluster create`), each on free loopback ports with a temp
+//! directory of its own, polled (with a deadline, never a fixed sleep) until they answer, and
+//! killed on drop. `redis-server` and `redis-cli` must be on the PATH (`make test` brings them);
+//! when they are missing the tests fail with a message saying so, they do not skip.
+//!
+//! The harness talks to the servers through the `redis` crate's blocking client, so it needs
+//! no runtime and works from any test.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// How long a server may take to answer PING, and a cluster to reach `cluster_state:ok`.
+const START_DEADLINE: Duration = Duration::from_secs(20);
+/// The cluster bus listens on port + 10000, so a cluster node's port must leave room for it.
+const MAX_CLUSTER_PORT: u16 = 55_535;
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// A key prefix no other test (or test process) uses, for tests sharing a server.
+pub fn unique_prefix(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "t{}-{}-{tag}:",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// One blocking connection, with timeouts so a dead server fails the test instead of hanging it.
+pub fn connect(port: u16) -> ::redis::RedisResult<::redis::Connection> {
+    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(10)))?;
+    Ok(conn)
+}
+
+/// Runs one command on the server at `port` and returns its reply.
+pub fn command<T: ::redis::FromRedisValue>(port: u16, args: &[&str]) -> ::redis::RedisResult<T> {
+    let mut conn = connect(port)?;
+    let (name, rest) = args.split_first().expect("a command");
+    ::redis::cmd(name).arg(rest).query(&mut conn)
+}
+
+/// Polls `f` every 10 ms until it returns `Some` or `timeout` passes.
+pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A loopback port the OS just handed out (free a moment ago).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+/// One `redis-server` process.
+pub struct TestRedis {
+    port: u16,
+    dir: PathBuf,
+    /// Extra arguments (cluster mode) kept for [`TestRedis::restart`].
+    extra: Vec<String>,
+    child: Option<Child>,
+    /// Whether this value owns `dir` (a cluster owns its nodes' directory itself).
+    owns_dir: bool,
+}
+
+impl TestRedis {
+    /// Starts a standalone server on a free port.
+    pub fn start() -> TestRedis {
+        let mut last = String::new();
+        for _ in 0..5 {
+            match TestRedis::try_start(free_port(), temp_dir("redis"), Vec::new(), true) {
+                Ok(r) => return r,
+                // Another process took the port between our check and redis-server's bind.
+                Err(e) => last = e,
+            }
+        }
+        panic!("redis-server did not start: {last}");
+    }
+
+    /// Starts a standalone server on `port` (which must be free).
+    pub fn start_on(port: u16) -> TestRedis {
+        TestRedis::try_start(port, temp_dir("redis"), Vec::new(), true)
+            .unwrap_or_else(|e| panic!("redis-server did not start on {port}: {e}"))
+    }
+
+    fn try_start(
+        port: u16,
+        dir: PathBuf,
+        extra: Vec<String>,
+        owns_dir: bool,
+    ) -> Result<TestRedis, String> {
+        let mut r = TestRedis {
+            port,
+            dir,
+            extra,
+            child: None,
+            owns_dir,
+        };
+        r.spawn()?;
+        Ok(r)
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let log = self.dir.join(format!("redis-{}.log", self.port));
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run redis-server ({e}): the Redis tests need redis-server and redis-cli on the PATH \
+                     (`make test` installs them; or `apt-get install redis-server`)"
+                )
+            });
+        self.child = Some(child);
+        let port = self.port;
+        let ready = poll(START_DEADLINE, || {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                return Some(Err(format!("exited with {status}")));
+            }
+            command::<String>(port, &["PING"])
+                .ok()
+                .filter(|p| p == "PONG")
+                .map(|_| Ok(()))
+        });
+        match ready {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => {
+                self.child = None;
+                Err(format!("{e}; log: {}", tail(&log)))
+            }
+            None => {
+                self.kill();
+                Err(format!(
+                    "no PONG within {START_DEADLINE:?}; log: {}",
+                    tail(&log)
+                ))
+            }
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A blocking connection for the test to inspect or disturb the server.
+    pub fn conn(&self) -> ::redis::Connection {
+        connect(self.port).expect("connect to test redis")
+    }
+
+    /// Runs one command and returns its reply.
+    pub fn cmd<T: ::redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        command(self.port, args).unwrap_or_else(|e| panic!("{args:?} on :{}: {e}", self.port))
+    }
+
+    /// SIGKILLs the server (no shutdown, no save) and waits for it to go.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty: nothing is persisted).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn()
+            .unwrap_or_else(|e| panic!("redis-server did not restart on {}: {e}", self.port));
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        self.kill();
+        if self.owns_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(10)..].join("\n")
+}
+
+/// A Redis Cluster of three primaries (no replicas), all slots assigned.
+pub struct TestCluster {
+    nodes: Vec<TestRedis>,
+    dir: PathBuf,
+}
+
+impl TestCluster {
+    /// Starts three cluster-mode servers and joins them into one cluster.
+    pub fn start() -> TestCluster {
+        let mut last = String::new();
+        for _ in 0..5 {
+            match TestCluster::try_start() {
+                Ok(c) => return c,
+                Err(e) => last = e,
+            }
+        }
+        panic!("redis cluster did not start: {last}");
+    }
+
+    /// One cluster shared by the tests of this process that are running at the same time; it
+    /// stops when the last of them drops its handle (so nothing outlives the test run). Tests
+    /// sharing it must use their own key prefixes ([`unique_prefix`]) and must not disturb it.
+    pub fn shared() -> Arc<TestCluster> {
+        static SHARED: Mutex<Weak<TestCluster>> = Mutex::new(Weak::new());
+        let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = shared.upgrade() {
+            return c;
+        }
+        let c = Arc::new(TestCluster::start());
+        *shared = Arc::downgrade(&c);
+        c
+    }
+
+    fn try_start() -> Result<TestCluster, String> {
+        // Built first so that an early return drops (kills and removes) what was started.
+        let mut cluster = TestCluster {
+            nodes: Vec::new(),
+            dir: temp_dir("cluster"),
+        };
+        let ports = cluster_ports(3);
+        for &port in &ports {
+            let node_dir = cluster.dir.join(port.to_string());
+            std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
+            let extra = vec![
+                "--cluster-enabled".to_string(),
+                "yes".to_string(),
+                "--cluster-config-file".to_string(),
+                node_dir.join("nodes.conf").display().to_string(),
+                "--cluster-node-timeout".to_string(),
+                "5000".to_string(),
+            ];
+            cluster
+                .nodes
+                .push(TestRedis::try_start(port, node_dir, extra, false)?);
+        }
+        let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run redis-cli ({e}): the cluster tests need redis-cli on the PATH")
+            });
+        if !out.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        // Every node must see the whole cluster before a client may trust any node's slot map.
+        let formed = poll(START_DEADLINE, || {
+            ports
+                .iter()
+                .all(|&p| {
+                    command::<String>(p, &["CLUSTER", "INFO"]).is_ok_and(|info| {
+                        info.contains("cluster_state:ok")
+                            && info.contains("cluster_slots_ok:16384")
+                            && info.contains("cluster_known_nodes:3")
+                    })
+                })
+                .then_some(())
+        });
+        formed.ok_or_else(|| {
+            format!("cluster_state never became ok on every node within {START_DEADLINE:?}")
+        })?;
+        Ok(cluster)
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3`.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    pub fn nodes(&self) -> &[TestRedis] {
+        &self.nodes
+    }
+
+    /// Runs one command on every node.
+    pub fn cmd_all(&self, args: &[&str]) {
+        for n in &self.nodes {
+            n.cmd::<::redis::Value>(args);
+        }
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `n` distinct free ports at most [`MAX_CLUSTER_PORT`] whose bus port (+10000) is free too.
+/// The listeners are held until all are chosen so no port is picked twice.
+fn cluster_ports(n: usize) -> Vec<u16> {
+    let mut held: Vec<TcpListener> = Vec::new();
+    let mut ports = Vec::new();
+    for _ in 0..10_000 {
+        if ports.len() == n {
+            break;
+        }
+        let Ok(l) = TcpListener::bind("127.0.0.1:0") else {
+            continue;
+        };
+        let Ok(port) = l.local_addr().map(|a| a.port()) else {
+            continue;
+        };
+        if port > MAX_CLUSTER_PORT {
+            // Keep it bound so the OS hands out another one next time.
+            held.push(l);
+            continue;
+        }
+        let Ok(bus) = TcpListener::bind(("127.0.0.1", port + 10_000)) else {
+            held.push(l);
+            continue;
+        };
+        held.push(l);
+        held.push(bus);
+        ports.push(port);
+    }
+    assert_eq!(
+        ports.len(),
+        n,
+        "could not find {n} free cluster ports below {MAX_CLUSTER_PORT}"
+    );
+    ports
+}
