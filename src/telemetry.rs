@@ -5,7 +5,7 @@
 //! `outcome`: `class` is the rule's `class`, else its `name`, else its key path, never a raw
 //! request value, so the number of series stays bounded by the rules, not by traffic.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -38,8 +38,9 @@ pub enum Outcome {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
-    pub domain: String,
-    pub class: String,
+    /// `Arc`s shared with the rules: building the labels of a decision copies no string.
+    pub domain: Arc<str>,
+    pub class: Arc<str>,
     pub outcome: Outcome,
 }
 

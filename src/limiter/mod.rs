@@ -104,6 +104,15 @@ pub struct Limiter {
     store: Store,
     config: LimiterConfig,
     metrics: Arc<Metrics>,
+    /// Metric label values made once, so no decision allocates them.
+    labels: FixedLabels,
+}
+
+#[derive(Debug)]
+struct FixedLabels {
+    unknown_domain: Arc<str>,
+    no_class: Arc<str>,
+    override_class: Arc<str>,
 }
 
 /// A counted limit of descriptor `desc` (an `Arc` clone: the rules' own, or an override).
@@ -117,7 +126,7 @@ pub const OVERRIDE_CLASS: &str = "envoy_override";
 
 /// A limit from the request's `RateLimitDescriptor.limit`; its key path keeps its window, so
 /// two overrides with different units never share a bucket.
-fn override_limit(o: LimitOverride, algorithm: Algorithm) -> Arc<Limit> {
+fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Arc<Limit> {
     Arc::new(Limit {
         name: None,
         rate: Some(crate::rules::Rate {
@@ -130,7 +139,7 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm) -> Arc<Limit> {
         shadow_mode: false,
         detailed_metric: false,
         replaces: Vec::new(),
-        class: OVERRIDE_CLASS.to_string(),
+        class,
         index: 0,
         origin: crate::rules::model::Origin {
             file: "(request)".into(),
@@ -139,7 +148,9 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm) -> Arc<Limit> {
     })
 }
 
-const UNKNOWN_DOMAIN: &str = "(unknown)";
+/// The metrics `domain` of requests for a domain no rules file declares (one series for all
+/// of them: request domains are caller input).
+pub const UNKNOWN_DOMAIN: &str = "(unknown)";
 
 impl Limiter {
     pub fn new(store: Store, config: LimiterConfig, metrics: Arc<Metrics>) -> Self {
@@ -147,6 +158,11 @@ impl Limiter {
             store,
             config,
             metrics,
+            labels: FixedLabels {
+                unknown_domain: UNKNOWN_DOMAIN.into(),
+                no_class: "".into(),
+                override_class: OVERRIDE_CLASS.into(),
+            },
         }
     }
 
@@ -160,7 +176,11 @@ impl Limiter {
         let n = req.descriptors.len();
         let Some(domain) = rules.domains.get(req.domain) else {
             for _ in 0..n {
-                self.count(UNKNOWN_DOMAIN, "", telemetry::Outcome::no_rule);
+                self.count(
+                    &self.labels.unknown_domain,
+                    &self.labels.no_class,
+                    telemetry::Outcome::no_rule,
+                );
             }
             return Ok(Decision {
                 overall: Code::Ok,
@@ -189,7 +209,11 @@ impl Limiter {
             .iter()
             .zip(&matches)
             .map(|(d, m)| match (d.limit_override, m) {
-                (Some(o), _) => vec![override_limit(o, self.config.default_algorithm)],
+                (Some(o), _) => vec![override_limit(
+                    o,
+                    self.config.default_algorithm,
+                    self.labels.override_class.clone(),
+                )],
                 (None, Some(m)) => m
                     .node
                     .limits
@@ -290,7 +314,7 @@ impl Limiter {
     /// remaining.
     fn descriptor_status(
         &self,
-        domain: &str,
+        domain: &Arc<str>,
         desc: usize,
         limits: &[Arc<Limit>],
         planned: &[Planned],
@@ -298,7 +322,7 @@ impl Limiter {
         req: &RequestDescriptor<'_>,
     ) -> Status {
         if limits.is_empty() {
-            self.count(domain, "", telemetry::Outcome::no_rule);
+            self.count(domain, &self.labels.no_class, telemetry::Outcome::no_rule);
             return Status::no_limit(0);
         }
         let counted: Vec<(&Limit, &Outcome)> = planned
@@ -350,12 +374,12 @@ impl Limiter {
         }
     }
 
-    fn count(&self, domain: &str, class: &str, outcome: telemetry::Outcome) {
+    fn count(&self, domain: &Arc<str>, class: &Arc<str>, outcome: telemetry::Outcome) {
         self.metrics
             .decisions
             .get_or_create(&DecisionLabels {
-                domain: domain.to_string(),
-                class: class.to_string(),
+                domain: domain.clone(),
+                class: class.clone(),
                 outcome,
             })
             .inc();
@@ -364,15 +388,15 @@ impl Limiter {
 
 /// The metrics class of a limit; with `detailed_metric` the request's values are appended
 /// (an explicit opt-in to one series per value).
-fn class_of(limit: &Limit, req: &RequestDescriptor<'_>) -> String {
+fn class_of(limit: &Limit, req: &RequestDescriptor<'_>) -> Arc<str> {
     if !limit.detailed_metric {
         return limit.class.clone();
     }
-    let mut class = limit.class.clone();
+    let mut class = limit.class.to_string();
     for (k, v) in &req.entries {
         class.push_str(&format!(".{k}_{v}"));
     }
-    class
+    class.into()
 }
 
 #[cfg(test)]

@@ -141,7 +141,7 @@ pub fn load_sources(
         let Some(domain) = cx.file_rules(text) else {
             continue;
         };
-        if let Some(first) = set.domains.get(&domain.name) {
+        if let Some(first) = set.domains.get(&*domain.name) {
             cx.error(
                 domain.origin_pos(),
                 "domain",
@@ -152,7 +152,7 @@ pub fn load_sources(
             );
             continue;
         }
-        set.domains.insert(domain.name.clone(), domain);
+        set.domains.insert(domain.name.to_string(), domain);
     }
     if errors.is_empty() {
         Ok(set)
@@ -236,7 +236,7 @@ impl Cx<'_> {
         };
         let (name, pos) = domain?;
         Some(Domain {
-            name,
+            name: name.into(),
             root: level,
             origin: self.origin(pos),
         })
@@ -635,7 +635,8 @@ impl Cx<'_> {
         Some(Limit {
             class: class
                 .or_else(|| name.clone())
-                .unwrap_or_else(|| key_path.to_string()),
+                .unwrap_or_else(|| key_path.to_string())
+                .into(),
             name,
             rate,
             shadow_mode,
@@ -771,9 +772,9 @@ mod tests {
             (rate.requests_per_unit, rate.unit, rate.burst),
             (100, Unit::Minute, 100)
         );
-        assert_eq!(tenant.limits[0].class, "tenant");
+        assert_eq!(&*tenant.limits[0].class, "tenant");
         let ep = &tenant.children.exact["endpoint"]["/search"];
-        assert_eq!(ep.limits[0].class, "search");
+        assert_eq!(&*ep.limits[0].class, "search");
         assert_eq!(ep.origin.line, 8);
         assert_eq!(d.root.wildcard[0].1, "/api/*");
         assert!(d.root.wildcard[0].2.limits[0].rate.is_none());
@@ -789,7 +790,7 @@ mod tests {
         let k = &set.domains["d"].root.bare["k"];
         let (a, b) = (k.limits[0].rate.unwrap(), k.limits[1].rate.unwrap());
         assert_eq!(
-            (a.burst, a.algorithm, k.limits[0].class.as_str()),
+            (a.burst, a.algorithm, &*k.limits[0].class),
             (20, Algorithm::TokenBucket, "burst")
         );
         assert_eq!(

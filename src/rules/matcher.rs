@@ -51,17 +51,17 @@ pub fn find<'r>(
 
 /// `*` matches zero or more characters; everything else matches itself.
 pub fn glob_match(pattern: &str, value: &str) -> bool {
-    let mut parts = pattern.split('*');
-    // split always yields at least one part; the first must be a prefix.
-    let first = parts.next().unwrap_or("");
-    let Some(mut rest) = value.strip_prefix(first) else {
+    let Some((head, tail)) = pattern.split_once('*') else {
+        return pattern == value; // no `*` at all: an exact comparison
+    };
+    // The text before the first `*` is a prefix, the text after the last one a suffix, and
+    // the parts in between are found left to right (leftmost is enough when `*` is the only
+    // metacharacter). No allocation: this runs for every wildcard rule a lookup tries.
+    let Some(mut rest) = value.strip_prefix(head) else {
         return false;
     };
-    let mut parts: Vec<&str> = parts.collect();
-    let Some(last) = parts.pop() else {
-        return rest.is_empty(); // no `*` at all: an exact comparison
-    };
-    for part in parts {
+    let (middle, last) = tail.rsplit_once('*').unwrap_or(("", tail));
+    for part in middle.split('*').filter(|p| !p.is_empty()) {
         match rest.find(part) {
             Some(at) => rest = &rest[at + part.len()..],
             None => return false,

@@ -148,8 +148,9 @@ pub struct Limit {
     pub detailed_metric: bool,
     /// Names of other limits this one replaces when both match one request.
     pub replaces: Vec<String>,
-    /// The metrics label for this limit: `class`, else `name`, else the key path.
-    pub class: String,
+    /// The metrics label for this limit: `class`, else `name`, else the key path. An `Arc`
+    /// so each decision's metric labels share it instead of copying it.
+    pub class: Arc<str>,
     /// Position in its descriptor's `rate_limits` list (0 for a single `rate_limit`); part
     /// of the store key so several limits on one key keep separate buckets.
     pub index: usize,
@@ -209,7 +210,8 @@ pub struct Descriptor {
 /// A domain: a namespace of descriptors, one per rules file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Domain {
-    pub name: String,
+    /// An `Arc` so each decision's metric labels share it instead of copying it.
+    pub name: Arc<str>,
     pub root: Level,
     pub origin: Origin,
 }

@@ -280,7 +280,7 @@ impl RulesView {
                 let mut limits = Vec::new();
                 walk(&d.root, "", &mut limits);
                 DomainView {
-                    domain: d.name.clone(),
+                    domain: d.name.to_string(),
                     origin: d.origin.to_string(),
                     limits,
                 }

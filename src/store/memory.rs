@@ -58,7 +58,9 @@ impl MemoryStore {
     pub fn apply(&self, op: &Op) -> Outcome {
         let mono = self.clock.mono_ms();
         let mut shard = self.shard(&op.key);
-        let old = shard.get(op.key.as_str()).map(|e| e.state);
+        // One hash lookup on a hit: the entry is updated in place.
+        let existing = shard.get_mut(op.key.as_str());
+        let old = existing.as_ref().map(|e| e.state);
         let (entry, outcome) = match op.kind {
             OpKind::TokenBucket {
                 capacity,
@@ -100,7 +102,7 @@ impl MemoryStore {
                 )
             }
         };
-        match shard.get_mut(op.key.as_str()) {
+        match existing {
             Some(e) => *e = entry,
             None => {
                 shard.insert(op.key.clone(), entry);
