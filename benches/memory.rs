@@ -11,28 +11,21 @@
 //!    `Limiter::decide` on the memory store, `response::to_proto`), counted by a wrapper
 //!    around the system allocator, so a change that adds one shows up as a number.
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::future::Future;
 use std::hint::black_box;
 use std::path::PathBuf;
-use std::pin::pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tollgate::clock::Clock;
 use tollgate::keys;
-use tollgate::limiter::{Limiter, LimiterConfig};
 use tollgate::rules::load::{LoadOptions, load_sources};
 use tollgate::rules::{Algorithm, Rate, Unit};
 use tollgate::service::response::to_proto;
-use tollgate::service::{Bounds, rls};
-use tollgate::store::{MemoryStore, Op, OpKind, Store};
-use tollgate::telemetry::Metrics;
+use tollgate::service::rls;
+use tollgate::store::{MemoryStore, Op, OpKind};
 
 /// Counts allocations (and reallocations) made through the global allocator; frees are not
 /// counted. Everything is delegated to [`System`] unchanged.
@@ -219,36 +212,6 @@ descriptors:
 /// A request's descriptors, each a list of (key, value) entries.
 type Descriptors<'a> = &'a [&'a [(&'a str, &'a str)]];
 
-fn proto(entries: Descriptors<'_>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: entries
-            .iter()
-            .map(|e| RateLimitDescriptor {
-                entries: e
-                    .iter()
-                    .map(|(k, v)| Entry {
-                        key: (*k).into(),
-                        value: (*v).into(),
-                    })
-                    .collect(),
-                ..Default::default()
-            })
-            .collect(),
-        hits_addend: 0,
-    }
-}
-
-/// Runs `f` to completion: one poll with a no-op waker (the memory store never waits), else
-/// `rt.block_on`. Polling directly keeps the runtime's own bookkeeping out of the count.
-fn run<F: Future>(rt: &tokio::runtime::Runtime, f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => rt.block_on(f),
-    }
-}
-
 /// Mean allocations per call of `f` over `n` calls.
 fn allocs(n: u64, mut f: impl FnMut()) -> f64 {
     let start = ALLOCS.load(Ordering::Relaxed);
@@ -264,24 +227,11 @@ fn allocations_per_request() {
         LoadOptions::default(),
     )
     .expect("valid rules");
-    let limiter = Limiter::new(
-        Store::Memory(MemoryStore::new(Clock::system())),
-        LimiterConfig {
-            key_prefix: "tg:".into(),
-            shadow_mode: false,
-            default_algorithm: Algorithm::TokenBucket,
-        },
-        Arc::new(Metrics::new()),
-    );
+    let limiter = common::memory_limiter();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("a current-thread runtime");
-    let bounds = Bounds {
-        max_descriptors: 64,
-        max_entries: 16,
-        max_key_bytes: 256,
-        max_value_bytes: 4096,
-    };
+    let bounds = common::bounds();
     let cases: [(&str, Descriptors<'_>); 2] = [
         ("1 descriptor", &[&[("tenant", "acme")]]),
         (
@@ -296,15 +246,17 @@ fn allocations_per_request() {
     ];
     const N: u64 = 10_000;
     for (name, entries) in cases {
-        let pb = proto(entries);
+        let pb = common::proto(entries);
         let req = rls::to_request(&pb, &bounds).expect("valid");
         // Warm up: the buckets and the metric series exist from here on (the steady state).
-        let decision = run(&rt, limiter.decide(&rules, &req)).expect("memory store");
+        let decision = common::run(&rt, limiter.decide(&rules, &req)).expect("memory store");
         let to_request = allocs(N, || {
             black_box(rls::to_request(black_box(&pb), &bounds).expect("valid"));
         });
         let decide = allocs(N, || {
-            black_box(run(&rt, limiter.decide(&rules, black_box(&req))).expect("memory store"));
+            black_box(
+                common::run(&rt, limiter.decide(&rules, black_box(&req))).expect("memory store"),
+            );
         });
         let plain = allocs(N, || {
             black_box(to_proto(black_box(&decision), false));

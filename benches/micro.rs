@@ -5,32 +5,22 @@
 //! Rule sets are generated here as YAML text and loaded through the real loader, so they are
 //! exactly what a user's files would produce.
 
+mod common;
+
 use std::fmt::Write;
-use std::future::Future;
 use std::hint::black_box;
 use std::path::PathBuf;
-use std::pin::pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use tollgate::clock::Clock;
 use tollgate::keys::bucket_key;
 use tollgate::limiter::bucket::{TokenBucketParams, TokenBucketState, WindowState};
 use tollgate::limiter::bucket::{take_token, take_window};
-use tollgate::limiter::{
-    Code, Decision, Limiter, LimiterConfig, ReportedLimit, Request, RequestDescriptor, Status,
-};
+use tollgate::limiter::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Status};
 use tollgate::rules::load::{LoadOptions, load_sources};
 use tollgate::rules::matcher::find;
 use tollgate::rules::{Algorithm, Rate, RuleSet, Unit};
 use tollgate::service::response::to_proto;
-use tollgate::service::{Bounds, rls};
-use tollgate::store::{MemoryStore, Store};
-use tollgate::telemetry::Metrics;
+use tollgate::service::rls;
 
 fn load(yaml: &str) -> RuleSet {
     load_sources(
@@ -245,16 +235,6 @@ fn response(c: &mut Criterion) {
     g.finish();
 }
 
-/// Runs `f` to completion: one poll with a no-op waker (the memory store never waits, so the
-/// decision is ready at once and no runtime cost is measured), else `rt.block_on`.
-fn run<F: Future>(rt: &tokio::runtime::Runtime, f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => rt.block_on(f),
-    }
-}
-
 const DECIDE_RULES: &str = r#"
 domain: edge
 descriptors:
@@ -289,48 +269,15 @@ const FOUR: &[&[(&str, &str)]] = &[
     &[("plan", "gold")],
 ];
 
-fn proto(entries: &[&[(&str, &str)]]) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: entries
-            .iter()
-            .map(|e| RateLimitDescriptor {
-                entries: e
-                    .iter()
-                    .map(|(k, v)| Entry {
-                        key: (*k).into(),
-                        value: (*v).into(),
-                    })
-                    .collect(),
-                ..Default::default()
-            })
-            .collect(),
-        hits_addend: 0,
-    }
-}
-
 fn decide(c: &mut Criterion) {
     let rules = load(DECIDE_RULES);
     // Limits of 10^9/s never run out, so every iteration takes the same (admitted) path on
     // a hot key whose bucket already exists.
-    let limiter = Limiter::new(
-        Store::Memory(MemoryStore::new(Clock::system())),
-        LimiterConfig {
-            key_prefix: "tg:".into(),
-            shadow_mode: false,
-            default_algorithm: Algorithm::TokenBucket,
-        },
-        Arc::new(Metrics::new()),
-    );
+    let limiter = common::memory_limiter();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("a current-thread runtime");
-    let bounds = Bounds {
-        max_descriptors: 64,
-        max_entries: 16,
-        max_key_bytes: 256,
-        max_value_bytes: 4096,
-    };
+    let bounds = common::bounds();
 
     let mut g = c.benchmark_group("decide");
     // For scale: driving a ready future through a current-thread runtime's block_on, which
@@ -344,7 +291,7 @@ fn decide(c: &mut Criterion) {
             descriptors: descriptors(entries),
             hits_addend: 0,
         };
-        let d = run(&rt, limiter.decide(&rules, &req)).expect("memory store");
+        let d = common::run(&rt, limiter.decide(&rules, &req)).expect("memory store");
         assert!(
             d.statuses
                 .iter()
@@ -352,13 +299,13 @@ fn decide(c: &mut Criterion) {
         );
         // Limiter::decide on the memory store: match, keys, bucket takes, statuses, metrics.
         g.bench_function(BenchmarkId::new("limiter", name), |b| {
-            b.iter(|| run(&rt, limiter.decide(&rules, black_box(&req))))
+            b.iter(|| common::run(&rt, limiter.decide(&rules, black_box(&req))))
         });
-        let pb = proto(entries);
+        let pb = common::proto(entries);
         // The service's in-process path: proto → Request, decide, Decision → proto (headers on).
         g.bench_function(BenchmarkId::new("proto_to_proto", name), |b| {
             b.iter(|| {
-                run(&rt, async {
+                common::run(&rt, async {
                     let req = rls::to_request(black_box(&pb), &bounds).expect("valid");
                     let d = limiter.decide(&rules, &req).await.expect("memory store");
                     to_proto(&d, true)
@@ -376,14 +323,14 @@ fn decide(c: &mut Criterion) {
         })
         .collect();
     for r in &reqs {
-        run(&rt, limiter.decide(&rules, r)).expect("memory store");
+        common::run(&rt, limiter.decide(&rules, r)).expect("memory store");
     }
     let mut i = 0;
     // 1 descriptor cycling over 100,000 existing buckets: hash-table cache misses included.
     g.bench_function(BenchmarkId::new("limiter", "1_descriptor_100k_keys"), |b| {
         b.iter(|| {
             i = (i + 1) % reqs.len();
-            run(&rt, limiter.decide(&rules, black_box(&reqs[i])))
+            common::run(&rt, limiter.decide(&rules, black_box(&reqs[i])))
         })
     });
     g.finish();

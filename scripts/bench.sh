@@ -70,21 +70,22 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 YAML
 
+# Starts tollgate on store $2; sets GRPC to its gRPC port. (Not a $(…) function: a server
+# started inside a command substitution would hold its pipe open, and its PID would be lost.)
 start_tollgate() { # name store
-  local grpc admin; grpc=$(free_port); admin=$(free_port)
-  "$BIN" serve --rules "$TMP/rules" --store "$2" --grpc-addr 127.0.0.1:$grpc --admin-addr 127.0.0.1:$admin \
-    --log-level warn --store-timeout-ms 100 2>"$TMP/$1.log" &
+  local admin; GRPC=$(free_port); admin=$(free_port)
+  "$BIN" serve --rules "$TMP/rules" --store "$2" --grpc-addr 127.0.0.1:$GRPC --admin-addr 127.0.0.1:$admin \
+    --log-level warn --store-timeout-ms 100 >/dev/null 2>"$TMP/$1.log" &
   PIDS+=($!)
   wait_for curl -sf "127.0.0.1:$admin/readyz"
-  echo "$grpc"
 }
 NOOP=$(free_port)
-"$BIN" bench-baseline --grpc-addr 127.0.0.1:$NOOP 2>"$TMP/noop.log" &
+"$BIN" bench-baseline --grpc-addr 127.0.0.1:$NOOP >/dev/null 2>"$TMP/noop.log" &
 PIDS+=($!)
 wait_for bash -c "exec 3<>/dev/tcp/127.0.0.1/$NOOP"
-MEM=$(start_tollgate memory memory)
-RED=$(start_tollgate redis "redis://127.0.0.1:$RP")
-CLU=$(start_tollgate cluster "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3")
+start_tollgate memory memory; MEM=$GRPC
+start_tollgate redis "redis://127.0.0.1:$RP"; RED=$GRPC
+start_tollgate cluster "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; CLU=$GRPC
 
 script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
   local total=0 n

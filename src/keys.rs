@@ -15,7 +15,7 @@
 
 use std::fmt::Write;
 
-use crate::rules::{Algorithm, Rate};
+use crate::rules::Rate;
 
 /// Longest escaped domain, key or value kept verbatim in a store key.
 pub const MAX_PART: usize = 64;
@@ -42,12 +42,13 @@ pub fn bucket_key<'a>(
         key.push('=');
         push_part(&mut key, v);
     }
-    let alg = match rate.algorithm {
-        Algorithm::TokenBucket => "tb",
-        Algorithm::FixedWindow => "fw",
-    };
     // Writing to a String cannot fail.
-    let _ = write!(key, "|{alg}:{}:{index}", rate.window_ms());
+    let _ = write!(
+        key,
+        "|{}:{}:{index}",
+        rate.algorithm.key_tag(),
+        rate.window_ms()
+    );
     if let Some(i) = shard {
         let _ = write!(key, "|#{i}");
     }
@@ -115,7 +116,7 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
-    use crate::rules::Unit;
+    use crate::rules::{Algorithm, Unit};
 
     fn rate(algorithm: Algorithm) -> Rate {
         Rate {
@@ -153,6 +154,15 @@ mod tests {
             Some(3),
         );
         assert_eq!(fw, "{d|k=v|fw:60000:2|#3}");
+        let sw = bucket_key(
+            "",
+            "d",
+            [("k", "v")],
+            &rate(Algorithm::SlidingWindow),
+            0,
+            None,
+        );
+        assert_eq!(sw, "{d|k=v|sw:60000:0}");
     }
 
     #[test]

@@ -89,8 +89,7 @@ struct BenchArgs {
 }
 
 fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    Algorithm::parse(s)
-        .ok_or_else(|| format!("unknown algorithm '{s}' (token_bucket or fixed_window)"))
+    Algorithm::parse(s).ok_or_else(|| format!("unknown algorithm '{s}' ({})", Algorithm::NAMES))
 }
 
 /// Flags for `serve`: each overrides the same key from TOLLGATE_* and the --config file.
@@ -111,7 +110,7 @@ struct ServeArgs {
     /// `memory`, redis://…, rediss://…, redis+cluster://… [env: TOLLGATE_STORE]
     #[arg(long)]
     store: Option<String>,
-    /// token_bucket or fixed_window [env: TOLLGATE_DEFAULT_ALGORITHM]
+    /// token_bucket, fixed_window or sliding_window [env: TOLLGATE_DEFAULT_ALGORITHM]
     #[arg(long)]
     default_algorithm: Option<String>,
     /// Global shadow mode: never answer OVER_LIMIT overall [env: TOLLGATE_SHADOW_MODE]

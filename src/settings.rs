@@ -28,7 +28,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ),
     (
         "default_algorithm",
-        "token_bucket or fixed_window, for limits that name none",
+        "token_bucket, fixed_window or sliding_window, for limits that name none",
     ),
     (
         "shadow_mode",

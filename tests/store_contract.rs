@@ -1,7 +1,8 @@
 //! The store contract: one set of cases run against every store — the memory store, a real
 //! `redis-server` and a real three-primary Redis Cluster — so the Lua scripts and the Rust
 //! bucket math give the same answers. Then the Redis-only properties: the scripts mirror
-//! `limiter::bucket` exactly under a controlled clock, NOSCRIPT recovery, a paused, killed or
+//! `limiter::bucket` exactly under a controlled clock (token bucket, fixed window, sliding
+//! window), NOSCRIPT recovery, a paused, killed or
 //! absent Redis, several replicas sharing one quota, cluster routing of any key, and the
 //! EVALSHA count and key size reported in the README.
 //!
@@ -19,10 +20,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::redis::{TestCluster, TestRedis, unique_prefix};
 use tollgate::clock::Clock;
 use tollgate::keys;
-use tollgate::limiter::bucket::{self, TokenBucketParams, TokenBucketState, WindowState};
+use tollgate::limiter::bucket::{
+    self, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
+};
 use tollgate::rules::{Algorithm, Rate, Unit};
 use tollgate::settings::Settings;
-use tollgate::store::redis::{FIXED_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
+use tollgate::store::redis::{FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
 use tollgate::store::{Op, OpKind, Outcome, Store, StoreError};
 use tollgate::telemetry::Metrics;
 
@@ -71,6 +74,14 @@ fn fw(key: &str, limit: u64, window_ms: u64, cost: u64) -> Op {
     Op {
         key: key.to_string(),
         kind: OpKind::FixedWindow { limit, window_ms },
+        cost,
+    }
+}
+
+fn sw(key: &str, limit: u64, window_ms: u64, cost: u64) -> Op {
+    Op {
+        key: key.to_string(),
+        kind: OpKind::SlidingWindow { limit, window_ms },
         cost,
     }
 }
@@ -267,6 +278,10 @@ async fn keys_are_independent(store: Arc<Store>, p: String) {
     assert!(one(&store, fw(&wa, 1, DAY, 1)).await.allowed);
     assert!(!one(&store, fw(&wa, 1, DAY, 1)).await.allowed);
     assert!(one(&store, fw(&wb, 1, DAY, 1)).await.allowed);
+    let (sa, sb) = (key(&p, "sa"), key(&p, "sb"));
+    assert!(one(&store, sw(&sa, 1, DAY, 1)).await.allowed);
+    assert!(!one(&store, sw(&sa, 1, DAY, 1)).await.allowed);
+    assert!(one(&store, sw(&sb, 1, DAY, 1)).await.allowed);
 }
 
 async fn one_request_many_ops_answer_in_order(store: Arc<Store>, p: String) {
@@ -274,10 +289,10 @@ async fn one_request_many_ops_answer_in_order(store: Arc<Store>, p: String) {
     let ops: Vec<Op> = (0..12u64)
         .map(|i| {
             let k = key(&p, &format!("multi{i}"));
-            if i % 3 == 0 {
-                fw(&k, 10 + i, DAY, 1)
-            } else {
-                tb(&k, 10 + i, 1, HOUR, 1)
+            match i % 4 {
+                0 => fw(&k, 10 + i, DAY, 1),
+                1 => sw(&k, 10 + i, DAY, 1),
+                _ => tb(&k, 10 + i, 1, HOUR, 1),
             }
         })
         .collect();
@@ -300,6 +315,7 @@ async fn answers_equal_the_memory_store(store: Arc<Store>, p: String) {
         .await
         .expect("memory store");
     let (t, t2, w) = (key(&p, "eq-tb"), key(&p, "eq-tb2"), key(&p, "eq-fw"));
+    let s = key(&p, "eq-sw");
     let costs = [0, 1, 3, 5, 0, 2, 1, 10, u64::MAX, 0, 1, 1];
     let requests: Vec<Vec<Op>> = costs
         .iter()
@@ -309,6 +325,7 @@ async fn answers_equal_the_memory_store(store: Arc<Store>, p: String) {
                 tb(&t, 7, 3, HOUR, c),
                 fw(&w, 4, DAY, costs[(i + 3) % costs.len()]),
                 tb(&t2, 100, 100, DAY, c.min(40)),
+                sw(&s, 6, DAY, costs[(i + 5) % costs.len()]),
             ]
         })
         .collect();
@@ -335,31 +352,114 @@ async fn answers_equal_the_memory_store(store: Arc<Store>, p: String) {
     }
 }
 
-/// Many concurrent takes on one key: exactly the limit is admitted (an hour-long window, so
-/// nothing refills meanwhile).
+/// Many concurrent takes on one key: exactly the limit is admitted (an hour-long token bucket
+/// and a day-long sliding window, so nothing refills or slides meanwhile).
 async fn concurrent_takes_admit_exactly_the_limit(store: Arc<Store>, p: String) {
-    let k = key(&p, "hot");
-    let admitted = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..16)
-        .map(|_| {
-            let (store, k, admitted) = (store.clone(), k.clone(), admitted.clone());
-            tokio::spawn(async move {
-                for _ in 0..25 {
-                    if one(&store, tb(&k, 200, 200, HOUR, 1)).await.allowed {
-                        admitted.fetch_add(1, Ordering::Relaxed);
+    clear_of_window_edge(DAY).await;
+    let hot = [
+        tb(&key(&p, "hot"), 200, 200, HOUR, 1),
+        sw(&key(&p, "hot-sw"), 200, DAY, 1),
+    ];
+    for op in hot {
+        let admitted = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (store, op, admitted) = (store.clone(), op.clone(), admitted.clone());
+                tokio::spawn(async move {
+                    for _ in 0..25 {
+                        if one(&store, op.clone()).await.allowed {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
-                }
+                })
             })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("task");
+            .collect();
+        for t in tasks {
+            t.await.expect("task");
+        }
+        assert_eq!(
+            admitted.load(Ordering::Relaxed),
+            200,
+            "400 attempts on a limit of 200: {:?}",
+            op.kind
+        );
     }
+}
+
+/// Sliding window within one (day-long) window: allowed takes count, refused ones do not
+/// (unlike the fixed window), and the times follow the decay of the count.
+async fn sliding_window_counts_allowed_takes_only(store: Arc<Store>, p: String) {
+    clear_of_window_edge(DAY).await;
+    let k = key(&p, "sw");
+    let o = one(&store, sw(&k, 3, DAY, 0)).await;
+    assert!(o.allowed, "{o:?}");
     assert_eq!(
-        admitted.load(Ordering::Relaxed),
-        200,
-        "400 attempts on a limit of 200"
+        (o.remaining, o.reset_ms, o.retry_ms),
+        (3, 0, Some(0)),
+        "an unseen key has nothing to decay"
     );
+    let o = one(&store, sw(&k, 3, DAY, 2)).await;
+    assert!(o.allowed && o.remaining == 1, "{o:?}");
+    // Counted in this window, so weighed in the next one too: 0 when the next one ends.
+    let end = DAY - wall_ms() % DAY;
+    assert_near("reset", o.reset_ms, end + DAY, 1_000);
+    let o = one(&store, sw(&k, 3, DAY, 2)).await;
+    assert!(!o.allowed, "2 + 2 > 3");
+    assert_eq!(o.remaining, 1);
+    // 2 fits once the 2 counted here weigh 1: half-way through the next window.
+    assert_near("retry", o.retry_ms.unwrap(), end + DAY / 2, 1_000);
+    let o = one(&store, sw(&k, 3, DAY, 1)).await;
+    assert!(o.allowed, "the refused take counted nothing: {o:?}");
+    assert_eq!(o.remaining, 0);
+    let o = one(&store, sw(&k, 3, DAY, 0)).await;
+    assert!(!o.allowed, "check-only needs one whole unit");
+    assert_near("retry", o.retry_ms.unwrap(), end + DAY / 3, 1_000);
+    for cost in [4, u64::MAX] {
+        let o = one(&store, sw(&k, 3, DAY, cost)).await;
+        assert!(!o.allowed);
+        assert_eq!((o.remaining, o.retry_ms), (0, None), "cost {cost}");
+    }
+    let z = key(&p, "sw-zero");
+    for cost in [1, 0] {
+        let o = one(&store, sw(&z, 0, DAY, cost)).await;
+        assert!(!o.allowed);
+        assert_eq!((o.remaining, o.reset_ms, o.retry_ms), (0, 0, None));
+    }
+}
+
+/// Sliding window across windows in real time (1 s windows): the previous window's count
+/// fades out, a refused take fits again no earlier than promised, and with no more hits the
+/// count decays to nothing.
+async fn sliding_window_slides_over_time(store: Arc<Store>, p: String) {
+    const W: u64 = 1_000;
+    let k = key(&p, "slide");
+    // Start just after a window edge, so the first takes share one window.
+    tokio::time::sleep(Duration::from_millis(W - wall_ms() % W + 10)).await;
+    let o = one(&store, sw(&k, 4, W, 4)).await;
+    assert!(o.allowed && o.remaining == 0, "{o:?}");
+    assert!(o.reset_ms > W && o.reset_ms <= 2 * W, "{o:?}");
+    let refused = one(&store, sw(&k, 4, W, 1)).await;
+    let since = Instant::now();
+    assert!(!refused.allowed);
+    let retry = refused.retry_ms.unwrap();
+    // One of the 4 units is free once they weigh 3: a quarter into the next window.
+    assert!(retry > W / 4 && retry <= W + W / 4, "{refused:?}");
+    let allowed = poll_async(Duration::from_secs(5), || async {
+        one(&store, sw(&k, 4, W, 1)).await.allowed.then_some(())
+    })
+    .await;
+    assert!(allowed.is_some(), "nothing slid out within 5 s");
+    assert!(
+        since.elapsed().as_millis() as u64 + 30 >= retry,
+        "allowed before retry_ms"
+    );
+    let empty = poll_async(Duration::from_secs(5), || async {
+        let o = one(&store, sw(&k, 4, W, 0)).await;
+        (o.remaining == 4).then_some(o)
+    })
+    .await
+    .expect("decayed to nothing within 5 s");
+    assert_eq!((empty.reset_ms, empty.retry_ms), (0, Some(0)));
 }
 
 macro_rules! contract {
@@ -407,6 +507,8 @@ contract!(
     one_request_many_ops_answer_in_order,
     answers_equal_the_memory_store,
     concurrent_takes_admit_exactly_the_limit,
+    sliding_window_counts_allowed_takes_only,
+    sliding_window_slides_over_time,
 );
 
 async fn poll_async<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
@@ -625,12 +727,110 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
     }
 }
 
+#[test]
+fn lua_sliding_window_mirrors_rust() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn();
+    let source = with_test_clock(
+        SLIDING_WINDOW_LUA,
+        "redis.call('PEXPIRE', KEYS[1], reset_ms)",
+        "reset_ms",
+    );
+    // Whole estimates stay whole: 25 hits of the previous window weigh exactly 14 at 440 ms
+    // into a 1 s window, so 11 are left (`prev * (1 - elapsed / w)` gives 14.000000000000002
+    // and 10 left). The random walk below rarely lands on such a point.
+    let base = 1_700_000_000_000;
+    let mut state = None;
+    for (now, cost, remaining) in [(base, 25, 0), (base + 1_440, 0, 11), (base + 1_440, 11, 0)] {
+        let (next, want) = bucket::take_sliding(state, now, 25, 1_000, cost);
+        let got = eval_at(
+            &mut conn,
+            &source,
+            &sw("mirror:{sw-exact}", 25, 1_000, cost),
+            now,
+        );
+        assert_eq!(
+            (got, want.remaining),
+            (want, remaining),
+            "cost {cost} at {now}"
+        );
+        state = Some(next);
+    }
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    let (mut checked, mut refused, mut weighed) = (0, 0, 0);
+    for window in 0..200 {
+        let limit = rng.pick(&[0, 1, 2, 3, 7, 10, 1_000, u64::from(u32::MAX)]);
+        let window_ms = rng.pick(&[1, 7, 1_000, 60_000, HOUR, DAY, 365 * DAY]);
+        let k = format!("mirror:{{sw{window}}}");
+        let mut now = 1_700_000_000_123 + rng.next() % DAY;
+        let mut state: Option<SlidingWindowState> = None;
+        // When the script last wrote the hash and the TTL it set then.
+        let mut expires_at: Option<u64> = None;
+        for _ in 0..40 {
+            now = step(&mut rng, now, window_ms);
+            let cost = match rng.next() % 8 {
+                0 => 0,
+                1 => limit,
+                2 => limit.saturating_add(1),
+                3 => u64::MAX,
+                4 => rng.next() % (limit + 2),
+                5 => limit / 3,
+                _ => 1,
+            };
+            let (next, want) = bucket::take_sliding(state, now, limit, window_ms, cost);
+            let got = eval_at(&mut conn, &source, &sw(&k, limit, window_ms, cost), now);
+            let at =
+                format!("limit {limit} window {window_ms} cost {cost} at {now} from {state:?}");
+            assert_eq!(got, want, "{at}");
+            // The stored state: an empty one is no key (the memory store does not keep it
+            // either); otherwise the same three numbers. The script rewrites the hash only
+            // when the state changed, and its TTL always ends where the estimate reaches 0.
+            let stored: Vec<Option<u64>> = ::redis::cmd("HMGET")
+                .arg(&k)
+                .arg(&["w", "p", "c", "ttl"])
+                .query(&mut conn)
+                .unwrap();
+            if next.is_empty() {
+                assert!(stored.iter().all(Option::is_none), "{at}: {stored:?}");
+                state = None;
+                expires_at = None;
+            } else {
+                assert_eq!(
+                    stored[..3],
+                    [Some(next.start_ms), Some(next.prev), Some(next.curr)],
+                    "{at}"
+                );
+                if state != Some(next) {
+                    expires_at = Some(now + stored[3].expect("ttl"));
+                }
+                assert_eq!(expires_at, Some(now + want.reset_ms), "{at}: TTL");
+                weighed += usize::from(next.prev > 0 && next.curr > 0);
+                state = Some(next);
+            }
+            refused += usize::from(!want.allowed && want.retry_ms.is_some());
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 200 * 40);
+    // The sequence exercised both counts at once and refusals that can fit later.
+    assert!(weighed > 100 && refused > 100, "{weighed} {refused}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Redis in trouble: scripts flushed, paused, killed, absent.
 
 async fn noscript_is_recovered(store: &Store, flush: impl Fn(), p: &str) {
+    // Every script: each must come back after the flush.
+    clear_of_window_edge(DAY).await;
     let ops: Vec<Op> = (0..6)
-        .map(|i| tb(&key(p, &format!("ns{i}")), 5, 5, HOUR, 1))
+        .map(|i| {
+            let k = key(p, &format!("ns{i}"));
+            match i % 3 {
+                0 => tb(&k, 5, 5, HOUR, 1),
+                1 => sw(&k, 5, DAY, 1),
+                _ => fw(&k, 5, DAY, 1),
+            }
+        })
         .collect();
     let first = store.apply(&ops).await.expect("before the flush");
     assert!(first.iter().all(|o| o.allowed && o.remaining == 4));
@@ -850,11 +1050,7 @@ async fn cluster_routes_every_op_of_any_request() {
         let ops: Vec<Op> = (0..1 + rng.next() % 8)
             .map(|i| {
                 let (k, v) = (value(&mut rng), value(&mut rng));
-                let algorithm = if rng.next().is_multiple_of(2) {
-                    Algorithm::TokenBucket
-                } else {
-                    Algorithm::FixedWindow
-                };
+                let algorithm = rng.pick(&Algorithm::ALL);
                 let rate = Rate {
                     requests_per_unit: 50,
                     unit: Unit::Day,
@@ -879,7 +1075,8 @@ async fn cluster_routes_every_op_of_any_request() {
                 slots.insert(keys::cluster_slot(&key));
                 match algorithm {
                     Algorithm::TokenBucket => tb(&key, 50, 50, DAY, 1),
-                    _ => fw(&key, 50, DAY, 1),
+                    Algorithm::FixedWindow => fw(&key, 50, DAY, 1),
+                    Algorithm::SlidingWindow => sw(&key, 50, DAY, 1),
                 }
             })
             .collect();
@@ -925,13 +1122,14 @@ async fn one_evalsha_per_bucket_op() {
     for i in 0..requests {
         let ops: Vec<Op> = (0..ops_per_request)
             .map(|j| {
-                tb(
-                    &key("stat:", &format!("k{}", (i + j) % 7)),
-                    1_000,
-                    1_000,
-                    HOUR,
-                    1,
-                )
+                let k = key("stat:", &format!("k{}", (i + j) % 7));
+                // Both ops of a request on different scripts: every script was loaded at
+                // connect, so none needs an EVAL.
+                if j == 0 {
+                    tb(&k, 1_000, 1_000, HOUR, 1)
+                } else {
+                    sw(&format!("{k}sw"), 1_000, HOUR, 1)
+                }
             })
             .collect();
         store.apply(&ops).await.expect("apply");
@@ -998,4 +1196,45 @@ async fn a_token_bucket_is_one_small_hash() {
     assert!(one(&store, tb(&k, 1, 1_000_000, HOUR, 0)).await.allowed);
     let exists: i64 = redis.cmd(&["EXISTS", &k]);
     assert_eq!(exists, 0, "a full bucket is no key");
+}
+
+/// The size of one sliding window in Redis, with a ~40-byte key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_window_is_one_small_hash() {
+    let redis = TestRedis::start();
+    let store = contract_store(&redis.url()).await;
+    let rate = Rate {
+        requests_per_unit: 100,
+        unit: Unit::Hour,
+        unit_multiplier: 1,
+        burst: 100,
+        algorithm: Algorithm::SlidingWindow,
+    };
+    let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
+    // A check on an unseen key leaves no key behind.
+    assert!(one(&store, sw(&k, 100, HOUR, 0)).await.allowed);
+    let exists: i64 = redis.cmd(&["EXISTS", &k]);
+    assert_eq!(exists, 0, "an empty sliding window is no key");
+    let o = one(&store, sw(&k, 100, HOUR, 1)).await;
+    assert!(o.allowed);
+    let fields: Vec<String> = redis.cmd(&["HKEYS", &k]);
+    assert_eq!(fields, ["w", "p", "c"]);
+    let ttl: i64 = redis.cmd(&["PTTL", &k]);
+    assert!(
+        ttl > 0 && ttl.abs_diff(o.reset_ms as i64) < 1_000 && o.reset_ms > HOUR,
+        "expires when the count has decayed, at the end of the next hour: {ttl} vs {o:?}"
+    );
+    // A check or a refusal rewrites nothing (the state and its TTL are still right).
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    assert!(one(&store, sw(&k, 100, HOUR, 0)).await.allowed);
+    assert!(!one(&store, sw(&k, 100, HOUR, 101)).await.allowed);
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=2,"), "{stats}");
+    assert!(!stats.contains("cmdstat_hset"), "{stats}");
+    let bytes: i64 = redis.cmd(&["MEMORY", "USAGE", &k]);
+    eprintln!(
+        "MEMORY USAGE of a sliding window with a {}-byte key ({k}): {bytes} bytes",
+        k.len()
+    );
+    assert!(bytes <= 120, "{bytes} bytes");
 }

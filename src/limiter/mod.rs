@@ -263,6 +263,10 @@ impl Limiter {
                         limit: u64::from(rate.requests_per_unit),
                         window_ms: rate.window_ms(),
                     },
+                    Algorithm::SlidingWindow => OpKind::SlidingWindow {
+                        limit: u64::from(rate.requests_per_unit),
+                        window_ms: rate.window_ms(),
+                    },
                 };
                 planned.push(Planned {
                     desc: i,
@@ -435,6 +439,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1}
   - key: window
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
+  - key: slide
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window}
 "#;
 
     struct Fixture {
@@ -711,6 +717,23 @@ descriptors:
         f.decide(&r);
         assert_eq!(f.codes(&r), [Code::OverLimit]);
         f.clock.advance_ms(40_000);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+    }
+
+    #[test]
+    fn sliding_window_weighs_the_previous_minute() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("slide", "s")]]);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+        let over = f.decide(&r).statuses[0].clone();
+        assert_eq!(over.code, Code::OverLimit);
+        // 1.7e12 ms is 20 s into a minute: one of the 2 frees 30 s into the next minute.
+        assert_eq!((over.retry_ms, over.reset_ms), (Some(70_000), 100_000));
+        // At the edge, unlike the fixed window, the previous minute still counts in full.
+        f.clock.advance_ms(40_000);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        f.clock.advance_ms(30_000);
         assert_eq!(f.codes(&r), [Code::Ok]);
     }
 

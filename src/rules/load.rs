@@ -690,7 +690,7 @@ impl Cx<'_> {
                     self.error(
                         n.pos,
                         &join(path, "algorithm"),
-                        format!("unknown algorithm '{s}' (expected token_bucket or fixed_window)"),
+                        format!("unknown algorithm '{s}' (expected {})", Algorithm::NAMES),
                     );
                 }
                 a
@@ -712,7 +712,7 @@ impl Cx<'_> {
         let (unit, rpu, algorithm, burst, multiplier) =
             (unit?, rpu?, algorithm?, burst?, multiplier?);
         if burst.is_some()
-            && algorithm == Algorithm::FixedWindow
+            && algorithm != Algorithm::TokenBucket
             && let Some(n) = f.get("burst")
         {
             self.error(
@@ -784,7 +784,7 @@ mod tests {
     #[test]
     fn extensions_resolve_defaults() {
         let set = load(
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 10, burst: 20, class: burst}\n      - {unit: minute, requests_per_unit: 0, unit_multiplier: 5, algorithm: fixed_window}\n",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 10, burst: 20, class: burst}\n      - {unit: minute, requests_per_unit: 0, unit_multiplier: 5, algorithm: fixed_window}\n      - {unit: hour, requests_per_unit: 7, algorithm: sliding_window}\n",
         )
         .unwrap();
         let k = &set.domains["d"].root.bare["k"];
@@ -796,6 +796,11 @@ mod tests {
         assert_eq!(
             (b.window_ms(), b.algorithm, k.limits[1].index),
             (300_000, Algorithm::FixedWindow, 1)
+        );
+        let c = k.limits[2].rate.unwrap();
+        assert_eq!(
+            (c.window_ms(), c.algorithm, c.requests_per_unit),
+            (3_600_000, Algorithm::SlidingWindow, 7)
         );
     }
 
@@ -874,6 +879,25 @@ mod tests {
         ));
         assert_eq!(line, 7);
         assert!(msg.contains("at least 1"), "{msg}");
+        // `burst` is a token-bucket capacity: a window algorithm refuses it.
+        for algorithm in ["fixed_window", "sliding_window"] {
+            let (line, field, msg) = refused(&format!(
+                "{base}      unit: second\n      requests_per_unit: 1\n      algorithm: {algorithm}\n      burst: 5\n"
+            ));
+            assert_eq!(
+                (line, field.as_str()),
+                (8, "descriptors[0].rate_limit.burst")
+            );
+            assert!(msg.contains("token_bucket"), "{msg}");
+        }
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 1\n      algorithm: leaky_bucket\n"
+        ));
+        assert_eq!(line, 7);
+        assert!(
+            msg.contains("expected token_bucket, fixed_window or sliding_window"),
+            "{msg}"
+        );
         // `unlimited` needs no requests_per_unit but refuses a unit.
         assert!(load(&format!("{base}      unlimited: true\n")).is_ok());
         let (line, field, msg) = refused(&format!(

@@ -91,6 +91,9 @@ pub enum Algorithm {
     TokenBucket,
     /// At most `requests_per_unit` per epoch-aligned window (the reference's behaviour).
     FixedWindow,
+    /// At most `requests_per_unit` in any window-long span, estimated from the counts of the
+    /// current and the previous epoch-aligned window (no double burst at a window edge).
+    SlidingWindow,
 }
 
 impl Algorithm {
@@ -98,13 +101,21 @@ impl Algorithm {
         match self {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
         }
     }
 
+    pub const ALL: [Algorithm; 3] = [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ];
+
+    /// The accepted names, for error messages: `token_bucket, fixed_window or sliding_window`.
+    pub const NAMES: &'static str = "token_bucket, fixed_window or sliding_window";
+
     pub fn parse(s: &str) -> Option<Algorithm> {
-        [Algorithm::TokenBucket, Algorithm::FixedWindow]
-            .into_iter()
-            .find(|a| a.name() == s)
+        Algorithm::ALL.into_iter().find(|a| a.name() == s)
     }
 
     /// A short tag that goes into store keys, so two algorithms never share a bucket.
@@ -112,6 +123,7 @@ impl Algorithm {
         match self {
             Algorithm::TokenBucket => "tb",
             Algorithm::FixedWindow => "fw",
+            Algorithm::SlidingWindow => "sw",
         }
     }
 }
@@ -261,5 +273,24 @@ mod tests {
         assert_eq!(Unit::parse("minutes"), None);
         assert_eq!(Unit::Month.seconds(), 2_592_000);
         assert_eq!(Unit::Year.seconds(), 31_536_000);
+    }
+
+    #[test]
+    fn algorithms_parse_by_name_and_have_distinct_key_tags() {
+        for a in Algorithm::ALL {
+            assert_eq!(Algorithm::parse(a.name()), Some(a));
+            assert!(Algorithm::NAMES.contains(a.name()));
+        }
+        assert_eq!(
+            Algorithm::parse("sliding_window"),
+            Some(Algorithm::SlidingWindow)
+        );
+        assert_eq!(Algorithm::parse("Sliding_Window"), None);
+        let tags: std::collections::HashSet<_> =
+            Algorithm::ALL.iter().map(|a| a.key_tag()).collect();
+        assert_eq!(tags.len(), Algorithm::ALL.len());
+        // Settings deserialize the same names.
+        let a: Algorithm = serde_json::from_str("\"sliding_window\"").unwrap();
+        assert_eq!(a, Algorithm::SlidingWindow);
     }
 }

@@ -5,8 +5,10 @@
 //! mutex-guarded shards picked by key hash, so concurrent requests for different keys rarely
 //! contend, and the read-decide-write of one key happens under its shard's lock, so
 //! concurrent takes on one key are exact. Every entry records when it stops mattering (a token
-//! bucket once it has refilled to full, a window once it has ended); [`MemoryStore::sweep`]
-//! drops those, so memory follows the number of *active* keys, not of keys ever seen.
+//! bucket once it has refilled to full, a fixed window once it has ended, a sliding window once
+//! its estimate has decayed to 0); [`MemoryStore::sweep`] drops those, so memory follows the
+//! number of *active* keys, not of keys ever seen. An entry that already equals a fresh bucket
+//! (a check on an unseen sliding window) is not inserted at all.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -14,7 +16,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::{Op, OpKind, Outcome};
 use crate::clock::Clock;
-use crate::limiter::bucket::{self, TokenBucketParams, TokenBucketState, WindowState};
+use crate::limiter::bucket::{
+    self, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
+};
 
 const SHARDS: usize = 64;
 
@@ -36,6 +40,7 @@ struct Entry {
 enum State {
     Token(TokenBucketState),
     Window(WindowState),
+    Sliding(SlidingWindowState),
 }
 
 impl MemoryStore {
@@ -101,9 +106,27 @@ impl MemoryStore {
                     o,
                 )
             }
+            OpKind::SlidingWindow { limit, window_ms } => {
+                let prev = match old {
+                    Some(State::Sliding(s)) => Some(s),
+                    _ => None,
+                };
+                let (s, o) =
+                    bucket::take_sliding(prev, self.clock.wall_ms(), limit, window_ms, op.cost);
+                // reset_ms is when the estimate has decayed to 0 (0 for an empty state).
+                (
+                    Entry {
+                        state: State::Sliding(s),
+                        idle_at_ms: mono.saturating_add(o.reset_ms),
+                    },
+                    o,
+                )
+            }
         };
         match existing {
             Some(e) => *e = entry,
+            // Already idle: equal to a fresh bucket, so storing it would only cost memory.
+            None if entry.idle_at_ms <= mono => {}
             None => {
                 shard.insert(op.key.clone(), entry);
             }
@@ -218,5 +241,42 @@ mod tests {
         assert!(store.is_empty());
         // Swept buckets come back full: dropping them changed no decision.
         assert_eq!(store.apply(&tb("k1", 0, 10, 1000)).remaining, 10);
+    }
+
+    fn sw(key: &str, cost: u64, limit: u64, window_ms: u64) -> Op {
+        Op {
+            key: key.to_string(),
+            kind: OpKind::SlidingWindow { limit, window_ms },
+            cost,
+        }
+    }
+
+    #[test]
+    fn sliding_windows_slide_and_expire_when_decayed() {
+        // 20 s into a minute.
+        let clock = Clock::manual(1_700_000_000_000);
+        let store = MemoryStore::new(clock.clone());
+        assert!(store.apply(&sw("s", 0, 4, 60_000)).allowed);
+        assert!(store.is_empty(), "a check on an unseen key stores nothing");
+        assert!(store.apply(&sw("s", 4, 4, 60_000)).allowed);
+        let o = store.apply(&sw("s", 1, 4, 60_000));
+        assert!(!o.allowed);
+        assert_eq!(
+            (o.retry_ms, o.reset_ms),
+            (Some(55_000), 100_000),
+            "1 unit frees 15 s into the next minute; all 4 at its end"
+        );
+        // The next window, 30 s in: 4 * 0.5 = 2 left.
+        clock.advance_ms(70_000);
+        let o = store.apply(&sw("s", 0, 4, 60_000));
+        assert_eq!((o.remaining, o.reset_ms), (2, 30_000));
+        store.sweep();
+        assert_eq!(store.len(), 1, "not decayed yet");
+        clock.advance_ms(30_000);
+        assert_eq!(store.sweep(), 1, "decayed to 0: dropped");
+        assert_eq!(store.apply(&sw("s", 0, 4, 60_000)).remaining, 4);
+        // The algorithms' states never mix, even on one key.
+        assert!(store.apply(&tb("s", 1, 1, 1000)).allowed);
+        assert_eq!(store.apply(&sw("s", 1, 4, 60_000)).remaining, 3);
     }
 }

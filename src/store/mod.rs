@@ -38,6 +38,10 @@ pub enum OpKind {
         limit: u64,
         window_ms: u64,
     },
+    SlidingWindow {
+        limit: u64,
+        window_ms: u64,
+    },
 }
 
 /// A store failure. `transient` errors (timeouts, lost connections) may succeed on retry and

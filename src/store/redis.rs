@@ -4,9 +4,9 @@
 //! # How a request flows
 //!
 //! [`RedisStore::apply`] gets all bucket ops of one request. Each op becomes one `EVALSHA` of
-//! a script from `lua/` (`token_bucket.lua`, `fixed_window.lua`): the read-decide-write of a
-//! bucket runs atomically inside Redis, on Redis `TIME`, mirroring `limiter::bucket` line for
-//! line. Then:
+//! a script from `lua/` (`token_bucket.lua`, `fixed_window.lua`, `sliding_window.lua`): the
+//! read-decide-write of a bucket runs atomically inside Redis, on Redis `TIME`, mirroring
+//! `limiter::bucket` line for line. Then:
 //!
 //! - **Standalone**: every op of the request goes out as one pipeline on one connection: one
 //!   round trip per request, however many descriptors it has.
@@ -83,6 +83,8 @@ use crate::telemetry::{self, KindLabels, Metrics, OpLabels, StateLabels};
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
 /// `lua/fixed_window.lua`, compiled into the binary.
 pub const FIXED_WINDOW_LUA: &str = include_str!("../../lua/fixed_window.lua");
+/// `lua/sliding_window.lua`, compiled into the binary.
+pub const SLIDING_WINDOW_LUA: &str = include_str!("../../lua/sliding_window.lua");
 
 /// How often the keeper looks at the connections (and pings idle ones).
 const TICK: Duration = Duration::from_secs(1);
@@ -123,6 +125,9 @@ pub enum ScriptCall {
     /// `fixed_window.lua`: limit, window_ms, cost clamped to limit + 1 (same answers, exact
     /// numbers; see the script's header).
     FixedWindow([u64; 3]),
+    /// `sliding_window.lua`: limit, window_ms, cost (unclamped, as for the token bucket:
+    /// refused takes count nothing, so the cost is only compared, never stored).
+    SlidingWindow([u64; 3]),
 }
 
 impl ScriptCall {
@@ -136,6 +141,9 @@ impl ScriptCall {
             OpKind::FixedWindow { limit, window_ms } => {
                 ScriptCall::FixedWindow([limit, window_ms, op.cost.min(limit.saturating_add(1))])
             }
+            OpKind::SlidingWindow { limit, window_ms } => {
+                ScriptCall::SlidingWindow([limit, window_ms, op.cost])
+            }
         }
     }
 
@@ -143,6 +151,7 @@ impl ScriptCall {
         match self {
             ScriptCall::TokenBucket(_) => TOKEN_BUCKET_LUA,
             ScriptCall::FixedWindow(_) => FIXED_WINDOW_LUA,
+            ScriptCall::SlidingWindow(_) => SLIDING_WINDOW_LUA,
         }
     }
 
@@ -150,6 +159,7 @@ impl ScriptCall {
         match self {
             ScriptCall::TokenBucket(a) => a,
             ScriptCall::FixedWindow(a) => a,
+            ScriptCall::SlidingWindow(a) => a,
         }
     }
 }
@@ -159,6 +169,7 @@ impl ScriptCall {
 struct Scripts {
     token_bucket: String,
     fixed_window: String,
+    sliding_window: String,
 }
 
 impl Scripts {
@@ -166,6 +177,9 @@ impl Scripts {
         Scripts {
             token_bucket: redis::Script::new(TOKEN_BUCKET_LUA).get_hash().to_string(),
             fixed_window: redis::Script::new(FIXED_WINDOW_LUA).get_hash().to_string(),
+            sliding_window: redis::Script::new(SLIDING_WINDOW_LUA)
+                .get_hash()
+                .to_string(),
         }
     }
 
@@ -173,6 +187,7 @@ impl Scripts {
         match call {
             ScriptCall::TokenBucket(_) => &self.token_bucket,
             ScriptCall::FixedWindow(_) => &self.fixed_window,
+            ScriptCall::SlidingWindow(_) => &self.sliding_window,
         }
     }
 }
@@ -597,6 +612,7 @@ impl Inner {
             for (source, sha) in [
                 (TOKEN_BUCKET_LUA, &self.scripts.token_bucket),
                 (FIXED_WINDOW_LUA, &self.scripts.fixed_window),
+                (SLIDING_WINDOW_LUA, &self.scripts.sliding_window),
             ] {
                 // On a cluster, SCRIPT LOAD goes to every primary. A refusal (an ACL without
                 // SCRIPT, say) is not fatal: EVALSHA's NOSCRIPT falls back to EVAL.
@@ -1053,6 +1069,18 @@ mod tests {
             ..fw
         };
         assert_eq!(ScriptCall::for_op(&huge).argv()[2], u64::MAX);
+        let sw = Op {
+            key: "k".into(),
+            kind: OpKind::SlidingWindow {
+                limit: 3,
+                window_ms: 60_000,
+            },
+            cost: u64::MAX,
+        };
+        let call = ScriptCall::for_op(&sw);
+        assert_eq!(call.argv(), [3, 60_000, u64::MAX], "sent unclamped");
+        assert_eq!(call.source(), SLIDING_WINDOW_LUA);
+        assert!(SLIDING_WINDOW_LUA.starts_with("-- sliding_window.lua"));
         assert!(TOKEN_BUCKET_LUA.starts_with("-- token_bucket.lua"));
         assert!(FIXED_WINDOW_LUA.starts_with("-- fixed_window.lua"));
     }

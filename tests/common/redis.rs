@@ -9,12 +9,13 @@
 
 #![allow(dead_code)]
 
+use super::{free_port, poll};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a server may take to answer PING, and a cluster to reach `cluster_state:ok`.
 const START_DEADLINE: Duration = Duration::from_secs(20);
@@ -56,28 +57,6 @@ pub fn command<T: ::redis::FromRedisValue>(port: u16, args: &[&str]) -> ::redis:
     let mut conn = connect(port)?;
     let (name, rest) = args.split_first().expect("a command");
     ::redis::cmd(name).arg(rest).query(&mut conn)
-}
-
-/// Polls `f` every 10 ms until it returns `Some` or `timeout` passes.
-pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A loopback port the OS just handed out (free a moment ago).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
 }
 
 /// One `redis-server` process.
