@@ -68,6 +68,9 @@ descriptors:
   - key: tenant
     # High enough that the run measures decisions, not rejections.
     rate_limit: {unit: second, requests_per_unit: 1000000000}
+  # For the MEMORY USAGE probe: an hour-long bucket that stays in Redis.
+  - key: mem
+    rate_limit: {unit: hour, requests_per_unit: 100}
 YAML
 
 # Starts tollgate on store $2; sets GRPC to its gRPC port. (Not a $(…) function: a server
@@ -110,34 +113,56 @@ run() { # label target keys redis-ports…
     "$((after - before))" >> "$RESULTS"
 }
 
-for keys in 1 100000; do
-  run baseline "$NOOP" "$keys"
-  run memory "$MEM" "$keys"
-  run redis "$RED" "$keys" "$RP"
-  run cluster "$CLU" "$keys" "$C1" "$C2" "$C3"
+# Two passes in opposite orders; the table shows each row's better pass (the machine is shared
+# and noisy: the best of two is the steadier estimate of what each path can do).
+for pass in 1 2; do
+  for keys in 1 100000; do
+    if [ $pass = 1 ]; then order="baseline memory redis cluster"; else order="cluster redis memory baseline"; fi
+    for s in $order; do
+      case $s in
+        baseline) run baseline "$NOOP" "$keys" ;;
+        memory) run memory "$MEM" "$keys" ;;
+        redis) run redis "$RED" "$keys" "$RP" ;;
+        cluster) run cluster "$CLU" "$keys" "$C1" "$C2" "$C3" ;;
+      esac
+    done
+  done
 done
 
 # --- memory -----------------------------------------------------------------------------
-KEY=$(redis-cli -p "$RP" --scan --pattern 'tollgate:*' --count 1000 | head -1)
+# One request on an hour-long limit leaves a bucket in Redis to measure.
+"$BIN" bench --target 127.0.0.1:$RED --domain bench --key mem --check-limit 1 --requests 1 >/dev/null
+KEY=$(redis-cli -p "$RP" --scan --pattern '*mem=*' | head -n 1 || true)
 REDIS_BYTES=$(redis-cli -p "$RP" memory usage "$KEY")
-MEMLINE=$(cargo bench -q --bench memory 2>/dev/null | grep '^{' | tail -1 || true)
+echo "bench: memory store, 1,000,000 keys…" >&2
+cargo bench -q --bench memory 2>/dev/null > "$TMP/memory.txt" || true
 
-python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$MEMLINE" <<'PY'
+python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$TMP/memory.txt" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-key, redis_bytes, memline = sys.argv[2], sys.argv[3], sys.argv[4]
-base = {r["keys"]: r["rps"] for r in rows if r["label"] == "baseline"}
+key, redis_bytes = sys.argv[2], sys.argv[3]
+mem = [json.loads(l) for l in open(sys.argv[4]) if l.startswith("{")]
+best = {}
+for r in rows:  # the better of the two passes of each scenario
+    k = (r["label"], r["keys"])
+    if k not in best or r["rps"] > best[k]["rps"]:
+        best[k] = r
 print()
-print(f"| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | script calls / decision |")
-print(f"|---|---|---|---|---|---|---|---|")
-for r in rows:
-    ratio = r["rps"] / base[r["keys"]] if base.get(r["keys"]) else 0
-    decisions = r["requests"] * r["descriptors"]
-    calls = f'{r["script_calls"] / decisions:.2f}' if r["label"] in ("redis", "cluster") and decisions else "–"
-    print(f'| {r["label"]} | {r["keys"]:,} | {r["rps"]:,.0f} | {ratio:.2f} | {r["p50_us"]} | {r["p99_us"]} | {r["errors"]} | {calls} |')
+print("| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | script calls / decision |")
+print("|---|---|---|---|---|---|---|---|")
+for keys in (1, 100000):
+    base = best[("baseline", keys)]["rps"]
+    for label in ("baseline", "memory", "redis", "cluster"):
+        r = best[(label, keys)]
+        decisions = r["total_requests"] * r["descriptors"]
+        calls = f'{r["script_calls"] / decisions:.2f}' if label in ("redis", "cluster") and decisions else "–"
+        print(f'| {label} | {keys:,} | {r["rps"]:,.0f} | {r["rps"] / base:.2f} | {r["p50_us"]} | {r["p99_us"]} | {r["errors"]} | {calls} |')
 print()
 print(f"Redis MEMORY USAGE of one token bucket ({len(key)}-byte key {key}): {redis_bytes} bytes")
-if memline:
-    m = json.loads(memline)
-    print(f'Memory store: {m.get("rss_bytes_per_key")} bytes of RSS per key after {m.get("keys"):,} keys')
+for m in mem:
+    if m.get("bench") == "memory_store":
+        print(f'Memory store: {m["rss_bytes_per_key"]} bytes of RSS per key after {m["keys"]:,} keys')
+    elif m.get("bench") == "allocations_per_request":
+        print(f'Allocations per request, {m["descriptors"]} descriptor(s): to_request {m["to_request"]}, '
+              f'decide {m["decide"]}, to_proto {m["to_proto"]} ({m["to_proto_headers"]} with RateLimit headers)')
 PY

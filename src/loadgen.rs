@@ -60,7 +60,10 @@ pub struct BenchReport {
     pub label: String,
     pub target: String,
     pub seconds: f64,
+    /// Requests answered in the measured window.
     pub requests: u64,
+    /// Every request answered, warm-up included (to relate server-side counters to requests).
+    pub total_requests: u64,
     pub rps: f64,
     pub ok: u64,
     pub over_limit: u64,
@@ -204,6 +207,7 @@ struct Counts {
     over: AtomicU64,
     errors: AtomicU64,
     sent: AtomicU64,
+    total: AtomicU64,
 }
 
 /// Runs the closed-loop load and returns the report.
@@ -237,6 +241,7 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
                 let started = Instant::now();
                 let result = client.should_rate_limit(req).await;
                 let took = started.elapsed();
+                counts.total.fetch_add(1, Ordering::Relaxed);
                 if !recording.load(Ordering::Relaxed) {
                     continue;
                 }
@@ -292,6 +297,7 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
         target: cfg.target.clone(),
         seconds,
         requests,
+        total_requests: counts.total.load(Ordering::Relaxed),
         rps: requests as f64 / seconds.max(1e-9),
         ok: counts.ok.load(Ordering::Relaxed),
         over_limit: counts.over.load(Ordering::Relaxed),

@@ -160,3 +160,35 @@ fn with_tollgate_down_envoy_follows_failure_mode_deny() {
     let r = send(&envoy, "/", "closed");
     assert_eq!(r.status, 500, "{r:?}");
 }
+
+#[test]
+fn through_envoy_on_the_redis_store_the_limit_is_exact() {
+    let redis = common::redis::TestRedis::start();
+    let server = TestServer::builder(&example_rules())
+        .arg("response-headers", "true")
+        .arg("store", &redis.url())
+        .arg("key-prefix", &common::redis::unique_prefix("envoy"))
+        .arg("store-timeout-ms", "200")
+        .start();
+    let envoy = TestEnvoy::start(server.grpc, &[]);
+    // (tenant, /export): 10/hour per tenant, counted in Redis.
+    let (passed, limited) = until_limited(&envoy, "/export", "redis-tenant", 20);
+    assert_eq!(passed, 10, "{}", envoy.log());
+    let limited = limited.unwrap();
+    assert_eq!(limited.status, 429);
+    assert!(limited.header("retry-after").is_some(), "{limited:?}");
+    // The bucket really is in Redis: a second tollgate on the same Redis sees it spent.
+    let second = TestServer::builder(&example_rules())
+        .arg("store", &redis.url())
+        .arg("key-prefix", &server_prefix(&server))
+        .start();
+    let envoy2 = TestEnvoy::start(second.grpc, &[]);
+    assert_eq!(send(&envoy2, "/export", "redis-tenant").status, 429);
+    assert_eq!(send(&envoy2, "/export", "other-tenant").status, 200);
+}
+
+/// The key prefix a running server was started with (from its /config).
+fn server_prefix(server: &TestServer) -> String {
+    let v: serde_json::Value = serde_json::from_str(&get(server.admin, "/config").1).unwrap();
+    v["settings"]["key_prefix"].as_str().unwrap().to_string()
+}

@@ -139,3 +139,14 @@ fn a_malformed_store_url_stops_startup_with_a_clear_error() {
     assert!(err.contains("store"), "{err}");
     assert!(!err.contains("pw"), "the password is not printed: {err}");
 }
+
+#[test]
+fn the_store_password_is_redacted_on_config_and_in_logs() {
+    let port = common::free_port();
+    let server = server(&format!("redis://user:s3cret@127.0.0.1:{port}/0"));
+    let (code, body) = get(server.admin, "/config");
+    assert_eq!(code, 200);
+    assert!(body.contains("redis://user:***@127.0.0.1"), "{body}");
+    assert!(!body.contains("s3cret"), "{body}");
+    assert!(!server.log().contains("s3cret"), "{}", server.log());
+}
