@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Json;
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::rejection::JsonRejection;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -76,18 +76,14 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     )
 }
 
-async fn json_decide(
-    State(s): State<Arc<AdminState>>,
-    body: Result<Json<JsonRequest>, JsonRejection>,
-) -> Response {
-    let req = match body {
-        Ok(Json(req)) => req.into_proto(),
+/// The body is read as JSON whatever its `Content-Type` (`curl -d` sends a form type), as the
+/// reference's `/json` does.
+async fn json_decide(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
+    let req = match serde_json::from_slice::<JsonRequest>(&body) {
+        Ok(req) => req.into_proto(),
         Err(e) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({ "error": e.body_text() })),
-            )
-                .into_response();
+            let error = format!("not a RateLimitRequest in JSON: {e}");
+            return (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response();
         }
     };
     match s.limiter.should_rate_limit(&req).await {
