@@ -194,21 +194,6 @@ fn memory_store(page: u64) {
     assert_eq!(store.len(), 0);
 }
 
-const RULES: &str = r#"
-domain: edge
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-    descriptors:
-      - key: path
-        rate_limit: {unit: second, requests_per_unit: 1000000000}
-  - key: remote_address
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-  - key: plan
-    value: gold
-    rate_limit: {unit: second, requests_per_unit: 1000000000, name: gold, algorithm: fixed_window}
-"#;
-
 /// A request's descriptors, each a list of (key, value) entries.
 type Descriptors<'a> = &'a [&'a [(&'a str, &'a str)]];
 
@@ -223,7 +208,10 @@ fn allocs(n: u64, mut f: impl FnMut()) -> f64 {
 
 fn allocations_per_request() {
     let rules = load_sources(
-        &[(PathBuf::from("bench.yaml"), RULES.to_string())],
+        &[(
+            PathBuf::from("bench.yaml"),
+            common::DECIDE_RULES.to_string(),
+        )],
         LoadOptions::default(),
     )
     .expect("valid rules");

@@ -235,21 +235,6 @@ fn response(c: &mut Criterion) {
     g.finish();
 }
 
-const DECIDE_RULES: &str = r#"
-domain: edge
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-    descriptors:
-      - key: path
-        rate_limit: {unit: second, requests_per_unit: 1000000000}
-  - key: remote_address
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-  - key: plan
-    value: gold
-    rate_limit: {unit: second, requests_per_unit: 1000000000, algorithm: fixed_window}
-"#;
-
 fn descriptors<'a>(entries: &[&[(&'a str, &'a str)]]) -> Vec<RequestDescriptor<'a>> {
     entries
         .iter()
@@ -270,7 +255,7 @@ const FOUR: &[&[(&str, &str)]] = &[
 ];
 
 fn decide(c: &mut Criterion) {
-    let rules = load(DECIDE_RULES);
+    let rules = load(common::DECIDE_RULES);
     // Limits of 10^9/s never run out, so every iteration takes the same (admitted) path on
     // a hot key whose bucket already exists.
     let limiter = common::memory_limiter();

@@ -18,6 +18,23 @@ use tollgate::service::Bounds;
 use tollgate::store::{MemoryStore, Store};
 use tollgate::telemetry::Metrics;
 
+/// Rules for the decision benchmarks: limits of 10^9/s never run out, so every iteration
+/// takes the same (admitted) path on buckets that already exist.
+pub const DECIDE_RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+    descriptors:
+      - key: path
+        rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: plan
+    value: gold
+    rate_limit: {unit: second, requests_per_unit: 1000000000, name: gold, algorithm: fixed_window}
+"#;
+
 /// A request of domain `edge` with one descriptor per entry list.
 pub fn proto(entries: &[&[(&str, &str)]]) -> RateLimitRequest {
     RateLimitRequest {
