@@ -152,12 +152,15 @@ struct ServeArgs {
     /// Log filter, e.g. info or tollgate=debug [env: TOLLGATE_LOG_LEVEL]
     #[arg(long)]
     log_level: Option<String>,
+    /// OTLP/gRPC collector for request spans, e.g. http://collector:4317 [env: TOLLGATE_OTLP_ENDPOINT]
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
 }
 
 impl ServeArgs {
     /// The flags that were given, as (settings key, value).
     fn overrides(&self) -> Vec<(&'static str, String)> {
-        let all: [(&'static str, &Option<String>); 18] = [
+        let all: [(&'static str, &Option<String>); 19] = [
             ("rules", &self.rules),
             ("grpc_addr", &self.grpc_addr),
             ("admin_addr", &self.admin_addr),
@@ -176,6 +179,7 @@ impl ServeArgs {
             ("max_message_bytes", &self.max_message_bytes),
             ("reload_interval_ms", &self.reload_interval_ms),
             ("log_level", &self.log_level),
+            ("otlp_endpoint", &self.otlp_endpoint),
         ];
         debug_assert_eq!(all.len(), settings::KEYS.len());
         all.into_iter()
@@ -299,12 +303,16 @@ fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         env,
         flags: args.overrides(),
     })?;
-    tollgate::telemetry::init_logging(&settings.log_level);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(tollgate::app::run(settings, shutdown_signal()))?;
-    Ok(())
+    runtime.block_on(async {
+        let telemetry = tollgate::telemetry::init(&settings.log_level, &settings.otlp_endpoint)?;
+        let result = tollgate::app::run(settings, shutdown_signal()).await;
+        // Flush the spans still buffered, also after a failed start.
+        telemetry.shutdown();
+        Ok(result?)
+    })
 }
 
 /// Ctrl-C or SIGTERM (what Kubernetes sends).

@@ -55,6 +55,10 @@ pub const KEYS: &[(&str, &str)] = &[
         "how often to look for changed rules files (0: never)",
     ),
     ("log_level", "log filter, e.g. info or tollgate=debug"),
+    (
+        "otlp_endpoint",
+        "OTLP/gRPC collector for request spans, e.g. http://collector:4317 (empty: off)",
+    ),
 ];
 
 /// The effective settings.
@@ -79,6 +83,7 @@ pub struct Settings {
     pub max_message_bytes: usize,
     pub reload_interval_ms: u64,
     pub log_level: String,
+    pub otlp_endpoint: String,
 }
 
 impl Default for Settings {
@@ -102,6 +107,7 @@ impl Default for Settings {
             max_message_bytes: 1 << 20,
             reload_interval_ms: 2_000,
             log_level: "info".to_string(),
+            otlp_endpoint: String::new(),
         }
     }
 }
@@ -204,6 +210,13 @@ impl Settings {
             if v == 0 {
                 return bad(key, "must be at least 1");
             }
+        }
+        let otlp = &self.otlp_endpoint;
+        if !otlp.is_empty() && !otlp.starts_with("http://") {
+            return bad(
+                "otlp_endpoint",
+                "expected http://host:port (OTLP over gRPC; TLS is not built in), or empty for off",
+            );
         }
         if self.grpc_addr == self.admin_addr && self.grpc_addr.port() != 0 {
             return bad("admin_addr", "must differ from grpc_addr");
@@ -319,6 +332,7 @@ mod tests {
             load("grpc_addr", "x")
         );
         assert!(load("default_algorithm", "leaky").contains("default_algorithm"));
+        assert!(load("otlp_endpoint", "collector:4317").contains("otlp_endpoint"));
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //! renders it in the Prometheus text format. Decisions are labelled by `domain`, `class` and
 //! `outcome`: `class` is the rule's `class`, else its `name`, else its key path, never a raw
 //! request value, so the number of series stays bounded by the rules, not by traffic.
+//!
+//! Logs go to stderr through `tracing`. With `otlp_endpoint` set, each `ShouldRateLimit` call is
+//! also a span (domain, descriptor count, result) exported over OTLP/gRPC to a collector.
 
 use std::sync::{Arc, Mutex};
 
@@ -166,17 +169,89 @@ impl Metrics {
     }
 }
 
-/// Starts logging to stderr. `filter` is a `tracing` filter such as `info` or
-/// `tollgate=debug,info`; `RUST_LOG`, when set, wins.
-pub fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(filter))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A second init (tests) is harmless: the first subscriber stays.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+/// The tracing target of the one span per `ShouldRateLimit` call. Only the OTLP exporter
+/// listens to it (the log output never does), so without an endpoint the span costs nothing.
+pub const REQUEST_SPAN_TARGET: &str = "tollgate::request";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("otlp_endpoint: {0}")]
+    Otlp(String),
+    #[error("log_level: {0}")]
+    Filter(String),
+}
+
+/// What [`init`] started; [`Telemetry::shutdown`] flushes the spans still buffered.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Telemetry {
+    pub fn shutdown(self) {
+        // Bounded: an unreachable collector must not hold up the exit.
+        if let Some(p) = self.provider
+            && let Err(e) = p.shutdown_with_timeout(std::time::Duration::from_secs(5))
+        {
+            tracing::warn!("flushing traces at shutdown: {e}");
+        }
+    }
+}
+
+/// Starts logging to stderr and, when `otlp_endpoint` is set (e.g. `http://collector:4317`),
+/// exports one span per request over OTLP/gRPC. `log_filter` is a `tracing` filter such as
+/// `info` or `tollgate=debug,info`; `RUST_LOG`, when set, wins. Call inside a Tokio runtime
+/// (the exporter's gRPC channel runs on it).
+pub fn init(log_filter: &str, otlp_endpoint: &str) -> Result<Telemetry, TelemetryError> {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
+
+    let env = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
+    let filter = EnvFilter::try_new(env.as_deref().unwrap_or(log_filter))
+        .map_err(|e| TelemetryError::Filter(e.to_string()))?
+        .add_directive(
+            format!("{REQUEST_SPAN_TARGET}=off")
+                .parse()
+                .map_err(|e| TelemetryError::Filter(format!("{e}")))?,
+        );
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let (otel, provider) = if otlp_endpoint.is_empty() {
+        (None, None)
+    } else {
+        use opentelemetry_otlp::WithExportConfig;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(otlp_endpoint)
+            .with_timeout(std::time::Duration::from_secs(3))
+            .build()
+            .map_err(|e| TelemetryError::Otlp(e.to_string()))?;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(
+                opentelemetry_sdk::Resource::builder()
+                    .with_service_name("tollgate")
+                    .build(),
+            )
+            .build();
+        let layer = tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("tollgate"))
+            .with_filter(Targets::new().with_target(REQUEST_SPAN_TARGET, LevelFilter::INFO));
+        (Some(layer), Some(provider))
+    };
+    // A second init (tests) is harmless: the first subscriber stays.
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
         .try_init();
+    Ok(Telemetry { provider })
+}
+
+/// Logging only, for tests and tools: [`init`] without an exporter.
+pub fn init_logging(filter: &str) {
+    let _ = init(filter, "");
 }
 
 #[cfg(test)]

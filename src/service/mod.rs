@@ -15,6 +15,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tracing::Instrument;
 
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
@@ -46,13 +47,22 @@ impl RateLimiter {
         req: &RateLimitRequest,
     ) -> Result<RateLimitResponse, tonic::Status> {
         let started = Instant::now();
-        let result = self.decide(req).await;
+        // Exported only when an OTLP endpoint is set (see telemetry.rs); otherwise disabled.
+        let span = tracing::info_span!(
+            target: "tollgate::request",
+            "ShouldRateLimit",
+            domain = %req.domain,
+            descriptors = req.descriptors.len(),
+            result = tracing::field::Empty,
+        );
+        let result = self.decide(req).instrument(span.clone()).await;
         let code = match &result {
             Ok(r) if r.overall_code == PbCode::OverLimit as i32 => "over_limit",
             Ok(_) => "ok",
             Err(s) if s.code() == tonic::Code::InvalidArgument => "invalid",
             Err(_) => "error",
         };
+        span.record("result", code);
         self.metrics
             .requests
             .get_or_create(&RequestLabels { code })
