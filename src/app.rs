@@ -52,6 +52,7 @@ pub async fn run(
     let opts = LoadOptions {
         default_algorithm: settings.default_algorithm,
     };
+    let loaded = rules::reload::fingerprint(&settings.rules);
     let rule_set = rules::load_path(&settings.rules, opts)?;
     for w in &rule_set.warnings {
         tracing::warn!("{w}");
@@ -126,6 +127,7 @@ pub async fn run(
     if settings.reload_interval_ms > 0 {
         tokio::spawn(rules::reload::watch(
             settings.rules.clone(),
+            loaded,
             opts,
             rules,
             metrics,
@@ -152,15 +154,20 @@ pub async fn run(
 
     admin_state.set_ready(true);
     tracing::info!(%grpc_addr, %admin_addr, store = service.limiter.store().name(), "tollgate ready");
-    let (g, a) = tokio::join!(grpc, admin);
-    g.map_err(|e| AppError::Serve {
-        what: "gRPC",
-        message: e.to_string(),
-    })?;
-    a.map_err(|e| AppError::Serve {
-        what: "admin",
-        message: e.to_string(),
-    })?;
+    // If either server fails, stop the other too: a half-alive replica would stay "ready".
+    let grpc = async {
+        grpc.await.map_err(|e| AppError::Serve {
+            what: "gRPC",
+            message: e.to_string(),
+        })
+    };
+    let admin = async {
+        admin.await.map_err(|e| AppError::Serve {
+            what: "admin",
+            message: e.to_string(),
+        })
+    };
+    tokio::try_join!(grpc, admin)?;
     tracing::info!("stopped");
     Ok(())
 }

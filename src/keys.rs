@@ -20,6 +20,11 @@ use crate::rules::Rate;
 /// Longest escaped domain, key or value kept verbatim in a store key.
 pub const MAX_PART: usize = 64;
 
+/// The `index` of a limit that Envoy supplied with the request (`RateLimitDescriptor.limit`):
+/// its key says `ov<requests_per_unit>` instead of a position, so an override never shares a
+/// bucket with the rules' limits on the same entries, nor with an override of another size.
+pub const OVERRIDE_INDEX: usize = usize::MAX;
+
 /// Builds the store key of one bucket.
 ///
 /// `entries` are the descriptor's (key, value) pairs, with shared (`share_threshold`) values
@@ -43,12 +48,12 @@ pub fn bucket_key<'a>(
         push_part(&mut key, v);
     }
     // Writing to a String cannot fail.
-    let _ = write!(
-        key,
-        "|{}:{}:{index}",
-        rate.algorithm.key_tag(),
-        rate.window_ms()
-    );
+    let (tag, window) = (rate.algorithm.key_tag(), rate.window_ms());
+    if index == OVERRIDE_INDEX {
+        let _ = write!(key, "|{tag}:{window}:ov{}", rate.requests_per_unit);
+    } else {
+        let _ = write!(key, "|{tag}:{window}:{index}");
+    }
     if let Some(i) = shard {
         let _ = write!(key, "|#{i}");
     }
@@ -163,6 +168,23 @@ mod tests {
             None,
         );
         assert_eq!(sw, "{d|k=v|sw:60000:0}");
+    }
+
+    #[test]
+    fn overrides_get_their_own_buckets() {
+        let r = rate(Algorithm::TokenBucket);
+        let rule = bucket_key("", "d", [("k", "v")], &r, 0, None);
+        let ov = bucket_key("", "d", [("k", "v")], &r, OVERRIDE_INDEX, None);
+        assert_eq!(ov, "{d|k=v|tb:60000:ov10}");
+        assert_ne!(rule, ov);
+        let bigger = Rate {
+            requests_per_unit: 20,
+            ..r
+        };
+        assert_ne!(
+            ov,
+            bucket_key("", "d", [("k", "v")], &bigger, OVERRIDE_INDEX, None)
+        );
     }
 
     #[test]

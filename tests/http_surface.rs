@@ -242,3 +242,25 @@ async fn oversized_messages_are_refused() {
             .is_ok()
     );
 }
+
+#[tokio::test]
+async fn a_limit_override_never_shares_the_rules_bucket() {
+    // The rule on `bulk` is 10/hour with burst 3; the override is 1/hour, the same unit.
+    let server = TestServer::builder(RULES).start();
+    let mut client = server.client().await;
+    let mut over = request("api", &[&[("bulk", "shared")]]);
+    over.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 3, /* HOUR, the rule's unit too */
+    });
+    client.should_rate_limit(over.clone()).await.unwrap();
+    let r = client.should_rate_limit(over).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // The rule's own bucket for the same entries is untouched: burst 3, 2 left after one.
+    let plain = client
+        .should_rate_limit(request("api", &[&[("bulk", "shared")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(plain.statuses[0].limit_remaining, 2);
+}

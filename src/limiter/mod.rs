@@ -140,7 +140,8 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Ar
         detailed_metric: false,
         replaces: Vec::new(),
         class,
-        index: 0,
+        // Its own bucket, apart from the rules' limits on the same entries (keys.rs).
+        index: keys::OVERRIDE_INDEX,
         origin: crate::rules::model::Origin {
             file: "(request)".into(),
             line: 0,
@@ -314,8 +315,8 @@ impl Limiter {
     }
 
     /// Folds the outcomes of one descriptor's limits into its status: over if any limit is
-    /// over (the first such one is reported, non-shadow first), else the one with the least
-    /// remaining.
+    /// over (the non-shadow one with the longest wait is reported), else the one with the
+    /// least remaining.
     fn descriptor_status(
         &self,
         domain: &Arc<str>,
@@ -342,9 +343,13 @@ impl Limiter {
             }
             return Status::no_limit(u32::MAX);
         }
+        // Over: report the non-shadow limit that keeps the request out longest (a wait that
+        // never ends first), so its reset and Retry-After are the ones that matter.
+        let wait = |o: &Outcome| o.retry_ms.unwrap_or(u64::MAX);
         let (limit, outcome) = counted
             .iter()
-            .find(|(l, o)| !o.allowed && !l.shadow_mode)
+            .filter(|(l, o)| !o.allowed && !l.shadow_mode)
+            .max_by_key(|(_, o)| wait(o))
             .or_else(|| counted.iter().find(|(_, o)| !o.allowed))
             .or_else(|| counted.iter().min_by_key(|(_, o)| o.remaining))
             .copied()
@@ -766,5 +771,23 @@ descriptors:
                 .render()
                 .contains(r#"class="envoy_override",outcome="ok"} 2"#)
         );
+    }
+
+    #[test]
+    fn when_several_limits_are_over_the_longest_wait_is_reported() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("both", "w")]]);
+        // 5/s and 2/hour on one key: after six requests in the same instant both are over.
+        for _ in 0..5 {
+            f.decide(&r);
+        }
+        let s = &f.decide(&r).statuses[0];
+        assert_eq!(s.code, Code::OverLimit);
+        assert_eq!(
+            s.limit.as_ref().map(|l| l.unit),
+            Some(Unit::Hour),
+            "not the 5/s one"
+        );
+        assert_eq!(s.retry_ms, Some(1_800_000), "one of 2/hour, not 200 ms");
     }
 }

@@ -722,6 +722,19 @@ impl Cx<'_> {
             );
             return None;
         }
+        // A bucket that never refills is dropped once idle and would come back full: with no
+        // refill there is nothing a burst could mean but "a few, now and then". Refuse it.
+        if rpu == 0
+            && burst.is_some()
+            && let Some(n) = f.get("burst")
+        {
+            self.error(
+                n.pos,
+                &join(path, "burst"),
+                "needs requests_per_unit above 0 (0 denies everything)",
+            );
+            return None;
+        }
         Some(Rate {
             requests_per_unit: rpu as u32,
             unit,
@@ -874,6 +887,11 @@ mod tests {
             "{base}      unit: second\n      requests_per_unit: ten\n"
         ));
         assert_eq!(line, 6);
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 0\n      burst: 5\n"
+        ));
+        assert_eq!(line, 7);
+        assert!(msg.contains("requests_per_unit above 0"), "{msg}");
         let (line, _, msg) = refused(&format!(
             "{base}      unit: second\n      requests_per_unit: 1\n      burst: 0\n"
         ));

@@ -15,8 +15,11 @@ use super::load::{LoadOptions, load_path};
 use super::model::RuleSet;
 use crate::telemetry::{Metrics, ResultLabels};
 
+/// Size and modification time of each file under the rules path.
+pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+
 /// What identifies the current content of the rules path, cheaply.
-pub fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
+pub fn fingerprint(path: &Path) -> Fingerprint {
     let files = match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => std::fs::read_dir(path)
             .map(|it| {
@@ -38,9 +41,12 @@ pub fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
     out
 }
 
-/// Polls until `shutdown` resolves; returns then.
+/// Polls until `shutdown` resolves; returns then. `loaded` is the fingerprint taken just
+/// *before* the rules in force were read, so an edit made while the service was starting is
+/// picked up at the first tick instead of being missed.
 pub async fn watch(
     path: PathBuf,
+    loaded: Fingerprint,
     opts: LoadOptions,
     rules: Arc<ArcSwap<RuleSet>>,
     metrics: Arc<Metrics>,
@@ -48,7 +54,7 @@ pub async fn watch(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let mut last = fingerprint(&path);
+    let mut last = loaded;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -4,7 +4,8 @@
 //! and `duration_until_reset` (Envoy derives its `x-ratelimit-*` headers from these). With
 //! `response_headers` on, `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` come
 //! from the descriptor the reference would pick (the last non-shadow OVER_LIMIT one, else the
-//! one with the least remaining), plus `Retry-After` on OVER_LIMIT when the cost can ever fit.
+//! one with the least remaining), plus `Retry-After` on OVER_LIMIT: the longest wait of the
+//! over-limit descriptors, left out when one of them can never fit.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -100,11 +101,18 @@ fn rate_limit_headers(decision: &Decision) -> Vec<HeaderValue> {
         header("RateLimit-Remaining", u64::from(s.remaining)),
         header("RateLimit-Reset", ceil_secs(s.reset_ms)),
     ];
-    if decision.overall == Code::OverLimit
-        && s.code == Code::OverLimit
-        && let Some(retry) = s.retry_ms
-    {
-        out.push(header("Retry-After", ceil_secs(retry).max(1)));
+    // The request is admitted again only when every over-limit descriptor has room: wait for
+    // the longest, and promise nothing if one of them can never fit.
+    if decision.overall == Code::OverLimit {
+        let waits: Option<Vec<u64>> = decision
+            .statuses
+            .iter()
+            .filter(|s| s.code == Code::OverLimit)
+            .map(|s| s.retry_ms)
+            .collect();
+        if let Some(longest) = waits.and_then(|w| w.into_iter().max()) {
+            out.push(header("Retry-After", ceil_secs(longest).max(1)));
+        }
     }
     out
 }
@@ -168,8 +176,27 @@ mod tests {
         let h = headers(&d);
         assert!(h.contains(&("RateLimit-Reset".into(), "5".into())), "{h:?}");
         assert!(
-            h.contains(&("Retry-After".into(), "1".into())),
-            "at least 1: {h:?}"
+            h.contains(&("Retry-After".into(), "9".into())),
+            "the longest wait of all over-limit descriptors: {h:?}"
+        );
+        let d = Decision {
+            overall: Code::OverLimit,
+            statuses: vec![st(Code::OverLimit, 0, 100, Some(10))],
+        };
+        assert!(
+            headers(&d).contains(&("Retry-After".into(), "1".into())),
+            "at least 1"
+        );
+        let d = Decision {
+            overall: Code::OverLimit,
+            statuses: vec![
+                st(Code::OverLimit, 0, 100, None),
+                st(Code::OverLimit, 0, 100, Some(10)),
+            ],
+        };
+        assert!(
+            !headers(&d).iter().any(|(k, _)| k == "Retry-After"),
+            "one never fits"
         );
     }
 

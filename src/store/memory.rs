@@ -82,7 +82,7 @@ impl MemoryStore {
                     _ => None,
                 };
                 let (s, o) = bucket::take_token(prev, mono, p, op.cost);
-                let idle_at_ms = mono + bucket::token_idle_after_ms(s, p);
+                let idle_at_ms = mono.saturating_add(bucket::token_idle_after_ms(s, p));
                 (
                     Entry {
                         state: State::Token(s),
@@ -101,7 +101,7 @@ impl MemoryStore {
                 (
                     Entry {
                         state: State::Window(s),
-                        idle_at_ms: mono + o.reset_ms,
+                        idle_at_ms: mono.saturating_add(o.reset_ms),
                     },
                     o,
                 )
