@@ -41,6 +41,9 @@ pub enum AppError {
     Serve { what: &'static str, message: String },
 }
 
+/// How long graceful shutdown waits for clients to close their connections.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
+
 /// How often the store's housekeeping runs (the memory store drops idle buckets).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -101,10 +104,20 @@ pub async fn run(
     });
     {
         let admin_state = admin_state.clone();
+        let drain = Duration::from_millis(settings.drain_ms);
         tokio::spawn(async move {
             shutdown.await;
-            tracing::info!("shutting down: draining requests in flight");
+            // Unready first and keep serving for `drain_ms`, so load balancers and Envoy move
+            // to other replicas before the listeners close; then drain what is in flight.
             admin_state.set_ready(false);
+            if !drain.is_zero() {
+                tracing::info!(
+                    drain_ms = drain.as_millis() as u64,
+                    "shutting down: unready, still serving"
+                );
+                tokio::time::sleep(drain).await;
+            }
+            tracing::info!("shutting down: draining requests in flight");
             let _ = stop_tx.send(true);
         });
     }
@@ -167,7 +180,20 @@ pub async fn run(
             message: e.to_string(),
         })
     };
-    tokio::try_join!(grpc, admin)?;
+    // Graceful shutdown waits for clients to close their connections; one that never does
+    // must not keep the process alive past a bound.
+    let servers = async { tokio::try_join!(grpc, admin).map(|_| ()) };
+    let deadline = async {
+        stopped(stop_rx.clone()).await;
+        tokio::time::sleep(CLOSE_DEADLINE).await;
+    };
+    tokio::select! {
+        result = servers => result?,
+        _ = deadline => tracing::warn!(
+            "connections still open {} s after shutdown began; stopping anyway",
+            CLOSE_DEADLINE.as_secs()
+        ),
+    }
     tracing::info!("stopped");
     Ok(())
 }

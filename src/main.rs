@@ -152,6 +152,9 @@ struct ServeArgs {
     /// Log filter, e.g. info or tollgate=debug [env: TOLLGATE_LOG_LEVEL]
     #[arg(long)]
     log_level: Option<String>,
+    /// After SIGTERM, stay up (unready) this long before closing the listeners [env: TOLLGATE_DRAIN_MS]
+    #[arg(long)]
+    drain_ms: Option<String>,
     /// OTLP/gRPC collector for request spans, e.g. http://collector:4317 [env: TOLLGATE_OTLP_ENDPOINT]
     #[arg(long)]
     otlp_endpoint: Option<String>,
@@ -160,7 +163,7 @@ struct ServeArgs {
 impl ServeArgs {
     /// The flags that were given, as (settings key, value).
     fn overrides(&self) -> Vec<(&'static str, String)> {
-        let all: [(&'static str, &Option<String>); 19] = [
+        let all: [(&'static str, &Option<String>); 20] = [
             ("rules", &self.rules),
             ("grpc_addr", &self.grpc_addr),
             ("admin_addr", &self.admin_addr),
@@ -179,6 +182,7 @@ impl ServeArgs {
             ("max_message_bytes", &self.max_message_bytes),
             ("reload_interval_ms", &self.reload_interval_ms),
             ("log_level", &self.log_level),
+            ("drain_ms", &self.drain_ms),
             ("otlp_endpoint", &self.otlp_endpoint),
         ];
         debug_assert_eq!(all.len(), settings::KEYS.len());

@@ -56,6 +56,10 @@ pub const KEYS: &[(&str, &str)] = &[
     ),
     ("log_level", "log filter, e.g. info or tollgate=debug"),
     (
+        "drain_ms",
+        "after SIGTERM: how long to stay up, unready, before closing the listeners",
+    ),
+    (
         "otlp_endpoint",
         "OTLP/gRPC collector for request spans, e.g. http://collector:4317 (empty: off)",
     ),
@@ -83,6 +87,7 @@ pub struct Settings {
     pub max_message_bytes: usize,
     pub reload_interval_ms: u64,
     pub log_level: String,
+    pub drain_ms: u64,
     pub otlp_endpoint: String,
 }
 
@@ -107,6 +112,7 @@ impl Default for Settings {
             max_message_bytes: 1 << 20,
             reload_interval_ms: 2_000,
             log_level: "info".to_string(),
+            drain_ms: 0,
             otlp_endpoint: String::new(),
         }
     }

@@ -392,3 +392,25 @@ async fn concurrent_clients_on_one_key_are_admitted_exactly_the_limit() {
     }
     assert_eq!(admitted, 50, "200 requests on a 50/hour key");
 }
+
+// Multi-threaded: the client must handle the server's GOAWAY while this thread waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_drain_ms_sigterm_unreadies_first_and_keeps_serving() {
+    let mut server = TestServer::builder(RULES).arg("drain-ms", "1500").start();
+    let mut client = server.client().await;
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(server.pid().to_string())
+        .status();
+    let unready = poll(Duration::from_secs(5), || {
+        (get(server.admin, "/readyz").0 == 503).then_some(())
+    });
+    assert!(unready.is_some(), "{}", server.log());
+    // Still answering while unready.
+    let r = client
+        .should_rate_limit(request("edge", &[&[("tenant", "drain")]]))
+        .await;
+    assert!(r.is_ok(), "{r:?}");
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.log());
+}
