@@ -50,6 +50,24 @@ impl TraceService for Collector {
     }
 }
 
+/// Starts tollgate exporting to `endpoint` (1/hour on one key) and sends it three requests:
+/// one OK, then two over the limit.
+async fn three_requests(endpoint: &str) -> TestServer {
+    let tollgate = TestServer::builder(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .arg("otlp-endpoint", endpoint)
+    .start();
+    let mut client = tollgate.client().await;
+    for _ in 0..3 {
+        client
+            .should_rate_limit(request("d", &[&[("k", "v")]]))
+            .await
+            .unwrap();
+    }
+    tollgate
+}
+
 // Multi-threaded: the collector must keep answering while this thread waits for the exit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_spans_reach_the_collector_and_are_flushed_on_shutdown() {
@@ -63,18 +81,7 @@ async fn request_spans_reach_the_collector_and_are_flushed_on_shutdown() {
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
     );
 
-    let mut tollgate = TestServer::builder(
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
-    )
-    .arg("otlp-endpoint", &format!("http://{addr}"))
-    .start();
-    let mut client = tollgate.client().await;
-    for _ in 0..3 {
-        client
-            .should_rate_limit(request("d", &[&[("k", "v")]]))
-            .await
-            .unwrap();
-    }
+    let mut tollgate = three_requests(&format!("http://{addr}")).await;
     // SIGTERM flushes what the batch exporter still holds.
     let status = tollgate.terminate();
     assert!(status.success(), "{}", tollgate.log());
@@ -110,18 +117,7 @@ async fn request_spans_reach_the_collector_and_are_flushed_on_shutdown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_collector_costs_requests_nothing_and_does_not_hold_up_the_exit() {
     let port = common::free_port();
-    let mut tollgate = TestServer::builder(
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
-    )
-    .arg("otlp-endpoint", &format!("http://127.0.0.1:{port}"))
-    .start();
-    let mut client = tollgate.client().await;
-    for _ in 0..3 {
-        client
-            .should_rate_limit(request("d", &[&[("k", "v")]]))
-            .await
-            .unwrap();
-    }
+    let mut tollgate = three_requests(&format!("http://127.0.0.1:{port}")).await;
     let started = std::time::Instant::now();
     let status = tollgate.terminate();
     assert!(status.success(), "{}", tollgate.log());
