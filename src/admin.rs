@@ -3,7 +3,7 @@
 //! | route          | answer |
 //! |----------------|--------|
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
-//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining; the body names the store |
+//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining; a JSON body: status, rules (domains, limits), store (kind, state) |
 //! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry.rs` |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit |
@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use crate::service::RateLimiter;
+use crate::service::Handler;
 use crate::service::json::{JsonRequest, JsonResponse, RulesView};
 use crate::settings::Settings;
 
@@ -32,7 +32,7 @@ use crate::settings::Settings;
 #[derive(Debug)]
 pub struct AdminState {
     pub ready: AtomicBool,
-    pub limiter: Arc<RateLimiter>,
+    pub handler: Arc<Handler>,
     /// Already redacted: shown as is on `/config`.
     pub settings: Settings,
 }
@@ -53,17 +53,25 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .with_state(state)
 }
 
+/// 200 when ready, 503 before and while draining; the body says why, in JSON:
+/// `{"status", "rules": {"domains", "limits"}, "store": {"kind", "state"}}`. Later features
+/// (fallback, fleet membership) add their own objects.
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
-    let store = s.limiter.limiter.store();
-    if s.ready.load(Ordering::SeqCst) {
-        // The store's state is information, not a condition: see the module doc.
-        (
-            StatusCode::OK,
-            format!("ready\nstore: {} {}\n", store.name(), store.state()),
-        )
+    let store = s.handler.limiter.store();
+    let (domains, _, limits) = s.handler.rules.load().counts();
+    let ready = s.ready.load(Ordering::SeqCst);
+    // The store's state is information, not a condition: see the module doc.
+    let body = json!({
+        "status": if ready { "ready" } else { "not ready" },
+        "rules": { "domains": domains, "limits": limits },
+        "store": { "kind": store.name(), "state": store.state() },
+    });
+    let code = if ready {
+        StatusCode::OK
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string())
-    }
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body))
 }
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
@@ -72,7 +80,7 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.limiter.metrics.render(),
+        s.handler.metrics.render(),
     )
 }
 
@@ -86,7 +94,7 @@ async fn json_decide(State(s): State<Arc<AdminState>>, body: Bytes) -> Response 
             return (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response();
         }
     };
-    match s.limiter.should_rate_limit(&req).await {
+    match s.handler.should_rate_limit(&req).await {
         Ok(resp) => {
             let out = JsonResponse::from_proto(&resp);
             let code = if out.is_over_limit() {
@@ -108,11 +116,11 @@ async fn json_decide(State(s): State<Arc<AdminState>>, body: Bytes) -> Response 
 }
 
 async fn config(State(s): State<Arc<AdminState>>) -> Response {
-    let rules = s.limiter.rules.load();
+    let rules = s.handler.rules.load();
     Json(json!({
         "settings": s.settings,
-        "store": s.limiter.limiter.store().name(),
-        "store_state": s.limiter.limiter.store().state(),
+        "store": s.handler.limiter.store().name(),
+        "store_state": s.handler.limiter.store().state(),
         "rules": RulesView::new(&rules),
     }))
     .into_response()

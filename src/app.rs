@@ -1,9 +1,11 @@
 //! Wiring: settings → rules, store, limiter → the gRPC and admin servers, until shutdown.
 //!
-//! [`run`] takes the shutdown signal as a future (as mini-redis does), so tests and `main`
-//! decide when to stop. Order matters: the rules are loaded and both ports bound before
-//! `/readyz` turns 200; on shutdown readiness drops first, then both servers drain the
-//! requests in flight.
+//! [`serve`] takes listeners that are already bound, the clock and the shutdown signal as a
+//! future (as mini-redis does), so tests bind port 0 themselves, drive time where it helps and
+//! decide when to stop; [`run`] binds the configured addresses and calls it (what `tollgate
+//! serve` does). Order matters: the rules are loaded and both ports bound before `/readyz`
+//! turns 200; on shutdown readiness drops first, then both servers drain the requests in
+//! flight.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -20,9 +22,9 @@ use crate::clock::Clock;
 use crate::limiter::{Limiter, LimiterConfig};
 use crate::rules::{self, LoadOptions, RulesError};
 use crate::service::rls::Rls;
-use crate::service::{Bounds, RateLimiter};
+use crate::service::{Bounds, Handler};
 use crate::settings::Settings;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,10 +37,31 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("store: {0}")]
-    Store(String),
-    #[error("{what} server failed: {message}")]
-    Serve { what: &'static str, message: String },
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[source] tonic::transport::Error),
+    #[error("admin server failed: {0}")]
+    Admin(#[source] std::io::Error),
+}
+
+/// The two listeners tollgate serves on, bound by the caller.
+#[derive(Debug)]
+pub struct Listeners {
+    /// Envoy's RateLimitService (gRPC) and `grpc.health.v1`.
+    pub grpc: TcpListener,
+    /// The admin HTTP port (see `admin.rs`).
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    /// Binds both addresses of the settings.
+    pub async fn bind(settings: &Settings) -> Result<Listeners, AppError> {
+        Ok(Listeners {
+            grpc: bind("gRPC", settings.grpc_addr).await?,
+            admin: bind("admin", settings.admin_addr).await?,
+        })
+    }
 }
 
 /// How long graceful shutdown waits for clients to close their connections.
@@ -47,27 +70,66 @@ const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
 /// How often the store's housekeeping runs (the memory store drops idle buckets).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// Runs tollgate until `shutdown` resolves.
+/// Runs tollgate on the configured addresses with the system clock until `shutdown` resolves.
 pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AppError> {
-    let opts = LoadOptions {
-        default_algorithm: settings.default_algorithm,
-    };
-    let loaded = rules::reload::fingerprint(&settings.rules);
-    let rule_set = rules::load_path(&settings.rules, opts)?;
-    for w in &rule_set.warnings {
+    // Rules first: a broken rules file is reported before any port is taken.
+    let rules = load_rules(&settings)?;
+    let listeners = Listeners::bind(&settings).await?;
+    serve_loaded(listeners, settings, rules, Clock::system(), shutdown).await
+}
+
+/// Runs tollgate on `listeners` until `shutdown` resolves. `clock` is the time source of the
+/// memory store (the Redis store uses Redis `TIME`).
+pub async fn serve(
+    listeners: Listeners,
+    settings: Settings,
+    clock: Clock,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AppError> {
+    let rules = load_rules(&settings)?;
+    serve_loaded(listeners, settings, rules, clock, shutdown).await
+}
+
+/// The rules at startup, and the fingerprint taken just before reading them (see `reload.rs`).
+struct LoadedRules {
+    set: rules::RuleSet,
+    fingerprint: rules::reload::Fingerprint,
+}
+
+fn load_rules(settings: &Settings) -> Result<LoadedRules, AppError> {
+    let fingerprint = rules::reload::fingerprint(&settings.rules);
+    let set = rules::load_path(&settings.rules, load_options(settings))?;
+    for w in &set.warnings {
         tracing::warn!("{w}");
     }
-    let (domains, _, limits) = rule_set.counts();
+    let (domains, _, limits) = set.counts();
     tracing::info!(path = %settings.rules.display(), domains, limits, "rules loaded");
-    let metrics = Arc::new(Metrics::new());
-    metrics.rules_loaded.set(limits as i64);
-    let rules = Arc::new(ArcSwap::from_pointee(rule_set));
+    Ok(LoadedRules { set, fingerprint })
+}
 
-    let clock = Clock::system();
-    let store = build_store(&settings, clock, &metrics).await?;
+fn load_options(settings: &Settings) -> LoadOptions {
+    LoadOptions {
+        default_algorithm: settings.default_algorithm,
+    }
+}
+
+async fn serve_loaded(
+    listeners: Listeners,
+    settings: Settings,
+    loaded: LoadedRules,
+    clock: Clock,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AppError> {
+    let metrics = Arc::new(Metrics::new());
+    metrics.rules_loaded.set(loaded.set.counts().2 as i64);
+    let rules = Arc::new(ArcSwap::from_pointee(loaded.set));
+
+    // A Redis that is down at startup is not an error (the store reconnects in the background
+    // and requests get UNAVAILABLE meanwhile); a bad URL is.
+    let store = Store::connect(&settings, clock, &metrics).await?;
     let limiter = Limiter::new(
         store,
         LimiterConfig {
@@ -77,7 +139,7 @@ pub async fn run(
         },
         metrics.clone(),
     );
-    let service = Arc::new(RateLimiter {
+    let handler = Arc::new(Handler {
         rules: rules.clone(),
         limiter,
         metrics: metrics.clone(),
@@ -89,17 +151,28 @@ pub async fn run(
         },
         response_headers: settings.response_headers,
     });
-
-    let grpc_listener = bind("gRPC", settings.grpc_addr).await?;
-    let admin_listener = bind("admin", settings.admin_addr).await?;
-    let grpc_addr = grpc_listener.local_addr().unwrap_or(settings.grpc_addr);
-    let admin_addr = admin_listener.local_addr().unwrap_or(settings.admin_addr);
+    let grpc_addr = listeners
+        .grpc
+        .local_addr()
+        .map_err(|source| AppError::Bind {
+            what: "gRPC",
+            addr: settings.grpc_addr,
+            source,
+        })?;
+    let admin_addr = listeners
+        .admin
+        .local_addr()
+        .map_err(|source| AppError::Bind {
+            what: "admin",
+            addr: settings.admin_addr,
+            source,
+        })?;
 
     // One shutdown signal fanned out to every task.
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin_state = Arc::new(AdminState {
         ready: false.into(),
-        limiter: service.clone(),
+        handler: handler.clone(),
         settings: settings.redacted(),
     });
     {
@@ -123,7 +196,7 @@ pub async fn run(
     }
 
     {
-        let service = service.clone();
+        let handler = handler.clone();
         let stop = stopped(stop_rx.clone());
         tokio::spawn(async move {
             tokio::pin!(stop);
@@ -133,15 +206,15 @@ pub async fn run(
                     _ = &mut stop => return,
                     _ = tick.tick() => {}
                 }
-                service.limiter.store().maintain();
+                handler.limiter.store().maintain();
             }
         });
     }
     if settings.reload_interval_ms > 0 {
         tokio::spawn(rules::reload::watch(
             settings.rules.clone(),
-            loaded,
-            opts,
+            loaded.fingerprint,
+            load_options(&settings),
             rules,
             metrics,
             Duration::from_millis(settings.reload_interval_ms),
@@ -153,33 +226,23 @@ pub async fn run(
     health_reporter
         .set_serving::<RateLimitServiceServer<Rls>>()
         .await;
-    let rls = RateLimitServiceServer::new(Rls(service.clone()))
+    let rls = RateLimitServiceServer::new(Rls(handler.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(rls)
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
             stopped(stop_rx.clone()),
         );
-    let admin = axum::serve(admin_listener, admin::router(admin_state.clone()))
+    let admin = axum::serve(listeners.admin, admin::router(admin_state.clone()))
         .with_graceful_shutdown(stopped(stop_rx.clone()));
 
     admin_state.set_ready(true);
-    tracing::info!(%grpc_addr, %admin_addr, store = service.limiter.store().name(), "tollgate ready");
+    tracing::info!(%grpc_addr, %admin_addr, store = handler.limiter.store().name(), "tollgate ready");
     // If either server fails, stop the other too: a half-alive replica would stay "ready".
-    let grpc = async {
-        grpc.await.map_err(|e| AppError::Serve {
-            what: "gRPC",
-            message: e.to_string(),
-        })
-    };
-    let admin = async {
-        admin.await.map_err(|e| AppError::Serve {
-            what: "admin",
-            message: e.to_string(),
-        })
-    };
+    let grpc = async { grpc.await.map_err(AppError::Grpc) };
+    let admin = async { admin.await.map_err(AppError::Admin) };
     // Graceful shutdown waits for clients to close their connections; one that never does
     // must not keep the process alive past a bound.
     let servers = async { tokio::try_join!(grpc, admin).map(|_| ()) };
@@ -198,18 +261,6 @@ pub async fn run(
     Ok(())
 }
 
-/// The store the settings name. A Redis that is down at startup is not an error (the store
-/// reconnects in the background and requests get UNAVAILABLE meanwhile); a bad URL is.
-async fn build_store(
-    settings: &Settings,
-    clock: Clock,
-    metrics: &Metrics,
-) -> Result<Store, AppError> {
-    Store::connect(settings, clock, metrics)
-        .await
-        .map_err(|e| AppError::Store(e.message))
-}
-
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {
     TcpListener::bind(addr)
         .await
@@ -219,4 +270,26 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppEr
 /// Resolves once the shutdown flag is set (or its sender is gone).
 async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends): the shutdown signal of `serve`.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
 }

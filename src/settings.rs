@@ -14,108 +14,102 @@ use serde::{Deserialize, Serialize};
 
 use crate::rules::Algorithm;
 
-/// Every setting: (key, help). The README's settings table lists the same.
-pub const KEYS: &[(&str, &str)] = &[
-    ("rules", "rules file or directory of *.yaml/*.yml files"),
-    ("grpc_addr", "address of the Envoy RateLimitService (gRPC)"),
-    (
-        "admin_addr",
-        "address of the admin HTTP port (/healthz /readyz /metrics /config /json)",
-    ),
-    (
-        "store",
-        "`memory`, or redis://… / redis+cluster://… (see README)",
-    ),
-    (
-        "default_algorithm",
-        "token_bucket, fixed_window or sliding_window, for limits that name none",
-    ),
-    (
-        "shadow_mode",
-        "global shadow mode: the overall code is always OK",
-    ),
-    (
-        "response_headers",
-        "add RateLimit-* and Retry-After to responses",
-    ),
-    ("key_prefix", "prefix of every store key"),
-    ("store_pool_size", "connections to the store"),
-    (
-        "store_connect_timeout_ms",
-        "timeout to connect to the store",
-    ),
-    ("store_timeout_ms", "timeout of one store call"),
-    ("max_descriptors", "most descriptors in one request"),
-    ("max_entries", "most entries in one descriptor"),
-    ("max_key_bytes", "longest descriptor key"),
-    ("max_value_bytes", "longest descriptor value"),
-    ("max_message_bytes", "largest gRPC request message"),
-    (
-        "reload_interval_ms",
-        "how often to look for changed rules files (0: never)",
-    ),
-    ("log_level", "log filter, e.g. info or tollgate=debug"),
-    (
-        "drain_ms",
-        "after SIGTERM: how long to stay up, unready, before closing the listeners",
-    ),
-    (
-        "otlp_endpoint",
-        "OTLP/gRPC collector for request spans, e.g. http://collector:4317 (empty: off)",
-    ),
-];
-
-/// The effective settings.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Settings {
-    pub rules: PathBuf,
-    pub grpc_addr: SocketAddr,
-    pub admin_addr: SocketAddr,
-    pub store: String,
-    pub default_algorithm: Algorithm,
-    pub shadow_mode: bool,
-    pub response_headers: bool,
-    pub key_prefix: String,
-    pub store_pool_size: usize,
-    pub store_connect_timeout_ms: u64,
-    pub store_timeout_ms: u64,
-    pub max_descriptors: usize,
-    pub max_entries: usize,
-    pub max_key_bytes: usize,
-    pub max_value_bytes: usize,
-    pub max_message_bytes: usize,
-    pub reload_interval_ms: u64,
-    pub log_level: String,
-    pub drain_ms: u64,
-    pub otlp_endpoint: String,
+/// One setting as the schema declares it: everything else (flag, variable, file key, the
+/// `/config` row, the README table check) is derived from it.
+#[derive(Clone, Copy, Debug)]
+pub struct Key {
+    /// The file key, e.g. `store_timeout_ms`.
+    pub name: &'static str,
+    /// One line for `--help` and the README.
+    pub doc: &'static str,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            rules: PathBuf::from("/etc/tollgate/rules"),
-            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
-            admin_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
-            store: "memory".to_string(),
-            default_algorithm: Algorithm::TokenBucket,
-            shadow_mode: false,
-            response_headers: false,
-            key_prefix: "tollgate:".to_string(),
-            store_pool_size: 8,
-            store_connect_timeout_ms: 1_000,
-            store_timeout_ms: 10,
-            max_descriptors: 64,
-            max_entries: 16,
-            max_key_bytes: 256,
-            max_value_bytes: 4_096,
-            max_message_bytes: 1 << 20,
-            reload_interval_ms: 2_000,
-            log_level: "info".to_string(),
-            drain_ms: 0,
-            otlp_endpoint: String::new(),
+impl Key {
+    /// The flag without its dashes: `store-timeout-ms`.
+    pub fn flag(&self) -> String {
+        self.name.replace('_', "-")
+    }
+
+    /// `TOLLGATE_STORE_TIMEOUT_MS`.
+    pub fn env(&self) -> String {
+        format!("TOLLGATE_{}", self.name.to_ascii_uppercase())
+    }
+
+    /// The default as text, as the README's table shows it (`(empty)` for an empty string).
+    pub fn default_text(&self) -> String {
+        let defaults = serde_json::to_value(Settings::default()).unwrap_or_default();
+        match defaults.get(self.name) {
+            Some(serde_json::Value::String(s)) if s.is_empty() => "(empty)".to_string(),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => String::new(),
         }
     }
+}
+
+/// Declares every setting once: `name: type = default, "doc";`. Expands to the [`Settings`]
+/// struct, its `Default` and [`KEYS`]; the flag, the variable and the file key are the name.
+macro_rules! settings {
+    ($( $name:ident : $ty:ty = $default:expr, $doc:literal; )*) => {
+        /// The effective settings.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct Settings {
+            $( #[doc = $doc] pub $name: $ty, )*
+        }
+
+        impl Default for Settings {
+            fn default() -> Self {
+                Settings { $( $name: $default, )* }
+            }
+        }
+
+        /// Every setting, in the order of `--help` and the README table.
+        pub const KEYS: &[Key] = &[ $( Key { name: stringify!($name), doc: $doc }, )* ];
+    };
+}
+
+settings! {
+    rules: PathBuf = PathBuf::from("/etc/tollgate/rules"),
+        "rules file or directory of *.yaml/*.yml files";
+    grpc_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8081)),
+        "address of the Envoy RateLimitService (gRPC)";
+    admin_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8080)),
+        "address of the admin HTTP port (/healthz /readyz /metrics /config /json)";
+    store: String = "memory".to_string(),
+        "`memory`, or redis://… / redis+cluster://… (see README)";
+    default_algorithm: Algorithm = Algorithm::TokenBucket,
+        "token_bucket, fixed_window or sliding_window, for limits that name none";
+    shadow_mode: bool = false,
+        "global shadow mode: the overall code is always OK";
+    response_headers: bool = false,
+        "add RateLimit-* and Retry-After to responses";
+    key_prefix: String = "tollgate:".to_string(),
+        "prefix of every store key";
+    store_pool_size: usize = 8,
+        "connections to the store";
+    store_connect_timeout_ms: u64 = 1_000,
+        "timeout to connect to the store";
+    store_timeout_ms: u64 = 10,
+        "timeout of one store call";
+    max_descriptors: usize = 64,
+        "most descriptors in one request";
+    max_entries: usize = 16,
+        "most entries in one descriptor";
+    max_key_bytes: usize = 256,
+        "longest descriptor key";
+    max_value_bytes: usize = 4_096,
+        "longest descriptor value";
+    max_message_bytes: usize = 1 << 20,
+        "largest gRPC request message";
+    reload_interval_ms: u64 = 2_000,
+        "how often to look for changed rules files (0: never)";
+    log_level: String = "info".to_string(),
+        "log filter, e.g. info or tollgate=debug";
+    drain_ms: u64 = 0,
+        "after SIGTERM: how long to stay up, unready, before closing the listeners";
+    otlp_endpoint: String = String::new(),
+        "OTLP/gRPC collector for request spans, e.g. http://collector:4317 (empty: off)";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -147,12 +141,87 @@ pub fn from_env(
         .map(PathBuf::from);
     let vars = KEYS
         .iter()
-        .filter_map(|(key, _)| {
-            let v = get(&format!("TOLLGATE_{}", key.to_ascii_uppercase()))?;
-            (!v.is_empty()).then_some((*key, v))
+        .filter_map(|key| {
+            let v = get(&key.env())?;
+            (!v.is_empty()).then_some((key.name, v))
         })
         .collect();
     (file, vars)
+}
+
+/// The flags of `tollgate serve`, built from [`KEYS`]: `--config FILE` and one
+/// `--<key-with-dashes> VALUE` per setting. No clap defaults and no clap `env`: a clap default
+/// would beat the file, and clap passes an empty variable through as a value; the layering
+/// (flag > env > file > default) is [`Settings::load`]'s job.
+#[derive(Clone, Debug, Default)]
+pub struct ServeArgs {
+    /// `--config`: the YAML settings file.
+    pub config: Option<PathBuf>,
+    /// `(key, value)` of the flags that were given.
+    pub flags: Vec<(&'static str, String)>,
+}
+
+impl ServeArgs {
+    /// The sources of the settings: these flags, the documented `TOLLGATE_*` variables read
+    /// through `get`, and the file (`--config`, else `TOLLGATE_CONFIG`).
+    pub fn sources(self, get: impl Fn(&str) -> Option<String>) -> Sources {
+        let (env_file, env) = from_env(get);
+        Sources {
+            file: self.config.or(env_file),
+            env,
+            flags: self.flags,
+        }
+    }
+}
+
+impl clap::FromArgMatches for ServeArgs {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut args = ServeArgs::default();
+        args.update_from_arg_matches(matches)?;
+        Ok(args)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        if let Some(file) = matches.get_one::<PathBuf>("config") {
+            self.config = Some(file.clone());
+        }
+        for key in KEYS {
+            if let Some(value) = matches.get_one::<String>(key.name) {
+                self.flags.push((key.name, value.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for ServeArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        use clap::{Arg, value_parser};
+        cmd.arg(
+            Arg::new("config")
+                .long("config")
+                .value_name("FILE")
+                .value_parser(value_parser!(PathBuf))
+                .help(
+                    "YAML settings file with the same keys as these flags [env: TOLLGATE_CONFIG]",
+                ),
+        )
+        .args(KEYS.iter().map(|key| {
+            Arg::new(key.name)
+                .long(key.flag())
+                .value_name("VALUE")
+                .help(format!(
+                    "{} [env: {}] [default: {}]",
+                    key.doc,
+                    key.env(),
+                    key.default_text()
+                ))
+        }))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 impl Settings {
@@ -273,9 +342,8 @@ mod tests {
 
     #[test]
     fn precedence_is_flag_then_env_then_file_then_default() {
-        let dir = std::env::temp_dir().join(format!("tollgate-settings-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("tollgate.yaml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tollgate.yaml");
         std::fs::write(
             &file,
             "store_timeout_ms: 7\nmax_entries: 3\nshadow_mode: true\nkey_prefix: file\n",
@@ -299,7 +367,6 @@ mod tests {
         assert!(s.shadow_mode);
         assert_eq!(s.grpc_addr, "127.0.0.1:9001".parse().unwrap());
         assert_eq!(s.max_descriptors, 64, "default");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -343,10 +410,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_in_the_file_are_errors() {
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-settings-bad-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("s.yaml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.yaml");
         std::fs::write(&file, "store_timeout: 5\n").unwrap();
         let err = Settings::load(&Sources {
             file: Some(file),
@@ -354,7 +419,80 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("store_timeout"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn flags_are_derived_from_the_schema() {
+        use clap::{Args, FromArgMatches};
+        let cmd = ServeArgs::augment_args(clap::Command::new("serve"));
+        let m = cmd
+            .try_get_matches_from([
+                "serve",
+                "--store-timeout-ms",
+                "7",
+                "--config",
+                "/x.yaml",
+                "--otlp-endpoint",
+                "",
+            ])
+            .unwrap();
+        let args = ServeArgs::from_arg_matches(&m).unwrap();
+        assert_eq!(args.config, Some(PathBuf::from("/x.yaml")));
+        assert_eq!(
+            args.flags,
+            vec![
+                ("store_timeout_ms", "7".to_string()),
+                ("otlp_endpoint", String::new())
+            ]
+        );
+        // Every key has its flag; nothing else is accepted.
+        let cmd = ServeArgs::augment_args(clap::Command::new("serve"));
+        for key in KEYS {
+            let flag = format!("--{}", key.flag());
+            assert!(
+                cmd.clone()
+                    .try_get_matches_from(["serve", &flag, "1"])
+                    .is_ok(),
+                "{flag}"
+            );
+        }
+        assert!(cmd.try_get_matches_from(["serve", "--stor", "x"]).is_err());
+    }
+
+    /// The README's settings table lists exactly the schema's keys with their defaults, so the
+    /// docs cannot drift from the code.
+    #[test]
+    fn the_readme_settings_table_matches_the_schema() {
+        let readme = include_str!("../README.md");
+        let section = readme
+            .split("\n## Settings\n")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("README has a Settings section");
+        let rows: Vec<(String, String)> = section
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                let strip = |c: &str| c.trim_matches(['|', ' ', '`']).to_string();
+                (strip(cells[0]), strip(cells.get(1).copied().unwrap_or("")))
+            })
+            .collect();
+        let documented: Vec<&str> = rows.iter().map(|(k, _)| k.as_str()).collect();
+        let declared: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        assert_eq!(
+            documented, declared,
+            "README rows vs settings schema (same order)"
+        );
+        for (key, default) in &rows {
+            let key = KEYS.iter().find(|k| k.name == key).unwrap();
+            assert_eq!(
+                *default,
+                key.default_text(),
+                "README default of {}",
+                key.name
+            );
+        }
     }
 
     #[test]

@@ -133,7 +133,12 @@ async fn admin_port_health_readiness_and_metrics() {
     assert_eq!(get(server.admin, "/healthz"), (200, "ok\n".to_string()));
     let (code, body) = get(server.admin, "/readyz");
     assert_eq!(code, 200);
-    assert!(body.contains("store: memory"), "{body}");
+    let ready: serde_json::Value = serde_json::from_str(&body).expect("/readyz is JSON");
+    assert_eq!(ready["status"], "ready", "{body}");
+    assert_eq!(ready["store"]["kind"], "memory", "{body}");
+    assert_eq!(ready["store"]["state"], "connected", "{body}");
+    assert_eq!(ready["rules"]["domains"], 1, "{body}");
+    assert!(ready["rules"]["limits"].as_u64().unwrap_or(0) > 0, "{body}");
     let mut client = server.client().await;
     let req = request("edge", &[&[("downstream", "payments")]]);
     for _ in 0..2 {

@@ -26,7 +26,7 @@ use tollgate::limiter::bucket::{
 use tollgate::rules::{Algorithm, Rate, Unit};
 use tollgate::settings::Settings;
 use tollgate::store::redis::{FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
-use tollgate::store::{Op, OpKind, Outcome, Store, StoreError};
+use tollgate::store::{Op, OpKind, Outcome, Store, StoreError, StoreErrorKind};
 use tollgate::telemetry::Metrics;
 
 const HOUR: u64 = 3_600_000;
@@ -872,7 +872,10 @@ async fn a_paused_redis_times_out_fast_then_recovers() {
     let paused_at = Instant::now();
     let err: StoreError = store.apply(&[tb(&k, 10, 10, HOUR, 1)]).await.unwrap_err();
     let took = paused_at.elapsed();
-    assert!(err.transient && err.kind == "timeout", "{err:?}");
+    assert!(
+        err.is_transient() && err.kind == StoreErrorKind::Timeout,
+        "{err:?}"
+    );
     assert!(
         took < Duration::from_millis(1_000),
         "answered after {took:?}, the pause lasts 2 s"
@@ -910,7 +913,7 @@ async fn a_killed_redis_errors_then_reconnects_on_restart() {
     redis.kill();
     for _ in 0..10 {
         let err = store.apply(&[tb(&k, 10, 10, HOUR, 1)]).await.unwrap_err();
-        assert!(err.transient, "{err:?}");
+        assert!(err.is_transient(), "{err:?}");
     }
     let down = poll_async(Duration::from_secs(10), || async {
         (store.state() == "disconnected").then_some(())
@@ -937,7 +940,10 @@ async fn an_unreachable_redis_at_startup_constructs_then_connects() {
         .apply(&[tb("absent:{k}", 1, 1, HOUR, 1)])
         .await
         .unwrap_err();
-    assert!(err.transient && err.kind == "connection", "{err:?}");
+    assert!(
+        err.is_transient() && err.kind == StoreErrorKind::Connection,
+        "{err:?}"
+    );
     assert!(
         started.elapsed() < Duration::from_millis(100),
         "fails fast: {:?}",
@@ -957,7 +963,7 @@ async fn an_unreachable_redis_at_startup_constructs_then_connects() {
             .apply(&[tb("absent:{k}", 1, 1, HOUR, 1)])
             .await
             .unwrap_err()
-            .transient
+            .is_transient()
     );
 }
 
@@ -977,7 +983,7 @@ async fn tls_urls_are_refused_with_a_clear_error() {
     )
     .await
     .unwrap_err();
-    assert!(!err.transient);
+    assert!(!err.is_transient());
     assert!(err.to_string().contains("TLS is not built"), "{err}");
     assert!(!err.to_string().contains("secret"), "{err}");
 }

@@ -281,12 +281,8 @@ impl Limiter {
         let outcomes = if ops.is_empty() {
             Vec::new()
         } else {
-            self.store.apply(&ops).await.inspect_err(|e| {
-                self.metrics
-                    .store_errors
-                    .get_or_create(&telemetry::KindLabels { kind: e.kind })
-                    .inc();
-            })?
+            // The store counts its own failures (tollgate_store_errors_total).
+            self.store.apply(&ops).await?
         };
 
         // 5. Statuses, in request order.

@@ -1,5 +1,5 @@
 //! The request-facing side: gRPC `RateLimitService` (`rls.rs`) and the proto response
-//! (`response.rs`), around one shared [`RateLimiter`] that both gRPC and the admin port's
+//! (`response.rs`), around one shared [`Handler`] that both gRPC and the admin port's
 //! `/json` call.
 //!
 //! Flow: proto request → [`rls::to_request`] (bounds, INVALID_ARGUMENT) → `Limiter::decide`
@@ -30,9 +30,10 @@ pub struct Bounds {
     pub max_value_bytes: usize,
 }
 
-/// Everything a decision needs, shared by the gRPC service and the admin port.
+/// Everything a decision needs, shared by the gRPC service and the admin port's `/json`: the
+/// rules in force, the [`Limiter`] (which decides against the store) and the request bounds.
 #[derive(Debug)]
-pub struct RateLimiter {
+pub struct Handler {
     pub rules: Arc<ArcSwap<RuleSet>>,
     pub limiter: Limiter,
     pub metrics: Arc<Metrics>,
@@ -40,7 +41,7 @@ pub struct RateLimiter {
     pub response_headers: bool,
 }
 
-impl RateLimiter {
+impl Handler {
     /// Validates, decides and builds the response; records the request's metrics.
     pub async fn should_rate_limit(
         &self,
@@ -76,10 +77,13 @@ impl RateLimiter {
     async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
         let request = rls::to_request(req, &self.bounds)?;
         let rules = self.rules.load();
-        let decision = self.limiter.decide(&rules, &request).await.map_err(|e| {
-            tracing::warn!(error = %e, "store call failed; answering UNAVAILABLE");
-            tonic::Status::unavailable(e.to_string())
-        })?;
+        // The store logs outages (once per state change, not per request); the caller only
+        // learns that the store could not answer, never its error text.
+        let decision = self
+            .limiter
+            .decide(&rules, &request)
+            .await
+            .map_err(|_| tonic::Status::unavailable("store unavailable"))?;
         Ok(response::to_proto(&decision, self.response_headers))
     }
 }

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-use super::{Bounds, RateLimiter};
+use super::{Bounds, Handler};
 use crate::limiter::{LimitOverride, Request, RequestDescriptor};
 use crate::rules::Unit;
 
-/// The tonic service: a thin shell around [`RateLimiter`].
+/// The tonic service: a thin shell around [`Handler`].
 #[derive(Clone, Debug)]
-pub struct Rls(pub Arc<RateLimiter>);
+pub struct Rls(pub Arc<Handler>);
 
 #[tonic::async_trait]
 impl RateLimitService for Rls {

@@ -44,14 +44,87 @@ pub enum OpKind {
     },
 }
 
-/// A store failure. `transient` errors (timeouts, lost connections) may succeed on retry and
-/// are what the fallback policy covers; others (a script bug, a wrong password) are not.
-#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+/// What kind of failure a [`StoreError`] is. The names are the `kind` label of
+/// `tollgate_store_errors_total`, which dashboards and alerts use: keep them stable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreErrorKind {
+    /// No answer within `store_timeout_ms`.
+    Timeout,
+    /// Not connected, or the connection broke.
+    Connection,
+    /// The store answered "not now": `CLUSTERDOWN`, `TRYAGAIN`, `LOADING`, `BUSY`, a redirect
+    /// that did not settle, …
+    Unavailable,
+    /// A script or data error: retrying will not help.
+    Script,
+    /// Authentication or ACL refused.
+    Auth,
+    /// A reply of the wrong shape.
+    Protocol,
+    /// A bad store configuration (only at startup).
+    Config,
+}
+
+impl StoreErrorKind {
+    /// The metrics label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::Connection => "connection",
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Script => "script",
+            StoreErrorKind::Auth => "auth",
+            StoreErrorKind::Protocol => "protocol",
+            StoreErrorKind::Config => "config",
+        }
+    }
+
+    /// Whether a retry may succeed (timeouts, lost connections, a cluster in transition).
+    /// Today every store error answers UNAVAILABLE; the planned local fallback (quota ÷ replicas)
+    /// will cover the transient ones only, since the others are bugs or misconfiguration.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            StoreErrorKind::Timeout | StoreErrorKind::Connection | StoreErrorKind::Unavailable
+        )
+    }
+}
+
+impl std::fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// A store failure: its kind, what failed, and the underlying error when there is one.
+#[derive(Clone, Debug, thiserror::Error)]
 #[error("store {kind}: {message}")]
 pub struct StoreError {
-    pub kind: &'static str,
+    pub kind: StoreErrorKind,
+    /// What failed, in words (the source's text included, so one log line says it all).
     pub message: String,
-    pub transient: bool,
+    /// The client library's error, when the failure came from one.
+    #[source]
+    pub source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        StoreError {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(std::sync::Arc::new(source));
+        self
+    }
+
+    pub fn is_transient(&self) -> bool {
+        self.kind.is_transient()
+    }
 }
 
 /// The configured store.
@@ -64,7 +137,7 @@ pub enum Store {
 impl Store {
     /// The store the settings name: `memory`, or a Redis / Redis Cluster URL. Fails only on a
     /// bad configuration (a malformed URL, TLS, which is not built in); an unreachable Redis
-    /// still yields a store, which reconnects in the background (see `redis.rs`).
+    /// still yields a store, which reconnects in the background (see `redis/pool.rs`).
     pub async fn connect(
         settings: &Settings,
         clock: Clock,

@@ -1,0 +1,99 @@
+//! What a failed Redis call means: the client's [`RedisError`] (or a reply of the wrong shape)
+//! becomes a [`StoreError`] of one [`StoreErrorKind`].
+//!
+//! `timeout` (no answer within `store_timeout_ms`; made by the caller, not here), `connection`
+//! (not connected, or the connection broke) and `unavailable` (`CLUSTERDOWN`, `TRYAGAIN`,
+//! `LOADING`, `BUSY`, a redirect that did not settle, …) are transient; `script` (a script or
+//! data error), `auth` and `protocol` (a reply of the wrong shape) are not; `config` (a bad
+//! URL) only comes from parsing the URL at startup.
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::store::{StoreError, StoreErrorKind};
+
+/// A failure of one store call, before it becomes a [`StoreError`].
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CallError {
+    #[error("{0}")]
+    Redis(#[from] RedisError),
+    #[error("unexpected reply from Redis: {0}")]
+    Reply(String),
+}
+
+impl CallError {
+    pub(super) fn into_store_error(self) -> StoreError {
+        match self {
+            CallError::Redis(e) => StoreError::new(kind_of(&e), e.to_string()).with_source(e),
+            e @ CallError::Reply(_) => StoreError::new(StoreErrorKind::Protocol, e.to_string()),
+        }
+    }
+}
+
+/// The kind of a Redis error; transient where a retry may succeed.
+pub(super) fn kind_of(e: &RedisError) -> StoreErrorKind {
+    if e.is_timeout() {
+        return StoreErrorKind::Timeout;
+    }
+    if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == ErrorKind::ClusterConnectionNotFound
+    {
+        return StoreErrorKind::Connection;
+    }
+    match e.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask
+            | ServerErrorKind::ReadOnly,
+        ) => StoreErrorKind::Unavailable,
+        ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            StoreErrorKind::Auth
+        }
+        // BUSY (a script running long) and OOM pass; others are a script or data problem.
+        _ if matches!(e.code(), Some("BUSY" | "OOM")) => StoreErrorKind::Unavailable,
+        ErrorKind::Server(_) | ErrorKind::Extension => StoreErrorKind::Script,
+        _ => StoreErrorKind::Protocol,
+    }
+}
+
+/// A configuration error (a bad URL), with the password already removed from `message`.
+pub(super) fn config_error(message: String) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_keep_their_metric_labels_and_transience() {
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(kind_of(&io), StoreErrorKind::Connection);
+        let reply = CallError::Reply("x".into()).into_store_error();
+        assert_eq!(
+            (reply.kind.label(), reply.is_transient()),
+            ("protocol", false)
+        );
+        for (kind, label, transient) in [
+            (StoreErrorKind::Timeout, "timeout", true),
+            (StoreErrorKind::Connection, "connection", true),
+            (StoreErrorKind::Unavailable, "unavailable", true),
+            (StoreErrorKind::Script, "script", false),
+            (StoreErrorKind::Auth, "auth", false),
+            (StoreErrorKind::Protocol, "protocol", false),
+            (StoreErrorKind::Config, "config", false),
+        ] {
+            assert_eq!((kind.label(), kind.is_transient()), (label, transient));
+        }
+        let e = CallError::Redis(io).into_store_error();
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "carries its source"
+        );
+    }
+}

@@ -1,0 +1,356 @@
+//! The long-lived connections and their keeper.
+//!
+//! The [`Pool`] holds `store_pool_size` entries, each one shared connection ([`Conn`]). A
+//! request takes the next held connection round-robin ([`Pool::pick`]) and clones the handle;
+//! a multiplexed connection pipelines concurrent requests, so there is no checkout. A pool
+//! that lends connections (deadpool-redis) is deliberately not used: its recycle runs
+//! UNWATCH+PING, one extra round trip per request, and buys nothing when connections are
+//! shared rather than lent.
+//!
+//! The [`keeper`] task fills empty entries, loads the scripts on each new connection, pings
+//! idle or suspect connections once a [`TICK`] and replaces those that no longer answer; it
+//! backs off while Redis is unreachable. Requests report back ([`Pool::call_succeeded`],
+//! [`Pool::call_failed`]) so a broken connection is dropped or checked at once. The pool
+//! records `tollgate_store_connections` and, for failed connection attempts,
+//! `tollgate_store_errors_total{kind="connect"}`, so an outage shows while no request arrives.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use redis::RedisError;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use tokio::sync::Notify;
+
+use super::connect::{Conn, Connector};
+use super::errors::kind_of;
+use super::scripts::Scripts;
+use crate::store::StoreErrorKind;
+use crate::telemetry::{KindLabels, StateLabels, StoreMetrics};
+
+/// How often the keeper looks at the connections (and pings idle ones).
+pub(super) const TICK: Duration = Duration::from_secs(1);
+/// Reconnect back-off while Redis is unreachable: doubles from the first to the last.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// One entry of the pool: a connection, or none while it is being (re)made.
+struct PoolEntry {
+    conn: ArcSwapOption<Conn>,
+    /// A call on it timed out or failed: the keeper should check it now.
+    suspect: AtomicBool,
+    /// When it last answered (ms since the pool started).
+    last_ok_ms: AtomicU64,
+}
+
+/// A connection lent to one call: which entry it came from, and the handle.
+pub(super) struct Picked {
+    entry: usize,
+    pub(super) conn: Arc<Conn>,
+}
+
+pub(super) struct Pool {
+    connector: Connector,
+    entries: Box<[PoolEntry]>,
+    next: AtomicUsize,
+    pub(super) scripts: Scripts,
+    connect_timeout: Duration,
+    /// Wakes the keeper early (a connection broke). Shared with the keeper task, which must not
+    /// hold the pool alive while it waits.
+    wake: Arc<Notify>,
+    /// False after a call failed transiently, true again after one succeeded.
+    healthy: AtomicBool,
+    /// Why the last connection attempt failed, for the "not connected" error.
+    last_connect_error: Mutex<String>,
+    started: Instant,
+    metrics: StoreMetrics,
+    /// The URL with its password replaced, for logs.
+    pub(super) display_url: String,
+}
+
+impl Pool {
+    pub(super) fn new(
+        connector: Connector,
+        size: usize,
+        connect_timeout: Duration,
+        metrics: StoreMetrics,
+        display_url: String,
+    ) -> Pool {
+        let size = size.max(1);
+        metrics
+            .connections
+            .get_or_create(&StateLabels { state: "total" })
+            .set(size as i64);
+        Pool {
+            connector,
+            entries: (0..size)
+                .map(|_| PoolEntry {
+                    conn: ArcSwapOption::empty(),
+                    suspect: AtomicBool::new(false),
+                    last_ok_ms: AtomicU64::new(0),
+                })
+                .collect(),
+            next: AtomicUsize::new(0),
+            scripts: Scripts::new(),
+            connect_timeout,
+            wake: Arc::new(Notify::new()),
+            healthy: AtomicBool::new(false),
+            last_connect_error: Mutex::new("not connected yet".to_string()),
+            started: Instant::now(),
+            metrics,
+            display_url,
+        }
+    }
+
+    pub(super) fn size(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(super) fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
+    /// Starts the keeper task; it ends once the pool is dropped.
+    pub(super) fn start_keeper(self: &Arc<Self>, connected: bool) {
+        tokio::spawn(keeper(Arc::downgrade(self), self.wake.clone(), connected));
+    }
+
+    /// Lets the keeper notice at once that the pool is gone (or a connection broke).
+    pub(super) fn wake_keeper(&self) {
+        self.wake.notify_one();
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn held(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| e.conn.load().is_some())
+            .count()
+    }
+
+    /// `connected` (connections held and the last call answered), `degraded` (connections
+    /// held but the last call failed) or `disconnected` (none held: calls fail fast).
+    pub(super) fn state(&self) -> &'static str {
+        if self.held() == 0 {
+            "disconnected"
+        } else if self.healthy.load(Ordering::Relaxed) {
+            "connected"
+        } else {
+            "degraded"
+        }
+    }
+
+    pub(super) fn last_connect_error(&self) -> String {
+        self.last_connect_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn update_gauge(&self) {
+        self.metrics
+            .connections
+            .get_or_create(&StateLabels { state: "connected" })
+            .set(self.held() as i64);
+    }
+
+    /// The next held connection, round-robin; `None` (and the keeper woken) when none is held.
+    pub(super) fn pick(&self) -> Option<Picked> {
+        let n = self.entries.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let picked = (0..n).find_map(|i| {
+            let entry = (start + i) % n;
+            self.entries[entry]
+                .conn
+                .load_full()
+                .map(|conn| Picked { entry, conn })
+        });
+        if picked.is_none() {
+            self.wake.notify_one();
+        }
+        picked
+    }
+
+    pub(super) fn call_succeeded(&self, picked: &Picked) {
+        self.entries[picked.entry]
+            .last_ok_ms
+            .store(self.now_ms(), Ordering::Relaxed);
+        self.healthy.store(true, Ordering::Relaxed);
+    }
+
+    /// A call on `picked` failed with `kind` (a timeout included).
+    pub(super) fn call_failed(&self, picked: &Picked, kind: StoreErrorKind) {
+        if kind.is_transient() {
+            self.healthy.store(false, Ordering::Relaxed);
+        }
+        let entry = &self.entries[picked.entry];
+        match kind {
+            StoreErrorKind::Connection => {
+                // A standalone multiplexed connection that lost its socket never recovers:
+                // drop it so other requests skip it. A cluster connection reconnects to nodes
+                // by itself; the keeper checks it and replaces it if it must.
+                if let Conn::Standalone(_) = *picked.conn {
+                    entry
+                        .conn
+                        .compare_and_swap(&Some(picked.conn.clone()), None);
+                    self.update_gauge();
+                }
+            }
+            StoreErrorKind::Timeout => {}
+            _ => return,
+        }
+        entry.suspect.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Opens one connection and loads the scripts on it, within the connect timeout.
+    async fn open(&self) -> Result<Conn, String> {
+        let started = Instant::now();
+        let attempt = async {
+            let mut conn = self.connector.connect().await?;
+            self.scripts.load(&mut conn).await?;
+            Ok::<Conn, RedisError>(conn)
+        };
+        let result = match tokio::time::timeout(self.connect_timeout, attempt).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!(
+                "connect timed out after {} ms",
+                self.connect_timeout.as_millis()
+            )),
+        };
+        self.metrics.observe("connect", started);
+        if let Err(e) = &result {
+            self.metrics
+                .errors
+                .get_or_create(&KindLabels { kind: "connect" })
+                .inc();
+            *self
+                .last_connect_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = e.clone();
+        }
+        result
+    }
+
+    /// Whether `conn` answers a PING within the connect timeout; `Err` carries the error when
+    /// it failed rather than timed out.
+    async fn ping(&self, conn: &Conn) -> Result<bool, RedisError> {
+        let started = Instant::now();
+        let ping = redis::cmd("PING");
+        let answered = tokio::time::timeout(self.connect_timeout, async {
+            match conn.clone() {
+                Conn::Standalone(mut c) => {
+                    ping.query_async::<redis::Value>(&mut c).await.map(|_| ())
+                }
+                // One node is enough to know the handle works; per-node health is the cluster
+                // client's business (it reconnects and refreshes slots on its own).
+                Conn::Cluster(mut c) => c
+                    .route_command(ping, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+                    .await
+                    .map(|_| ()),
+            }
+        })
+        .await;
+        self.metrics.observe("ping", started);
+        match answered {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// One keeper round: fill empty entries, check suspect and idle ones. Stops at the first
+    /// failed connection attempt (Redis is likely down; the next round comes after a back-off).
+    /// Returns whether every entry holds a connection that answered.
+    pub(super) async fn tend(&self) -> bool {
+        let mut all_ok = true;
+        for entry in self.entries.iter() {
+            let held = entry.conn.load_full();
+            // What a replacement swaps out: `held`, or nothing once a dead one was dropped.
+            let mut expected = held.clone();
+            if let Some(conn) = &held {
+                let idle = self
+                    .now_ms()
+                    .saturating_sub(entry.last_ok_ms.load(Ordering::Relaxed));
+                let suspect = entry.suspect.load(Ordering::Relaxed);
+                if !suspect && idle < TICK.as_millis() as u64 {
+                    continue;
+                }
+                match self.ping(conn).await {
+                    Ok(true) => {
+                        entry.suspect.store(false, Ordering::Relaxed);
+                        entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
+                        self.healthy.store(true, Ordering::Relaxed);
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        // A standalone connection whose socket is gone never recovers.
+                        if matches!(**conn, Conn::Standalone(_))
+                            && kind_of(&e) == StoreErrorKind::Connection
+                        {
+                            entry.conn.compare_and_swap(&held, None);
+                            expected = None;
+                        }
+                    }
+                }
+                self.healthy.store(false, Ordering::Relaxed);
+            }
+            match self.open().await {
+                Ok(conn) => {
+                    // Replace only what we looked at: a request may have cleared it meanwhile.
+                    entry.conn.compare_and_swap(&expected, Some(Arc::new(conn)));
+                    entry.suspect.store(false, Ordering::Relaxed);
+                    entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
+                    self.healthy.store(true, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    // An old connection that did not answer a ping in time is kept when a
+                    // new one cannot be made either: Redis may be paused or slow rather than
+                    // gone, and a kept connection still answers once it resumes.
+                    all_ok = false;
+                    break;
+                }
+            }
+        }
+        self.update_gauge();
+        all_ok
+    }
+}
+
+/// The keeper: runs [`Pool::tend`] every [`TICK`], early when woken, with back-off while
+/// Redis is unreachable; ends when the pool is dropped.
+async fn keeper(pool: Weak<Pool>, wake: Arc<Notify>, mut was_ok: bool) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let ok = {
+            let Some(pool) = pool.upgrade() else { return };
+            let ok = pool.tend().await;
+            if ok != was_ok {
+                if ok {
+                    tracing::info!(url = %pool.display_url, "store reconnected");
+                } else {
+                    tracing::warn!(url = %pool.display_url, error = %pool.last_connect_error(), "store unreachable; retrying");
+                }
+            }
+            ok
+        };
+        was_ok = ok;
+        if ok {
+            backoff = BACKOFF_MIN;
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(TICK) => {}
+            }
+        } else {
+            // Not woken early: while Redis is down every failing request would wake us.
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+}

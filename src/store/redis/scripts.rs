@@ -1,0 +1,303 @@
+//! The Lua scripts and how they are called: `EVALSHA` by SHA1, with one `EVAL` retry on
+//! `NOSCRIPT`, and the replies parsed into [`Outcome`]s.
+//!
+//! Each bucket op becomes one `EVALSHA` of a script from `lua/` (`token_bucket.lua`,
+//! `fixed_window.lua`, `sliding_window.lua`): the read-decide-write of a bucket runs
+//! atomically inside Redis, on Redis `TIME`, mirroring `limiter::bucket` line for line. The ops
+//! of one call go out as one pipeline. When Redis answers `NOSCRIPT` (a restart, a failover to
+//! a fresh replica, `SCRIPT FLUSH`), the failed ops, and only those, are retried once with
+//! `EVAL` and the full source, which runs them and caches the script again on that node; ops
+//! of the same pipeline that did run are not repeated. [`Scripts::load`] preloads the scripts
+//! on every new connection (`SCRIPT LOAD`).
+
+use redis::aio::ConnectionLike;
+use redis::{RedisError, ServerErrorKind, Value};
+
+use super::errors::CallError;
+use crate::store::{Op, OpKind, Outcome};
+
+/// `lua/token_bucket.lua`, compiled into the binary.
+pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
+/// `lua/fixed_window.lua`, compiled into the binary.
+pub const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
+/// `lua/sliding_window.lua`, compiled into the binary.
+pub const SLIDING_WINDOW_LUA: &str = include_str!("../../../lua/sliding_window.lua");
+
+/// Which script an op runs and its `ARGV`, exactly as sent (see the scripts' headers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScriptCall {
+    /// `token_bucket.lua`: capacity, refill, window_ms, cost (unclamped: the script reads it
+    /// as the same double Rust's `cost as f64` is).
+    TokenBucket([u64; 4]),
+    /// `fixed_window.lua`: limit, window_ms, cost clamped to limit + 1 (same answers, exact
+    /// numbers; see the script's header).
+    FixedWindow([u64; 3]),
+    /// `sliding_window.lua`: limit, window_ms, cost (unclamped, as for the token bucket:
+    /// refused takes count nothing, so the cost is only compared, never stored).
+    SlidingWindow([u64; 3]),
+}
+
+impl ScriptCall {
+    pub fn for_op(op: &Op) -> Self {
+        match op.kind {
+            OpKind::TokenBucket {
+                capacity,
+                refill,
+                window_ms,
+            } => ScriptCall::TokenBucket([capacity, refill, window_ms, op.cost]),
+            OpKind::FixedWindow { limit, window_ms } => {
+                ScriptCall::FixedWindow([limit, window_ms, op.cost.min(limit.saturating_add(1))])
+            }
+            OpKind::SlidingWindow { limit, window_ms } => {
+                ScriptCall::SlidingWindow([limit, window_ms, op.cost])
+            }
+        }
+    }
+
+    pub fn source(&self) -> &'static str {
+        match self {
+            ScriptCall::TokenBucket(_) => TOKEN_BUCKET_LUA,
+            ScriptCall::FixedWindow(_) => FIXED_WINDOW_LUA,
+            ScriptCall::SlidingWindow(_) => SLIDING_WINDOW_LUA,
+        }
+    }
+
+    pub fn argv(&self) -> &[u64] {
+        match self {
+            ScriptCall::TokenBucket(a) => a,
+            ScriptCall::FixedWindow(a) => a,
+            ScriptCall::SlidingWindow(a) => a,
+        }
+    }
+}
+
+/// The SHA1s `EVALSHA` names the scripts by.
+#[derive(Debug)]
+pub(super) struct Scripts {
+    token_bucket: String,
+    fixed_window: String,
+    sliding_window: String,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Self {
+        Scripts {
+            token_bucket: redis::Script::new(TOKEN_BUCKET_LUA).get_hash().to_string(),
+            fixed_window: redis::Script::new(FIXED_WINDOW_LUA).get_hash().to_string(),
+            sliding_window: redis::Script::new(SLIDING_WINDOW_LUA)
+                .get_hash()
+                .to_string(),
+        }
+    }
+
+    pub(super) fn sha(&self, call: &ScriptCall) -> &str {
+        match call {
+            ScriptCall::TokenBucket(_) => &self.token_bucket,
+            ScriptCall::FixedWindow(_) => &self.fixed_window,
+            ScriptCall::SlidingWindow(_) => &self.sliding_window,
+        }
+    }
+
+    /// Caches every script on `conn` (`SCRIPT LOAD`; on a cluster it goes to every primary).
+    /// A refusal (an ACL without SCRIPT, say) is not fatal: `NOSCRIPT` falls back to `EVAL`.
+    pub(super) async fn load<C: ConnectionLike>(&self, conn: &mut C) -> Result<(), RedisError> {
+        for (source, sha) in [
+            (TOKEN_BUCKET_LUA, &self.token_bucket),
+            (FIXED_WINDOW_LUA, &self.fixed_window),
+            (SLIDING_WINDOW_LUA, &self.sliding_window),
+        ] {
+            let load = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(source)
+                .query_async::<String>(conn)
+                .await;
+            match load {
+                Ok(got) if got == *sha => {}
+                Ok(got) => {
+                    tracing::error!(expected = %sha, %got, "Redis computed another script SHA1")
+                }
+                Err(e) if e.is_io_error() || e.is_unrecoverable_error() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "SCRIPT LOAD refused; scripts will be sent with EVAL")
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs `ops` as one pipeline of `EVALSHA`s on one connection; retries the ops that got
+/// `NOSCRIPT`, and only those, once with `EVAL` (which caches the script again).
+pub(super) async fn eval_ops<C: ConnectionLike>(
+    conn: &mut C,
+    ops: &[&Op],
+    scripts: &Scripts,
+) -> Result<Vec<Outcome>, CallError> {
+    let calls: Vec<ScriptCall> = ops.iter().map(|op| ScriptCall::for_op(op)).collect();
+    let mut pipe = redis::pipe();
+    // Per-command results: one op's NOSCRIPT must not hide the others' answers.
+    pipe.ignore_errors();
+    for (op, call) in ops.iter().zip(&calls) {
+        pipe.cmd("EVALSHA")
+            .arg(scripts.sha(call))
+            .arg(1)
+            .arg(&op.key)
+            .arg(call.argv());
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    if replies.len() != ops.len() {
+        return Err(CallError::Reply(format!(
+            "{} replies for {} ops",
+            replies.len(),
+            ops.len()
+        )));
+    }
+    let mut out: Vec<Option<Outcome>> = Vec::with_capacity(ops.len());
+    let mut missing: Vec<usize> = Vec::new();
+    for (i, reply) in replies.into_iter().enumerate() {
+        match reply {
+            Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript) => {
+                missing.push(i);
+                out.push(None);
+            }
+            reply => out.push(Some(parse_outcome(reply)?)),
+        }
+    }
+    if !missing.is_empty() {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for &i in &missing {
+            let call = &calls[i];
+            pipe.cmd("EVAL")
+                .arg(call.source())
+                .arg(1)
+                .arg(&ops[i].key)
+                .arg(call.argv());
+        }
+        let replies: Vec<Value> = pipe.query_async(conn).await?;
+        if replies.len() != missing.len() {
+            return Err(CallError::Reply(format!(
+                "{} replies for {} ops",
+                replies.len(),
+                missing.len()
+            )));
+        }
+        for (i, reply) in missing.into_iter().zip(replies) {
+            out[i] = Some(parse_outcome(reply)?);
+        }
+    }
+    out.into_iter()
+        .map(|o| o.ok_or_else(|| CallError::Reply("an op got no answer".into())))
+        .collect()
+}
+
+/// `{allowed, remaining, reset_ms, retry_ms}` → [`Outcome`].
+fn parse_outcome(reply: Value) -> Result<Outcome, CallError> {
+    let items = match reply {
+        Value::Array(items) => items,
+        Value::ServerError(e) => return Err(CallError::Redis(e.into())),
+        other => {
+            return Err(CallError::Reply(format!(
+                "expected 4 integers, got {other:?}"
+            )));
+        }
+    };
+    match items.as_slice() {
+        [
+            Value::Int(allowed),
+            Value::Int(remaining),
+            Value::Int(reset),
+            Value::Int(retry),
+        ] => Ok(Outcome {
+            allowed: *allowed == 1,
+            remaining: u64::try_from(*remaining).unwrap_or(0),
+            reset_ms: u64::try_from(*reset).unwrap_or(0),
+            retry_ms: u64::try_from(*retry).ok(),
+        }),
+        _ => Err(CallError::Reply(format!(
+            "expected 4 integers, got {items:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_calls_match_the_script_headers() {
+        let tb = Op {
+            key: "k".into(),
+            kind: OpKind::TokenBucket {
+                capacity: 10,
+                refill: 5,
+                window_ms: 1000,
+            },
+            cost: u64::MAX,
+        };
+        assert_eq!(
+            ScriptCall::for_op(&tb).argv(),
+            [10, 5, 1000, u64::MAX],
+            "sent unclamped"
+        );
+        let fw = Op {
+            key: "k".into(),
+            kind: OpKind::FixedWindow {
+                limit: 3,
+                window_ms: 60_000,
+            },
+            cost: u64::MAX,
+        };
+        assert_eq!(
+            ScriptCall::for_op(&fw).argv(),
+            [3, 60_000, 4],
+            "clamped to limit + 1"
+        );
+        let huge = Op {
+            kind: OpKind::FixedWindow {
+                limit: u64::MAX,
+                window_ms: 1,
+            },
+            ..fw
+        };
+        assert_eq!(ScriptCall::for_op(&huge).argv()[2], u64::MAX);
+        let sw = Op {
+            key: "k".into(),
+            kind: OpKind::SlidingWindow {
+                limit: 3,
+                window_ms: 60_000,
+            },
+            cost: u64::MAX,
+        };
+        let call = ScriptCall::for_op(&sw);
+        assert_eq!(call.argv(), [3, 60_000, u64::MAX], "sent unclamped");
+        assert_eq!(call.source(), SLIDING_WINDOW_LUA);
+        assert!(SLIDING_WINDOW_LUA.starts_with("-- sliding_window.lua"));
+        assert!(TOKEN_BUCKET_LUA.starts_with("-- token_bucket.lua"));
+        assert!(FIXED_WINDOW_LUA.starts_with("-- fixed_window.lua"));
+    }
+
+    #[test]
+    fn replies_parse_and_bad_ones_are_errors() {
+        let ok = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(4),
+            Value::Int(100),
+            Value::Int(0),
+        ]);
+        let o = parse_outcome(ok).unwrap();
+        assert_eq!(
+            (o.allowed, o.remaining, o.reset_ms, o.retry_ms),
+            (true, 4, 100, Some(0))
+        );
+        let never = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(5),
+            Value::Int(-1),
+        ]);
+        assert_eq!(parse_outcome(never).unwrap().retry_ms, None);
+        assert!(parse_outcome(Value::Nil).is_err());
+        assert!(parse_outcome(Value::Array(vec![Value::Int(1)])).is_err());
+    }
+}
