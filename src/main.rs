@@ -88,8 +88,13 @@ struct BenchArgs {
     quiet: bool,
 }
 
-fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    Algorithm::parse(s).ok_or_else(|| format!("unknown algorithm '{s}' ({})", Algorithm::NAMES))
+/// `--default-algorithm` of `check`: one of [`Algorithm::NAMES`].
+#[derive(Debug, thiserror::Error)]
+#[error("unknown algorithm '{0}' ({names})", names = Algorithm::NAMES)]
+struct UnknownAlgorithm(String);
+
+fn parse_algorithm(s: &str) -> Result<Algorithm, UnknownAlgorithm> {
+    Algorithm::parse(s).ok_or_else(|| UnknownAlgorithm(s.to_string()))
 }
 
 fn main() -> ExitCode {

@@ -35,6 +35,15 @@ pub(super) const TICK: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
+/// Why a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("{0}")]
+    Redis(#[from] RedisError),
+    #[error("connect timed out after {} ms", .0.as_millis())]
+    TimedOut(Duration),
+}
+
 /// One entry of the pool: a connection, or none while it is being (re)made.
 struct PoolEntry {
     conn: ArcSwapOption<Conn>,
@@ -208,7 +217,7 @@ impl Pool {
     }
 
     /// Opens one connection and loads the scripts on it, within the connect timeout.
-    async fn open(&self) -> Result<Conn, String> {
+    async fn open(&self) -> Result<Conn, ConnectError> {
         let started = Instant::now();
         let attempt = async {
             let mut conn = self.connector.connect().await?;
@@ -217,11 +226,8 @@ impl Pool {
         };
         let result = match tokio::time::timeout(self.connect_timeout, attempt).await {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!(
-                "connect timed out after {} ms",
-                self.connect_timeout.as_millis()
-            )),
+            Ok(Err(e)) => Err(ConnectError::Redis(e)),
+            Err(_) => Err(ConnectError::TimedOut(self.connect_timeout)),
         };
         self.metrics.observe("connect", started);
         if let Err(e) = &result {
@@ -232,7 +238,7 @@ impl Pool {
             *self
                 .last_connect_error
                 .lock()
-                .unwrap_or_else(|p| p.into_inner()) = e.clone();
+                .unwrap_or_else(|p| p.into_inner()) = e.to_string();
         }
         result
     }
