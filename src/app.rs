@@ -151,22 +151,8 @@ async fn serve_loaded(
         },
         response_headers: settings.response_headers,
     });
-    let grpc_addr = listeners
-        .grpc
-        .local_addr()
-        .map_err(|source| AppError::Bind {
-            what: "gRPC",
-            addr: settings.grpc_addr,
-            source,
-        })?;
-    let admin_addr = listeners
-        .admin
-        .local_addr()
-        .map_err(|source| AppError::Bind {
-            what: "admin",
-            addr: settings.admin_addr,
-            source,
-        })?;
+    let grpc_addr = local_addr(&listeners.grpc, "gRPC", settings.grpc_addr)?;
+    let admin_addr = local_addr(&listeners.admin, "admin", settings.admin_addr)?;
 
     // One shutdown signal fanned out to every task.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -265,6 +251,19 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppEr
     TcpListener::bind(addr)
         .await
         .map_err(|source| AppError::Bind { what, addr, source })
+}
+
+/// The address a listener is bound to (the configured one may say port 0).
+fn local_addr(
+    listener: &TcpListener,
+    what: &'static str,
+    configured: SocketAddr,
+) -> Result<SocketAddr, AppError> {
+    listener.local_addr().map_err(|source| AppError::Bind {
+        what,
+        addr: configured,
+        source,
+    })
 }
 
 /// Resolves once the shutdown flag is set (or its sender is gone).

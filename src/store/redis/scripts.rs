@@ -133,25 +133,9 @@ pub(super) async fn eval_ops<C: ConnectionLike>(
     ops: &[&Op],
     scripts: &Scripts,
 ) -> Result<Vec<Outcome>, CallError> {
-    let calls: Vec<ScriptCall> = ops.iter().map(|op| ScriptCall::for_op(op)).collect();
-    let mut pipe = redis::pipe();
-    // Per-command results: one op's NOSCRIPT must not hide the others' answers.
-    pipe.ignore_errors();
-    for (op, call) in ops.iter().zip(&calls) {
-        pipe.cmd("EVALSHA")
-            .arg(scripts.sha(call))
-            .arg(1)
-            .arg(&op.key)
-            .arg(call.argv());
-    }
-    let replies: Vec<Value> = pipe.query_async(conn).await?;
-    if replies.len() != ops.len() {
-        return Err(CallError::Reply(format!(
-            "{} replies for {} ops",
-            replies.len(),
-            ops.len()
-        )));
-    }
+    let calls: Vec<(&Op, ScriptCall)> =
+        ops.iter().map(|op| (*op, ScriptCall::for_op(op))).collect();
+    let replies = pipeline(conn, &calls, |call| Script::Sha(scripts.sha(call))).await?;
     let mut out: Vec<Option<Outcome>> = Vec::with_capacity(ops.len());
     let mut missing: Vec<usize> = Vec::new();
     for (i, reply) in replies.into_iter().enumerate() {
@@ -164,24 +148,8 @@ pub(super) async fn eval_ops<C: ConnectionLike>(
         }
     }
     if !missing.is_empty() {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for &i in &missing {
-            let call = &calls[i];
-            pipe.cmd("EVAL")
-                .arg(call.source())
-                .arg(1)
-                .arg(&ops[i].key)
-                .arg(call.argv());
-        }
-        let replies: Vec<Value> = pipe.query_async(conn).await?;
-        if replies.len() != missing.len() {
-            return Err(CallError::Reply(format!(
-                "{} replies for {} ops",
-                replies.len(),
-                missing.len()
-            )));
-        }
+        let retry: Vec<(&Op, ScriptCall)> = missing.iter().map(|&i| calls[i]).collect();
+        let replies = pipeline(conn, &retry, |call| Script::Source(call.source())).await?;
         for (i, reply) in missing.into_iter().zip(replies) {
             out[i] = Some(parse_outcome(reply)?);
         }
@@ -189,6 +157,39 @@ pub(super) async fn eval_ops<C: ConnectionLike>(
     out.into_iter()
         .map(|o| o.ok_or_else(|| CallError::Reply("an op got no answer".into())))
         .collect()
+}
+
+/// How a pipeline names its script: by SHA1 (`EVALSHA`) or with the source (`EVAL`).
+enum Script<'a> {
+    Sha(&'a str),
+    Source(&'static str),
+}
+
+/// Sends one `EVALSHA`/`EVAL` per call as one pipeline; one reply per call, errors included
+/// (one op's `NOSCRIPT` must not hide the others' answers).
+async fn pipeline<'a, C: ConnectionLike>(
+    conn: &mut C,
+    calls: &[(&Op, ScriptCall)],
+    script: impl Fn(&ScriptCall) -> Script<'a>,
+) -> Result<Vec<Value>, CallError> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for (op, call) in calls {
+        let cmd = match script(call) {
+            Script::Sha(sha) => pipe.cmd("EVALSHA").arg(sha),
+            Script::Source(source) => pipe.cmd("EVAL").arg(source),
+        };
+        cmd.arg(1).arg(&op.key).arg(call.argv());
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    if replies.len() != calls.len() {
+        return Err(CallError::Reply(format!(
+            "{} replies for {} ops",
+            replies.len(),
+            calls.len()
+        )));
+    }
+    Ok(replies)
 }
 
 /// `{allowed, remaining, reset_ms, retry_ms}` → [`Outcome`].
