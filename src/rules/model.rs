@@ -1,8 +1,8 @@
 //! The loaded, validated rules: what a request's descriptors are matched against.
 //!
-//! The loader (`load.rs`) builds these from YAML and the matcher (`matcher.rs`) walks them;
-//! nothing here parses or matches. A [`RuleSet`] is immutable once built: a reload builds a
-//! new one and swaps it in whole.
+//! The loader (`load.rs`, through the walk in `validate/`) builds these from YAML and the
+//! matcher (`matcher.rs`) walks them; nothing here parses or matches. A [`RuleSet`] is
+//! immutable once built: a reload builds a new one and swaps it in whole.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -260,6 +260,33 @@ impl RuleSet {
         }
         (self.domains.len(), nodes, limits)
     }
+
+    /// The one line `tollgate check` prints for a set that loaded (see [`RulesSummary`]).
+    pub fn summary(&self) -> RulesSummary<'_> {
+        RulesSummary { set: self }
+    }
+}
+
+/// What a loaded [`RuleSet`] holds, in one line:
+/// `ok: 2 file(s), 2 domain(s) [api, edge], 5 descriptor(s), 4 limit(s)` (domains sorted, so
+/// the line is the same on every run).
+#[derive(Clone, Copy, Debug)]
+pub struct RulesSummary<'a> {
+    set: &'a RuleSet,
+}
+
+impl fmt::Display for RulesSummary<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (domains, nodes, limits) = self.set.counts();
+        let mut names: Vec<&str> = self.set.domains.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        write!(
+            f,
+            "ok: {} file(s), {domains} domain(s) [{}], {nodes} descriptor(s), {limits} limit(s)",
+            self.set.files.len(),
+            names.join(", ")
+        )
+    }
 }
 
 #[cfg(test)]
@@ -292,5 +319,28 @@ mod tests {
         // Settings deserialize the same names.
         let a: Algorithm = serde_json::from_str("\"sliding_window\"").unwrap();
         assert_eq!(a, Algorithm::SlidingWindow);
+    }
+
+    #[test]
+    fn summary_is_the_line_check_prints() {
+        assert_eq!(
+            RuleSet::default().summary().to_string(),
+            "ok: 0 file(s), 0 domain(s) [], 0 descriptor(s), 0 limit(s)"
+        );
+        let sources = [
+            (
+                PathBuf::from("z.yaml"),
+                "domain: edge\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: hour, requests_per_unit: 9}\n    descriptors:\n      - key: b\n".to_string(),
+            ),
+            (
+                PathBuf::from("a.yaml"),
+                "domain: api\ndescriptors:\n  - key: c\n    value: x\n    rate_limit: {unlimited: true}\n".to_string(),
+            ),
+        ];
+        let set = crate::rules::load::load_sources(&sources, Default::default()).unwrap();
+        assert_eq!(
+            set.summary().to_string(),
+            "ok: 2 file(s), 2 domain(s) [api, edge], 3 descriptor(s), 3 limit(s)"
+        );
     }
 }

@@ -107,9 +107,8 @@ mod tests {
 
     #[test]
     fn a_bad_reload_keeps_the_rules_in_force() {
-        let dir = std::env::temp_dir().join(format!("tollgate-reload-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("r.yaml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("r.yaml");
         std::fs::write(&file, "domain: one\n").unwrap();
         let opts = LoadOptions::default();
         let rules = ArcSwap::from_pointee(load_path(&file, opts).unwrap());
@@ -122,6 +121,5 @@ mod tests {
         std::fs::write(&file, "domain: two\n").unwrap();
         assert!(reload_once(&file, opts, &rules, &metrics));
         assert!(rules.load().domains.contains_key("two"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

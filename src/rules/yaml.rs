@@ -1,15 +1,22 @@
-//! A small YAML tree that remembers where every node came from.
+//! A small YAML tree that remembers where every node came from, and readers for its shapes.
 //!
 //! The rules loader needs the line of the offending node for every error, including semantic
 //! ones found long after parsing ("duplicate key", "replaces itself"). `yaml-rust2` (the
 //! maintained parser the `config` crate already uses) reports a position with every parse
-//! event; this module folds those events into [`Node`]s that keep their line and column, so
-//! the loader can walk the tree and point at exactly the right place.
+//! event; [`parse`] folds those events into [`Node`]s that keep their line and column, so
+//! the walk (`validate/`) can point at exactly the right place.
+//!
+//! The readers (`fields`, `string`, `bool`, `uint`, `seq`) check a node's YAML
+//! shape (a mapping with known fields, a string, a whole number …) and know nothing of rate
+//! limits: on a wrong shape they record an error at the node in a `Problems` and return
+//! `None`, so the walk goes on and reports every problem of the file.
 
 use std::collections::HashMap;
 
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+use super::error::Problems;
 
 /// Where a node starts in its file (1-based line and column).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -191,6 +198,146 @@ impl MarkedEventReceiver for Builder {
     }
 }
 
+/// A mapping's fields by name, as `fields` returns them.
+pub(crate) type Fields<'n> = HashMap<&'n str, &'n Node>;
+
+/// The path of `field` inside `path` (`descriptors[0]` + `key` → `descriptors[0].key`), as
+/// errors name fields.
+pub(crate) fn join(path: &str, field: &str) -> String {
+    if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
+    }
+}
+
+/// A mapping's fields by name; unknown and repeated fields are errors (reported, skipped).
+/// `None` only when the node is not a mapping at all.
+pub(crate) fn fields<'n>(
+    out: &mut Problems,
+    node: &'n Node,
+    path: &str,
+    allowed: &[&str],
+) -> Option<Fields<'n>> {
+    let Value::Map(pairs) = &node.value else {
+        let what = if path.is_empty() { "the file" } else { path };
+        out.error(
+            node.pos,
+            path,
+            format!("{what} must be a mapping, found {}", node.kind()),
+        );
+        return None;
+    };
+    let mut found = Fields::new();
+    for (k, v) in pairs {
+        let Value::Scalar { text, .. } = &k.value else {
+            out.error(k.pos, path, "field names must be plain strings");
+            continue;
+        };
+        let field = join(path, text);
+        if !allowed.contains(&text.as_str()) {
+            out.error(
+                k.pos,
+                &field,
+                format!("unknown field (expected one of: {})", allowed.join(", ")),
+            );
+        } else if found.insert(text.as_str(), v).is_some() {
+            out.error(k.pos, &field, "field given twice");
+        }
+    }
+    Some(found)
+}
+
+/// Any non-null scalar, as written (so `1` and `true` read as strings too).
+pub(crate) fn string(out: &mut Problems, node: &Node, field: &str) -> Option<String> {
+    match &node.value {
+        Value::Scalar { text, .. } if !node.is_null() => Some(text.clone()),
+        _ => {
+            out.error(
+                node.pos,
+                field,
+                format!("expected a string, found {}", node.kind()),
+            );
+            None
+        }
+    }
+}
+
+/// An unquoted `true` or `false`, in any case.
+pub(crate) fn bool(out: &mut Problems, node: &Node, field: &str) -> Option<bool> {
+    if let Value::Scalar {
+        text,
+        quoted: false,
+    } = &node.value
+    {
+        if text.eq_ignore_ascii_case("true") {
+            return Some(true);
+        }
+        if text.eq_ignore_ascii_case("false") {
+            return Some(false);
+        }
+    }
+    out.error(node.pos, field, "expected true or false");
+    None
+}
+
+/// An unquoted whole number from 0 to `max`.
+pub(crate) fn uint(out: &mut Problems, node: &Node, field: &str, max: u64) -> Option<u64> {
+    let Value::Scalar {
+        text,
+        quoted: false,
+    } = &node.value
+    else {
+        out.error(
+            node.pos,
+            field,
+            format!("expected a whole number, found {}", node.kind()),
+        );
+        return None;
+    };
+    // A negative number gets its own message: "expected a whole number, found '-5'" would
+    // leave the reader wondering what is not whole about it.
+    if text.starts_with('-') && text[1..].chars().all(|c| c.is_ascii_digit()) && text.len() > 1 {
+        out.error(
+            node.pos,
+            field,
+            format!("must not be negative (found {text})"),
+        );
+        return None;
+    }
+    match text.parse::<u64>() {
+        Ok(n) if n <= max => Some(n),
+        Ok(n) => {
+            out.error(node.pos, field, format!("{n} is too large (at most {max})"));
+            None
+        }
+        Err(_) => {
+            out.error(
+                node.pos,
+                field,
+                format!("expected a whole number, found '{text}'"),
+            );
+            None
+        }
+    }
+}
+
+/// A list; null (`key:` with nothing after it) is an empty list.
+pub(crate) fn seq<'n>(out: &mut Problems, node: &'n Node, field: &str) -> Option<&'n [Node]> {
+    match &node.value {
+        Value::Seq(items) => Some(items),
+        _ if node.is_null() => Some(&[]),
+        _ => {
+            out.error(
+                node.pos,
+                field,
+                format!("expected a list, found {}", node.kind()),
+            );
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,5 +402,61 @@ mod tests {
             panic!()
         };
         assert_eq!(pairs.len(), 2);
+    }
+
+    #[test]
+    fn readers_check_shapes_and_record_errors_at_the_node() {
+        let doc = parse("a: 1\nb: -5\nc: \"7\"\nd: TRUE\ne: ~\nf: [x]\ng: 1\ng: 2\nz: 0\n")
+            .unwrap()
+            .unwrap();
+        let mut out = Problems::new(std::path::Path::new("r.yaml"));
+        let f = fields(&mut out, &doc, "top", &["a", "b", "c", "d", "e", "f", "g"]).unwrap();
+        let messages = |out: &Problems| -> Vec<(usize, String, String)> {
+            let e = out.errors.iter();
+            e.map(|e| (e.line, e.field.clone(), e.message.clone()))
+                .collect()
+        };
+        assert_eq!(
+            messages(&out),
+            [
+                (8, "top.g".into(), "field given twice".into()),
+                (
+                    9,
+                    "top.z".into(),
+                    "unknown field (expected one of: a, b, c, d, e, f, g)".into()
+                ),
+            ]
+        );
+        out.errors.clear();
+        assert_eq!(uint(&mut out, f["a"], "a", 1), Some(1));
+        assert_eq!(uint(&mut out, f["a"], "a", 0), None);
+        assert_eq!(uint(&mut out, f["b"], "b", 9), None);
+        assert_eq!(uint(&mut out, f["c"], "c", 9), None); // quoted: a string, not a number
+        assert_eq!(bool(&mut out, f["d"], "d"), Some(true));
+        assert_eq!(bool(&mut out, f["a"], "a"), None);
+        assert_eq!(string(&mut out, f["c"], "c").as_deref(), Some("7"));
+        assert_eq!(string(&mut out, f["e"], "e"), None);
+        assert_eq!(seq(&mut out, f["e"], "e").map(<[Node]>::len), Some(0));
+        assert_eq!(seq(&mut out, f["f"], "f").map(<[Node]>::len), Some(1));
+        assert_eq!(seq(&mut out, f["a"], "a"), None);
+        let got: Vec<_> = messages(&out).into_iter().map(|(l, _, m)| (l, m)).collect();
+        assert_eq!(
+            got,
+            [
+                (1, "1 is too large (at most 0)".to_string()),
+                (2, "must not be negative (found -5)".into()),
+                (3, "expected a whole number, found a scalar".into()),
+                (1, "expected true or false".into()),
+                (5, "expected a string, found null".into()),
+                (1, "expected a list, found a scalar".into()),
+            ]
+        );
+        assert!(fields(&mut out, f["f"], "f", &[]).is_none());
+        assert_eq!(
+            out.errors.last().map(|e| e.message.as_str()),
+            Some("f must be a mapping, found a list")
+        );
+        assert_eq!(join("", "domain"), "domain");
+        assert_eq!(join("descriptors[0]", "key"), "descriptors[0].key");
     }
 }

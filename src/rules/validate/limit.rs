@@ -1,0 +1,444 @@
+//! The limits part of the walk: a descriptor's `rate_limit` or `rate_limits` → [`Limit`]s.
+//!
+//! The descriptor walk (`mod.rs`) calls `FileWalk::limits` with the descriptor's fields and
+//! what its limits inherit from it (`shadow_mode`, `detailed_metric`); each limit's fields are
+//! read here (`name`, `class`, `replaces`, `unlimited`) and, for a counted limit, its rate
+//! (`unit`, `requests_per_unit`, `algorithm`, `burst`, `unit_multiplier`) with the defaults
+//! resolved: the settings' `default_algorithm`, `burst` = `requests_per_unit`, a multiplier of 1.
+
+use std::sync::Arc;
+
+use super::FileWalk;
+use crate::rules::model::{Algorithm, Limit, Rate, Unit};
+use crate::rules::yaml::{self, Fields, Node, join};
+
+/// What a limit takes over from the descriptor that declares it.
+#[derive(Clone, Copy)]
+pub(super) struct Inherited {
+    pub(super) shadow_mode: bool,
+    pub(super) detailed_metric: bool,
+}
+
+/// A field that may be left out but, when given, must be a count of at least 1.
+enum AtLeastOne {
+    Absent,
+    Given(u64),
+    /// Given but not valid; the error is already recorded.
+    Refused,
+}
+
+impl FileWalk<'_> {
+    /// A descriptor's `rate_limit` (one) or `rate_limits` (a list, each with its own bucket);
+    /// `None` when any of them is refused.
+    pub(super) fn limits(
+        &mut self,
+        f: &Fields<'_>,
+        path: &str,
+        inherited: Inherited,
+        key_path: &str,
+    ) -> Option<Vec<Arc<Limit>>> {
+        let mut limits = Vec::new();
+        let mut ok = true;
+        match (f.get("rate_limit"), f.get("rate_limits")) {
+            (Some(_), Some(n)) => {
+                self.error(
+                    n.pos,
+                    &join(path, "rate_limits"),
+                    "use either `rate_limit` or `rate_limits`, not both",
+                );
+                ok = false;
+            }
+            (Some(n), None) => {
+                match self.limit(n, &join(path, "rate_limit"), 0, inherited, key_path) {
+                    Some(l) => limits.push(Arc::new(l)),
+                    None => ok = false,
+                }
+            }
+            (None, Some(n)) => {
+                let field = join(path, "rate_limits");
+                let items = yaml::seq(self.problems, n, &field).unwrap_or(&[]);
+                for (i, item) in items.iter().enumerate() {
+                    let item_path = format!("{field}[{i}]");
+                    match self.limit(item, &item_path, i, inherited, key_path) {
+                        Some(l) => limits.push(Arc::new(l)),
+                        None => ok = false,
+                    }
+                }
+            }
+            (None, None) => {}
+        }
+        ok.then_some(limits)
+    }
+
+    fn limit(
+        &mut self,
+        node: &Node,
+        path: &str,
+        index: usize,
+        inherited: Inherited,
+        key_path: &str,
+    ) -> Option<Limit> {
+        const FIELDS: &[&str] = &[
+            "unit",
+            "requests_per_unit",
+            "unlimited",
+            "name",
+            "replaces",
+            "algorithm",
+            "burst",
+            "unit_multiplier",
+            "class",
+            "quota_mode",
+        ];
+        let f = yaml::fields(self.problems, node, path, FIELDS)?;
+        // Every check below runs even after one fails (to report them all); whether any
+        // failed is whether the error count moved.
+        let errors_before = self.problems.errors.len();
+        let unlimited = f
+            .get("unlimited")
+            .and_then(|n| yaml::bool(self.problems, n, &join(path, "unlimited")))
+            .unwrap_or(false);
+        let name = f
+            .get("name")
+            .and_then(|n| yaml::string(self.problems, n, &join(path, "name")))
+            .filter(|s| !s.is_empty());
+        let class = f
+            .get("class")
+            .and_then(|n| yaml::string(self.problems, n, &join(path, "class")));
+        if let Some(n) = f.get("class")
+            && class.as_deref() == Some("")
+        {
+            self.error(n.pos, &join(path, "class"), "must not be empty");
+        }
+        if let Some(n) = f.get("quota_mode") {
+            self.not_acted_on(n, &join(path, "quota_mode"));
+        }
+        let replaces = match f.get("replaces") {
+            Some(n) => self.replaces(n, &join(path, "replaces"), name.as_ref()),
+            None => Vec::new(),
+        };
+        let rate = if unlimited {
+            if let Some(n) = f.get("unit") {
+                self.error(
+                    n.pos,
+                    &join(path, "unit"),
+                    "must not be set when `unlimited: true`",
+                );
+            }
+            None
+        } else {
+            self.rate(node, path, &f)
+        };
+        if self.problems.errors.len() > errors_before {
+            return None;
+        }
+        Some(Limit {
+            class: class
+                .or_else(|| name.clone())
+                .unwrap_or_else(|| key_path.to_string())
+                .into(),
+            name,
+            rate,
+            shadow_mode: inherited.shadow_mode,
+            detailed_metric: inherited.detailed_metric,
+            replaces,
+            index,
+            origin: self.origin(node.pos),
+        })
+    }
+
+    /// A limit's `replaces: [{name: …}, …]`: the names of the limits it replaces (not its own).
+    fn replaces(&mut self, node: &Node, field: &str, own_name: Option<&String>) -> Vec<String> {
+        let mut replaces = Vec::new();
+        for (i, item) in yaml::seq(self.problems, node, field)
+            .unwrap_or(&[])
+            .iter()
+            .enumerate()
+        {
+            let item_path = format!("{field}[{i}]");
+            let Some(rf) = yaml::fields(self.problems, item, &item_path, &["name"]) else {
+                continue;
+            };
+            let replaced = rf
+                .get("name")
+                .and_then(|n| yaml::string(self.problems, n, &join(&item_path, "name")));
+            match replaced {
+                Some(r) if r.is_empty() => self.error(
+                    item.pos,
+                    &item_path,
+                    "a replaces entry needs a non-empty name",
+                ),
+                None if !rf.contains_key("name") => self.error(
+                    item.pos,
+                    &item_path,
+                    "a replaces entry needs a non-empty name",
+                ),
+                Some(r) if Some(&r) == own_name => self.error(
+                    item.pos,
+                    &item_path,
+                    format!("a limit cannot replace itself ('{r}')"),
+                ),
+                Some(r) => replaces.push(r),
+                None => {}
+            }
+        }
+        replaces
+    }
+
+    /// The numbers of a counted limit (not `unlimited`), with defaults resolved.
+    fn rate(&mut self, node: &Node, path: &str, f: &Fields<'_>) -> Option<Rate> {
+        let unit = match f.get("unit") {
+            None => {
+                self.error(
+                    node.pos,
+                    &join(path, "unit"),
+                    "missing (second, minute, hour, day, week, month or year)",
+                );
+                None
+            }
+            Some(n) => {
+                let s = yaml::string(self.problems, n, &join(path, "unit"))?;
+                let unit = Unit::parse(&s);
+                if unit.is_none() {
+                    self.error(
+                        n.pos,
+                        &join(path, "unit"),
+                        format!("unknown unit '{s}' (expected second, minute, hour, day, week, month or year)"),
+                    );
+                }
+                unit
+            }
+        };
+        let rpu = match f.get("requests_per_unit") {
+            None => {
+                self.error(
+                    node.pos,
+                    &join(path, "requests_per_unit"),
+                    "missing (or set `unlimited: true`)",
+                );
+                None
+            }
+            Some(n) => yaml::uint(
+                self.problems,
+                n,
+                &join(path, "requests_per_unit"),
+                u64::from(u32::MAX),
+            ),
+        };
+        let algorithm = match f.get("algorithm") {
+            None => Some(self.opts.default_algorithm),
+            Some(n) => {
+                let s = yaml::string(self.problems, n, &join(path, "algorithm"))?;
+                let a = Algorithm::parse(&s);
+                if a.is_none() {
+                    self.error(
+                        n.pos,
+                        &join(path, "algorithm"),
+                        format!("unknown algorithm '{s}' (expected {})", Algorithm::NAMES),
+                    );
+                }
+                a
+            }
+        };
+        let burst = self.at_least_one(f, path, "burst", u64::from(u32::MAX));
+        let multiplier = self.at_least_one(f, path, "unit_multiplier", 1_000_000);
+        let (Some(unit), Some(rpu), Some(algorithm)) = (unit, rpu, algorithm) else {
+            return None;
+        };
+        let (burst, multiplier) = match (burst, multiplier) {
+            (AtLeastOne::Refused, _) | (_, AtLeastOne::Refused) => return None,
+            (burst, multiplier) => (burst.given(), multiplier.given()),
+        };
+        if burst.is_some()
+            && algorithm != Algorithm::TokenBucket
+            && let Some(n) = f.get("burst")
+        {
+            self.error(
+                n.pos,
+                &join(path, "burst"),
+                "only applies to algorithm token_bucket",
+            );
+            return None;
+        }
+        // A bucket that never refills is dropped once idle and would come back full: with no
+        // refill there is nothing a burst could mean but "a few, now and then". Refuse it.
+        if rpu == 0
+            && burst.is_some()
+            && let Some(n) = f.get("burst")
+        {
+            self.error(
+                n.pos,
+                &join(path, "burst"),
+                "needs requests_per_unit above 0 (0 denies everything)",
+            );
+            return None;
+        }
+        Some(Rate {
+            requests_per_unit: rpu as u32, // uint() capped it at u32::MAX
+            unit,
+            unit_multiplier: multiplier.unwrap_or(1) as u32, // capped at 1_000_000
+            burst: burst.unwrap_or(rpu),
+            algorithm,
+        })
+    }
+
+    fn at_least_one(&mut self, f: &Fields<'_>, path: &str, name: &str, max: u64) -> AtLeastOne {
+        let Some(n) = f.get(name) else {
+            return AtLeastOne::Absent;
+        };
+        match yaml::uint(self.problems, n, &join(path, name), max) {
+            None => AtLeastOne::Refused,
+            Some(0) => {
+                self.error(n.pos, &join(path, name), "must be at least 1");
+                AtLeastOne::Refused
+            }
+            Some(v) => AtLeastOne::Given(v),
+        }
+    }
+}
+
+impl AtLeastOne {
+    /// The value when given; only called once `Refused` is ruled out.
+    fn given(self) -> Option<u64> {
+        match self {
+            AtLeastOne::Given(v) => Some(v),
+            AtLeastOne::Absent | AtLeastOne::Refused => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::super::tests::{load, refused};
+    use crate::rules::load::{LoadOptions, load_sources};
+    use crate::rules::model::Algorithm;
+
+    #[test]
+    fn extensions_resolve_defaults() {
+        let set = load(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 10, burst: 20, class: burst}\n      - {unit: minute, requests_per_unit: 0, unit_multiplier: 5, algorithm: fixed_window}\n      - {unit: hour, requests_per_unit: 7, algorithm: sliding_window}\n",
+        )
+        .unwrap();
+        let k = &set.domains["d"].root.bare["k"];
+        let (a, b) = (k.limits[0].rate.unwrap(), k.limits[1].rate.unwrap());
+        assert_eq!(
+            (a.burst, a.algorithm, &*k.limits[0].class),
+            (20, Algorithm::TokenBucket, "burst")
+        );
+        assert_eq!(
+            (b.window_ms(), b.algorithm, k.limits[1].index),
+            (300_000, Algorithm::FixedWindow, 1)
+        );
+        let c = k.limits[2].rate.unwrap();
+        assert_eq!(
+            (c.window_ms(), c.algorithm, c.requests_per_unit),
+            (3_600_000, Algorithm::SlidingWindow, 7)
+        );
+    }
+
+    #[test]
+    fn default_algorithm_applies_to_limits_without_one() {
+        let src = [(PathBuf::from("r.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n".to_string())];
+        let set = load_sources(
+            &src,
+            LoadOptions {
+                default_algorithm: Algorithm::FixedWindow,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            set.domains["d"].root.bare["k"].limits[0]
+                .rate
+                .unwrap()
+                .algorithm,
+            Algorithm::FixedWindow
+        );
+    }
+
+    #[test]
+    fn refuses_bad_units_and_counts() {
+        let base = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n";
+        let (line, field, msg) = refused(&format!(
+            "{base}      unit: minutes\n      requests_per_unit: 1\n"
+        ));
+        assert_eq!(
+            (line, field.as_str()),
+            (5, "descriptors[0].rate_limit.unit")
+        );
+        assert!(msg.contains("unknown unit 'minutes'"), "{msg}");
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: -5\n"
+        ));
+        assert_eq!(line, 6);
+        assert!(msg.contains("negative"), "{msg}");
+        let (line, field, msg) = refused(&format!("{base}      unit: second\n"));
+        assert_eq!(
+            (line, field.as_str()),
+            (5, "descriptors[0].rate_limit.requests_per_unit")
+        );
+        assert!(msg.contains("missing"), "{msg}");
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 4294967296\n"
+        ));
+        assert_eq!(line, 6);
+        assert!(msg.contains("too large"), "{msg}");
+        let (line, _, _) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: ten\n"
+        ));
+        assert_eq!(line, 6);
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 0\n      burst: 5\n"
+        ));
+        assert_eq!(line, 7);
+        assert!(msg.contains("requests_per_unit above 0"), "{msg}");
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 1\n      burst: 0\n"
+        ));
+        assert_eq!(line, 7);
+        assert!(msg.contains("at least 1"), "{msg}");
+        // `burst` is a token-bucket capacity: a window algorithm refuses it.
+        for algorithm in ["fixed_window", "sliding_window"] {
+            let (line, field, msg) = refused(&format!(
+                "{base}      unit: second\n      requests_per_unit: 1\n      algorithm: {algorithm}\n      burst: 5\n"
+            ));
+            assert_eq!(
+                (line, field.as_str()),
+                (8, "descriptors[0].rate_limit.burst")
+            );
+            assert!(msg.contains("token_bucket"), "{msg}");
+        }
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 1\n      algorithm: leaky_bucket\n"
+        ));
+        assert_eq!(line, 7);
+        assert!(
+            msg.contains("expected token_bucket, fixed_window or sliding_window"),
+            "{msg}"
+        );
+        // `unlimited` needs no requests_per_unit but refuses a unit.
+        assert!(load(&format!("{base}      unlimited: true\n")).is_ok());
+        let (line, field, msg) = refused(&format!(
+            "{base}      unlimited: true\n      unit: second\n"
+        ));
+        assert_eq!(
+            (line, field.as_str()),
+            (6, "descriptors[0].rate_limit.unit")
+        );
+        assert!(msg.contains("unlimited"), "{msg}");
+    }
+
+    #[test]
+    fn refuses_bad_replaces() {
+        let base = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      name: one\n      replaces:\n";
+        let (line, _, msg) = refused(&format!("{base}        - name: one\n"));
+        assert_eq!(line, 9);
+        assert!(msg.contains("itself"), "{msg}");
+        let (line, _, msg) = refused(&format!("{base}        - name: \"\"\n"));
+        assert_eq!(line, 9);
+        assert!(msg.contains("non-empty"), "{msg}");
+        let (line, _, _) = refused(&format!("{base}        - {{}}\n"));
+        assert_eq!(line, 9);
+    }
+}

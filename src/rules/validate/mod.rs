@@ -1,0 +1,365 @@
+//! The semantic walk of one rules file: YAML tree → [`Domain`], or the reasons it is refused.
+//!
+//! `load.rs` hands in one file's text; [`file_rules`] parses it (`yaml.rs`) and walks it top
+//! down, resolving defaults as it goes: the domain, each `descriptors:` level (no key+value
+//! declared twice) and each descriptor (key, value, flags) here; what a descriptor limits with
+//! (`rate_limit`/`rate_limits`, each limit and its rate) in `limit.rs`. The readers in
+//! `yaml.rs` check each field's YAML shape; this walk checks what the fields mean.
+//!
+//! Every problem goes into the file's [`Problems`] with the offending node's position and the
+//! walk carries on, so one run of `tollgate check` lists them all. A part with an error is
+//! dropped (`None`) on the way up, so a file with any error yields no domain.
+
+mod limit;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::error::Problems;
+use super::load::LoadOptions;
+use super::model::{Descriptor, Domain, Level, Origin};
+use super::yaml::{self, Node, Pos, join};
+use limit::Inherited;
+
+/// Walks one file's text into its [`Domain`]; `None` when anything in it is wrong (every
+/// problem, and every warning, is in `problems`).
+pub(crate) fn file_rules(text: &str, opts: LoadOptions, problems: &mut Problems) -> Option<Domain> {
+    FileWalk { opts, problems }.file(text)
+}
+
+/// The walk of one file: the settings that resolve defaults and where problems go.
+struct FileWalk<'a> {
+    opts: LoadOptions,
+    problems: &'a mut Problems,
+}
+
+impl FileWalk<'_> {
+    fn error(&mut self, pos: Pos, field: &str, message: impl Into<String>) {
+        self.problems.error(pos, field, message);
+    }
+
+    fn origin(&self, pos: Pos) -> Origin {
+        Origin {
+            file: self.problems.file().to_path_buf(),
+            line: pos.line,
+        }
+    }
+
+    /// Fields envoyproxy/ratelimit knows but tollgate ignores: accepted, so an existing rules
+    /// directory loads unchanged, with a warning so nobody relies on them silently.
+    fn not_acted_on(&mut self, node: &Node, field: &str) {
+        self.problems.warn(
+            node.pos,
+            field,
+            "accepted for compatibility with envoyproxy/ratelimit but not acted on",
+        );
+    }
+
+    /// A field that must be there (`missing` says why, at `parent`) and be a non-empty string.
+    fn required_string(
+        &mut self,
+        node: Option<&Node>,
+        parent: Pos,
+        field: &str,
+        missing: &str,
+    ) -> Option<(String, Pos)> {
+        let Some(node) = node else {
+            self.error(parent, field, missing);
+            return None;
+        };
+        match yaml::string(self.problems, node, field) {
+            Some(s) if s.is_empty() => {
+                self.error(node.pos, field, "must not be empty");
+                None
+            }
+            other => other.map(|s| (s, node.pos)),
+        }
+    }
+
+    fn file(&mut self, text: &str) -> Option<Domain> {
+        let root = match yaml::parse(text) {
+            Ok(Some(root)) => root,
+            Ok(None) => {
+                self.error(
+                    Pos { line: 1, col: 1 },
+                    "",
+                    "the file is empty: expected `domain` and `descriptors`",
+                );
+                return None;
+            }
+            Err(e) => {
+                self.error(e.pos, "", format!("invalid YAML: {}", e.message));
+                return None;
+            }
+        };
+        let f = yaml::fields(self.problems, &root, "", &["domain", "descriptors"])?;
+        let domain = self.required_string(
+            f.get("domain").copied(),
+            root.pos,
+            "domain",
+            "missing: every rules file names its domain",
+        );
+        let level = match f.get("descriptors") {
+            Some(node) => self.level(node, "descriptors", "")?,
+            None => Level::default(),
+        };
+        let (name, pos) = domain?;
+        Some(Domain {
+            name: name.into(),
+            root: level,
+            origin: self.origin(pos),
+        })
+    }
+
+    /// A `descriptors:` list → one level of the tree.
+    fn level(&mut self, node: &Node, path: &str, key_path: &str) -> Option<Level> {
+        let items = yaml::seq(self.problems, node, path)?;
+        let mut level = Level::default();
+        let mut seen: HashMap<(String, Option<String>), usize> = HashMap::new();
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let field = format!("{path}[{i}]");
+            let Some(d) = self.descriptor(item, &field, key_path) else {
+                ok = false;
+                continue;
+            };
+            let id = (d.key.clone(), d.value.clone());
+            if let Some(first) = seen.get(&id) {
+                let shown = match &d.value {
+                    Some(v) => format!("key '{}' with value '{v}'", d.key),
+                    None => format!("key '{}' without a value", d.key),
+                };
+                self.error(
+                    item.pos,
+                    &field,
+                    format!("duplicate descriptor: {shown} is already declared at line {first}"),
+                );
+                ok = false;
+                continue;
+            }
+            seen.insert(id, item.pos.line);
+            let d = Arc::new(d);
+            match &d.value {
+                None => {
+                    level.bare.insert(d.key.clone(), d);
+                }
+                Some(v) if v.contains('*') => level.wildcard.push((d.key.clone(), v.clone(), d)),
+                Some(v) => {
+                    level
+                        .exact
+                        .entry(d.key.clone())
+                        .or_default()
+                        .insert(v.clone(), d);
+                }
+            }
+        }
+        ok.then_some(level)
+    }
+
+    fn descriptor(&mut self, node: &Node, path: &str, parent_keys: &str) -> Option<Descriptor> {
+        const FIELDS: &[&str] = &[
+            "key",
+            "value",
+            "rate_limit",
+            "rate_limits",
+            "descriptors",
+            "shadow_mode",
+            "share_threshold",
+            "detailed_metric",
+            "quota_mode",
+            "value_to_metric",
+            "metadata",
+        ];
+        let f = yaml::fields(self.problems, node, path, FIELDS)?;
+        let mut ok = true;
+        let key = self.required_string(
+            f.get("key").copied(),
+            node.pos,
+            &join(path, "key"),
+            "missing: every descriptor has a key",
+        );
+        // An empty value is the same as no value, as in the reference.
+        let value = match f.get("value") {
+            Some(n) if !n.is_null() => {
+                yaml::string(self.problems, n, &join(path, "value")).filter(|v| !v.is_empty())
+            }
+            _ => None,
+        };
+        // A flag that is not true or false is an error that refuses the descriptor, but the
+        // walk goes on as if it were false so the rest of it is still checked.
+        let mut flag = |walk: &mut Self, name: &str| match f.get(name) {
+            Some(n) => yaml::bool(walk.problems, n, &join(path, name)).unwrap_or_else(|| {
+                ok = false;
+                false
+            }),
+            None => false,
+        };
+        let shadow_mode = flag(self, "shadow_mode");
+        let share_threshold = flag(self, "share_threshold");
+        let detailed_metric = flag(self, "detailed_metric");
+        for ignored in ["quota_mode", "value_to_metric", "metadata"] {
+            if let Some(n) = f.get(ignored) {
+                self.not_acted_on(n, &join(path, ignored));
+            }
+        }
+        let (key, _) = key?;
+        let key_path = if parent_keys.is_empty() {
+            key.clone()
+        } else {
+            format!("{parent_keys}.{key}")
+        };
+        if share_threshold
+            && !value.as_deref().is_some_and(|v| v.contains('*'))
+            && let Some(n) = f.get("share_threshold")
+        {
+            self.error(
+                n.pos,
+                &join(path, "share_threshold"),
+                "only applies to a wildcard `value` (one containing `*`)",
+            );
+            ok = false;
+        }
+        let inherited = Inherited {
+            shadow_mode,
+            detailed_metric,
+        };
+        let limits = self.limits(&f, path, inherited, &key_path);
+        ok &= limits.is_some();
+        let children = match f.get("descriptors") {
+            Some(n) => self.level(n, &join(path, "descriptors"), &key_path),
+            None => Some(Level::default()),
+        };
+        let children = children?;
+        ok.then(|| Descriptor {
+            key,
+            value,
+            limits: limits.unwrap_or_default(),
+            share_threshold,
+            detailed_metric,
+            children,
+            origin: self.origin(node.pos),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use crate::rules::RulesError;
+    use crate::rules::load::{LoadOptions, load_sources};
+    use crate::rules::model::{RuleSet, Unit};
+
+    pub(super) fn load(text: &str) -> Result<RuleSet, RulesError> {
+        load_sources(
+            &[(PathBuf::from("r.yaml"), text.to_string())],
+            LoadOptions::default(),
+        )
+    }
+
+    /// The single error of a refused file, as `line: field: message`.
+    pub(super) fn refused(text: &str) -> (usize, String, String) {
+        let err = load(text).expect_err("should be refused");
+        assert_eq!(err.errors.len(), 1, "{err}");
+        let e = &err.errors[0];
+        (e.line, e.field.clone(), e.message.clone())
+    }
+
+    #[test]
+    fn loads_reference_shaped_rules() {
+        let set = load(
+            "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: Minute\n      requests_per_unit: 100\n    descriptors:\n      - key: endpoint\n        value: /search\n        rate_limit: {unit: second, requests_per_unit: 5, name: search}\n  - key: path\n    value: /api/*\n    shadow_mode: true\n    rate_limit: {unlimited: true}\n",
+        )
+        .unwrap();
+        let d = &set.domains["edge"];
+        let tenant = &d.root.bare["tenant"];
+        let rate = tenant.limits[0].rate.unwrap();
+        assert_eq!(
+            (rate.requests_per_unit, rate.unit, rate.burst),
+            (100, Unit::Minute, 100)
+        );
+        assert_eq!(&*tenant.limits[0].class, "tenant");
+        let ep = &tenant.children.exact["endpoint"]["/search"];
+        assert_eq!(&*ep.limits[0].class, "search");
+        assert_eq!(ep.origin.line, 8);
+        assert_eq!(d.root.wildcard[0].1, "/api/*");
+        assert!(d.root.wildcard[0].2.limits[0].rate.is_none());
+        assert_eq!(set.counts(), (1, 3, 3));
+    }
+
+    #[test]
+    fn refuses_bad_yaml_with_its_line() {
+        let (line, _, msg) = refused("domain: d\ndescriptors:\n  - key: a\n    value: [unclosed\n");
+        assert!(line >= 4, "{line}");
+        assert!(msg.starts_with("invalid YAML"), "{msg}");
+    }
+
+    #[test]
+    fn refuses_unknown_fields_at_their_line() {
+        let (line, field, msg) = refused(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      request_per_unit: 2\n",
+        );
+        assert_eq!(
+            (line, field.as_str()),
+            (7, "descriptors[0].rate_limit.request_per_unit")
+        );
+        assert!(msg.contains("unknown field"), "{msg}");
+        assert_eq!(refused("domain: d\nextra: 1\n").0, 2);
+    }
+
+    #[test]
+    fn refuses_empty_domain_and_key() {
+        let (line, field, msg) = refused("domain: \"\"\ndescriptors: []\n");
+        assert_eq!(
+            (line, field.as_str(), msg.as_str()),
+            (1, "domain", "must not be empty")
+        );
+        let (line, field, _) = refused("descriptors: []\n");
+        assert_eq!((line, field.as_str()), (1, "domain"));
+        let (line, field, msg) = refused("domain: d\ndescriptors:\n  - key: \"\"\n");
+        assert_eq!(
+            (line, field.as_str(), msg.as_str()),
+            (3, "descriptors[0].key", "must not be empty")
+        );
+        let (line, _, _) = refused("domain: d\ndescriptors:\n  - value: x\n");
+        assert_eq!(line, 3);
+        let (line, _, msg) = refused("");
+        assert_eq!(line, 1);
+        assert!(msg.contains("empty"));
+    }
+
+    #[test]
+    fn refuses_duplicate_keys_at_one_level() {
+        let (line, field, msg) = refused(
+            "domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: b\n  - key: a\n    value: x\n",
+        );
+        assert_eq!((line, field.as_str()), (6, "descriptors[2]"));
+        assert!(msg.contains("line 3"), "{msg}");
+        // Same key with different values, or at different levels, is fine.
+        assert!(load("domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: a\n  - key: b\n    descriptors:\n      - key: a\n").is_ok());
+    }
+
+    #[test]
+    fn collects_every_error_and_warns_about_ignored_fields() {
+        let err = load("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: eon, requests_per_unit: 1}\n  - key: b\n    bogus: 1\n").unwrap_err();
+        assert_eq!(err.errors.len(), 2, "{err}");
+        assert!(err.to_string().contains("r.yaml:4:"), "{err}");
+        let set = load("domain: d\ndescriptors:\n  - key: a\n    value_to_metric: true\n").unwrap();
+        assert_eq!(set.warnings.len(), 1);
+        assert!(
+            set.warnings[0].starts_with("r.yaml:4:"),
+            "{:?}",
+            set.warnings
+        );
+        // Both places that accept `quota_mode` word the warning the same way.
+        let set = load("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit:\n      unlimited: true\n      quota_mode: true\n").unwrap();
+        let said = "accepted for compatibility with envoyproxy/ratelimit but not acted on";
+        assert_eq!(
+            set.warnings,
+            [
+                format!("r.yaml:4: descriptors[0].quota_mode: {said}"),
+                format!("r.yaml:7: descriptors[0].rate_limit.quota_mode: {said}"),
+            ]
+        );
+    }
+}
