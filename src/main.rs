@@ -184,18 +184,7 @@ fn check(path: &std::path::Path, default_algorithm: Algorithm) -> ExitCode {
             for w in &set.warnings {
                 println!("warning: {w}");
             }
-            let (domains, nodes, limits) = set.counts();
-            let mut names: Vec<&String> = set.domains.keys().collect();
-            names.sort();
-            println!(
-                "ok: {} file(s), {domains} domain(s) [{}], {nodes} descriptor(s), {limits} limit(s)",
-                set.files.len(),
-                names
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            println!("{}", set.summary());
             ExitCode::SUCCESS
         }
         Err(e) => {
