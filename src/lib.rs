@@ -3,17 +3,26 @@
 //! # How one request flows
 //!
 //! 1. [`service::rls`] receives Envoy's `ShouldRateLimit` over gRPC, checks its bounds and
-//!    borrows it as a [`limiter::Request`] (the admin port's `/json` takes the same path).
+//!    borrows it as a [`limiter::Request`] (the admin port's `/json` takes the same path,
+//!    through the same [`service::Handler`]).
 //! 2. [`rules`] finds, per descriptor, the limits that apply (envoyproxy/ratelimit matching:
 //!    exact, wildcard, bare key; depth = number of entries).
-//! 3. [`keys`] names each bucket: a hash-tagged store key that cannot collide or break the tag.
-//! 4. [`limiter`] sends all of the request's bucket operations to the [`store`] in one call
-//!    and folds the answers into one status per descriptor; the math is [`limiter::bucket`].
-//! 5. [`service::response`] turns the decision into Envoy's response (statuses, headers);
-//!    [`telemetry`] counts it; [`admin`] exposes health and metrics.
+//! 3. [`limiter`] plans one store op per counted limit (`limiter::plan`), named by [`keys`]
+//!    (a hash-tagged store key that cannot collide or break the tag), sends all of them to
+//!    the [`store`] in one call and folds the answers into one status per descriptor
+//!    (`limiter::status`); the bucket math is [`limiter::bucket`], mirrored by `lua/*.lua`.
+//! 4. [`service::response`] turns the decision into Envoy's response (statuses, headers);
+//!    [`telemetry`] counts it; [`admin`] exposes health, readiness and metrics.
 //!
-//! [`app`] wires these together; [`settings`] reads the flat settings; [`clock`] is the one
-//! time source, so tests control time. [`loadgen`] is `tollgate bench`, the load generator.
+//! # Layout
+//!
+//! - [`app`]: wiring, and `app::serve` on listeners the caller bound (tests bind port 0).
+//! - [`settings`]: every setting declared once; flags, `TOLLGATE_*` and file keys derive from it.
+//! - [`rules`]: YAML with positions, loading, validation with file:line, matching, reload.
+//! - [`keys`], [`limiter`], [`store`] (memory, and `store::redis`: connect, pool, scripts,
+//!   errors, outage): the decision and where its state lives.
+//! - [`service`], [`admin`], [`telemetry`]: the surfaces.
+//! - [`clock`]: the one time source, so tests control time. [`loadgen`]: `tollgate bench`.
 
 #![forbid(unsafe_code)]
 
