@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use tollgate::rules::{self, Algorithm, LoadOptions};
-use tollgate::settings::{ServeArgs, Settings};
+use tollgate::settings::{self, ServeArgs, Settings};
 
 #[derive(Parser)]
 #[command(
@@ -115,7 +115,8 @@ fn report(result: anyhow::Result<bool>) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("tollgate: {e:#}");
+            // Every error of the library says its cause in its own text: print it once, not the chain.
+            eprintln!("tollgate: {e}");
             ExitCode::FAILURE
         }
     }
@@ -201,6 +202,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         let telemetry = tollgate::telemetry::init(&settings.log_level, &settings.otlp_endpoint)?;
+        for warning in settings::unknown_env_warnings(
+            std::env::vars_os().filter_map(|(name, _)| name.into_string().ok()),
+        ) {
+            tracing::warn!("{warning}");
+        }
         let result = tollgate::app::run(settings, tollgate::app::shutdown_signal()).await;
         // Flush the spans still buffered, also after a failed start.
         telemetry.shutdown();

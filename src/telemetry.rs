@@ -252,8 +252,12 @@ pub fn init(log_filter: &str, otlp_endpoint: &str) -> Result<Telemetry, Telemetr
                 .parse()
                 .map_err(|e| TelemetryError::Filter(format!("{e}")))?,
         );
+    // Colour only on a terminal: containers write logs to a pipe or a file, where escape
+    // codes are noise in every log viewer.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_filter(filter);
     let (otel, provider) = if otlp_endpoint.is_empty() {
         (None, None)
