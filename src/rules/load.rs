@@ -182,4 +182,26 @@ mod tests {
         let set = load_path(dir, LoadOptions::default()).unwrap();
         assert!(set.warnings.is_empty(), "{:?}", set.warnings);
     }
+
+    #[test]
+    fn refuses_a_second_yaml_document_at_its_line() {
+        let text = "domain: a\ndescriptors: []\n---\ndomain: b\n";
+        let err = load_sources(
+            &[(PathBuf::from("two.yaml"), text.to_string())],
+            LoadOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(err.errors.len(), 1, "{err}");
+        let e = &err.errors[0];
+        assert_eq!(e.line, 4, "{err}");
+        assert!(e.message.contains("second YAML document"), "{err}");
+        // A leading `---` and a trailing one without content are one document, as before.
+        let one = "---\ndomain: a\n---\n";
+        let set = load_sources(
+            &[(PathBuf::from("one.yaml"), one.to_string())],
+            LoadOptions::default(),
+        )
+        .unwrap();
+        assert!(set.domains.contains_key("a"));
+    }
 }

@@ -68,11 +68,12 @@ pub struct SyntaxError {
     pub message: String,
 }
 
-/// Parses one YAML document. An empty document gives `Ok(None)`.
+/// Parses a file that holds one YAML document; a second document is an error at its line.
+/// An empty document gives `Ok(None)`.
 pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
     let mut builder = Builder::default();
     let mut parser = Parser::new_from_str(text);
-    parser.load(&mut builder, false).map_err(|e| SyntaxError {
+    parser.load(&mut builder, true).map_err(|e| SyntaxError {
         pos: pos(e.marker()),
         message: e.info().to_string(),
     })?;
@@ -109,7 +110,22 @@ impl Builder {
             self.anchors.insert(anchor, node.clone());
         }
         match self.stack.last_mut() {
-            None => self.root = Some(node),
+            // A later document: empty ones (a trailing `---`) are harmless; one with content
+            // would be dropped without a word by a one-document reader (the reference's is),
+            // so the file is refused instead.
+            None => match &self.root {
+                Some(root) if !root.is_null() => {
+                    if !node.is_null() {
+                        self.error = Some(
+                            "a second YAML document (after `---`): a rules file holds one \
+                             document, one domain; put each domain in its own file"
+                                .to_string(),
+                        );
+                        self.error_pos = node.pos;
+                    }
+                }
+                _ => self.root = Some(node),
+            },
             Some((parent, _)) => match &mut parent.value {
                 Value::Seq(items) => items.push(node),
                 // Maps are built as a flat list of alternating keys and values (see MappingEnd).

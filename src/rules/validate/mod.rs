@@ -119,25 +119,36 @@ impl FileWalk<'_> {
         let mut ok = true;
         for (i, item) in items.iter().enumerate() {
             let field = format!("{path}[{i}]");
+            // Duplicates are checked on the raw key and value, before (and whatever) the rest
+            // of the descriptor says: a typo elsewhere in it must not hide this error until
+            // the typo is fixed.
+            let mut duplicate = false;
+            if let Some(id) = identity(item) {
+                if let Some(first) = seen.get(&id) {
+                    duplicate = true;
+                    let shown = match &id.1 {
+                        Some(v) => format!("key '{}' with value '{v}'", id.0),
+                        None => format!("key '{}' without a value", id.0),
+                    };
+                    self.error(
+                        item.pos,
+                        &field,
+                        format!(
+                            "duplicate descriptor: {shown} is already declared at line {first}"
+                        ),
+                    );
+                    ok = false;
+                } else {
+                    seen.insert(id, item.pos.line);
+                }
+            }
             let Some(d) = self.descriptor(item, &field, key_path) else {
                 ok = false;
                 continue;
             };
-            let id = (d.key.clone(), d.value.clone());
-            if let Some(first) = seen.get(&id) {
-                let shown = match &d.value {
-                    Some(v) => format!("key '{}' with value '{v}'", d.key),
-                    None => format!("key '{}' without a value", d.key),
-                };
-                self.error(
-                    item.pos,
-                    &field,
-                    format!("duplicate descriptor: {shown} is already declared at line {first}"),
-                );
-                ok = false;
+            if duplicate {
                 continue;
             }
-            seen.insert(id, item.pos.line);
             let d = Arc::new(d);
             match &d.value {
                 None => {
@@ -242,6 +253,26 @@ impl FileWalk<'_> {
     }
 }
 
+/// A descriptor's `(key, value)` as written, read without reporting anything (the full walk
+/// reports what is wrong with them); an empty value counts as none, as in the reference.
+fn identity(node: &Node) -> Option<(String, Option<String>)> {
+    let yaml::Value::Map(pairs) = &node.value else {
+        return None;
+    };
+    let scalar = |name: &str| {
+        pairs.iter().find_map(|(k, v)| match (&k.value, &v.value) {
+            (yaml::Value::Scalar { text: k, .. }, yaml::Value::Scalar { text, .. })
+                if k == name && !v.is_null() =>
+            {
+                Some(text.clone())
+            }
+            _ => None,
+        })
+    };
+    let key = scalar("key").filter(|k| !k.is_empty())?;
+    Some((key, scalar("value").filter(|v| !v.is_empty())))
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -337,6 +368,22 @@ mod tests {
         assert!(msg.contains("line 3"), "{msg}");
         // Same key with different values, or at different levels, is fine.
         assert!(load("domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: a\n  - key: b\n    descriptors:\n      - key: a\n").is_ok());
+    }
+
+    #[test]
+    fn a_duplicate_shows_in_the_same_pass_as_an_error_inside_either_copy() {
+        // Seen by a user: the duplicate only appeared once the unit typo was fixed.
+        let err = load(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hours, requests_per_unit: 1}\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+        )
+        .unwrap_err();
+        let lines: Vec<usize> = err.errors.iter().map(|e| e.line).collect();
+        assert_eq!(lines, [4, 5], "{err}");
+        assert!(err.errors[0].message.contains("hours"), "{err}");
+        assert!(
+            err.errors[1].message.contains("duplicate descriptor"),
+            "{err}"
+        );
     }
 
     #[test]
