@@ -3,7 +3,7 @@
 //! | route          | answer |
 //! |----------------|--------|
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
-//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining; a JSON body: status, rules (domains, limits), store (kind, state) |
+//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded); a JSON body: status, rules (domains, limits), store (kind, state) |
 //! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry.rs` |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit |
@@ -59,10 +59,17 @@ pub fn router(state: Arc<AdminState>) -> Router {
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let store = s.handler.limiter.store();
     let (domains, _, limits) = s.handler.rules.load().counts();
-    let ready = s.ready.load(Ordering::SeqCst);
+    let serving = s.ready.load(Ordering::SeqCst);
+    let (ready, status) = if !serving {
+        (false, "not ready")
+    } else if domains == 0 && s.settings.unready_without_rules {
+        (false, "no rules loaded")
+    } else {
+        (true, "ready")
+    };
     // The store's state is information, not a condition: see the module doc.
     let body = json!({
-        "status": if ready { "ready" } else { "not ready" },
+        "status": status,
         "rules": { "domains": domains, "limits": limits },
         "store": { "kind": store.name(), "state": store.state() },
     });

@@ -181,6 +181,14 @@ fn bench_baseline(addr: std::net::SocketAddr) -> anyhow::Result<bool> {
 
 fn check(path: &std::path::Path, default_algorithm: Algorithm) -> ExitCode {
     match rules::load_path(path, LoadOptions { default_algorithm }) {
+        Ok(set) if set.files.is_empty() => {
+            // A path one level too high loads nothing: every request would pass.
+            eprintln!(
+                "{}: no rules files (*.yaml, *.yml) here: nothing would be limited",
+                path.display()
+            );
+            ExitCode::FAILURE
+        }
         Ok(set) => {
             for w in &set.warnings {
                 println!("warning: {w}");

@@ -102,6 +102,8 @@ settings! {
         "longest descriptor value";
     max_message_bytes: usize = 1 << 20,
         "largest gRPC request message";
+    unready_without_rules: bool = false,
+        "/readyz answers 503 while no domain is loaded (a wrong rules path keeps the replica out of service)";
     reload_interval_ms: u64 = 2_000,
         "how often to look for changed rules files (0: never)";
     log_level: String = "info".to_string(),
