@@ -47,6 +47,9 @@ enum ConnectError {
 /// One entry of the pool: a connection, or none while it is being (re)made.
 struct PoolEntry {
     conn: ArcSwapOption<Conn>,
+    /// Its last call or ping answered. A held connection that failed one is not counted as
+    /// connected (gauge, state) until it answers again or is replaced.
+    live: AtomicBool,
     /// A call on it timed out or failed: the keeper should check it now.
     suspect: AtomicBool,
     /// When it last answered (ms since the pool started).
@@ -96,6 +99,7 @@ impl Pool {
             entries: (0..size)
                 .map(|_| PoolEntry {
                     conn: ArcSwapOption::empty(),
+                    live: AtomicBool::new(false),
                     suspect: AtomicBool::new(false),
                     last_ok_ms: AtomicU64::new(0),
                 })
@@ -134,17 +138,19 @@ impl Pool {
         self.started.elapsed().as_millis() as u64
     }
 
-    fn held(&self) -> usize {
+    /// Entries whose connection answered its last call or ping.
+    fn live(&self) -> usize {
         self.entries
             .iter()
-            .filter(|e| e.conn.load().is_some())
+            .filter(|e| e.live.load(Ordering::Relaxed) && e.conn.load().is_some())
             .count()
     }
 
-    /// `connected` (connections held and the last call answered), `degraded` (connections
-    /// held but the last call failed) or `disconnected` (none held: calls fail fast).
+    /// `connected` (a connection answers and the last call succeeded), `degraded` (one
+    /// answers but the last call failed) or `disconnected` (none answers: calls fail fast or
+    /// time out).
     pub(super) fn state(&self) -> &'static str {
-        if self.held() == 0 {
+        if self.live() == 0 {
             "disconnected"
         } else if self.healthy.load(Ordering::Relaxed) {
             "connected"
@@ -164,7 +170,7 @@ impl Pool {
         self.metrics
             .connections
             .get_or_create(&StateLabels { state: "connected" })
-            .set(self.held() as i64);
+            .set(self.live() as i64);
     }
 
     /// The next held connection, round-robin; `None` (and the keeper woken) when none is held.
@@ -185,10 +191,12 @@ impl Pool {
     }
 
     pub(super) fn call_succeeded(&self, picked: &Picked) {
-        self.entries[picked.entry]
-            .last_ok_ms
-            .store(self.now_ms(), Ordering::Relaxed);
+        let entry = &self.entries[picked.entry];
+        entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
         self.healthy.store(true, Ordering::Relaxed);
+        if !entry.live.swap(true, Ordering::Relaxed) {
+            self.update_gauge();
+        }
     }
 
     /// A call on `picked` failed with `kind` (a timeout included).
@@ -211,6 +219,9 @@ impl Pool {
             }
             StoreErrorKind::Timeout => {}
             _ => return,
+        }
+        if entry.live.swap(false, Ordering::Relaxed) {
+            self.update_gauge();
         }
         entry.suspect.store(true, Ordering::Relaxed);
         self.wake.notify_one();
@@ -275,6 +286,10 @@ impl Pool {
     /// Returns whether every entry holds a connection that answered.
     pub(super) async fn tend(&self) -> bool {
         let mut all_ok = true;
+        // After one failed connection attempt Redis is likely down: the other entries due for
+        // a check are marked as not connected (so the gauge tells the truth) without another
+        // attempt this round.
+        let mut connect_failed = false;
         for entry in self.entries.iter() {
             let held = entry.conn.load_full();
             // What a replacement swaps out: `held`, or nothing once a dead one was dropped.
@@ -287,9 +302,18 @@ impl Pool {
                 if !suspect && idle < TICK.as_millis() as u64 {
                     continue;
                 }
+                if connect_failed {
+                    // Redis did not let us connect a moment ago: this one, due for a check,
+                    // is not counted as connected, and the round stays short (no more
+                    // pings that would each wait out the connect timeout).
+                    entry.live.store(false, Ordering::Relaxed);
+                    all_ok = false;
+                    continue;
+                }
                 match self.ping(conn).await {
                     Ok(true) => {
                         entry.suspect.store(false, Ordering::Relaxed);
+                        entry.live.store(true, Ordering::Relaxed);
                         entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
                         self.healthy.store(true, Ordering::Relaxed);
                         continue;
@@ -305,13 +329,19 @@ impl Pool {
                         }
                     }
                 }
+                entry.live.store(false, Ordering::Relaxed);
                 self.healthy.store(false, Ordering::Relaxed);
+            }
+            if connect_failed {
+                all_ok = false;
+                continue;
             }
             match self.open().await {
                 Ok(conn) => {
                     // Replace only what we looked at: a request may have cleared it meanwhile.
                     entry.conn.compare_and_swap(&expected, Some(Arc::new(conn)));
                     entry.suspect.store(false, Ordering::Relaxed);
+                    entry.live.store(true, Ordering::Relaxed);
                     entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
                     self.healthy.store(true, Ordering::Relaxed);
                 }
@@ -320,7 +350,7 @@ impl Pool {
                     // new one cannot be made either: Redis may be paused or slow rather than
                     // gone, and a kept connection still answers once it resumes.
                     all_ok = false;
-                    break;
+                    connect_failed = true;
                 }
             }
         }
