@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use tollgate::loadgen::{self, BenchArgs};
 use tollgate::rules::{self, Algorithm, LoadOptions};
 use tollgate::settings::{self, Settings, Sources};
 
@@ -39,53 +40,6 @@ enum Command {
         #[arg(long, value_parser = parse_algorithm, default_value = "token_bucket")]
         default_algorithm: Algorithm,
     },
-}
-
-/// Load-test any Envoy RLS v3 server: closed-loop gRPC requests, or `--check-limit`.
-#[derive(Args)]
-struct BenchArgs {
-    /// host:port of the RateLimitService.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    target: String,
-    /// HTTP/2 connections.
-    #[arg(long, default_value_t = 4)]
-    connections: usize,
-    /// Requests in flight (closed loop).
-    #[arg(long, default_value_t = 32)]
-    concurrency: usize,
-    /// Seconds to measure.
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
-    /// Seconds of warm-up before measuring.
-    #[arg(long, default_value_t = 2.0)]
-    warmup: f64,
-    #[arg(long, default_value = "bench")]
-    domain: String,
-    /// Descriptor key; values are `k0`, `k1`, … from the key space.
-    #[arg(long, default_value = "tenant")]
-    key: String,
-    /// Number of distinct values.
-    #[arg(long, default_value_t = 1)]
-    keys: u64,
-    /// Zipf exponent for skewed keys (e.g. 1.1); uniform when absent.
-    #[arg(long)]
-    zipf: Option<f64>,
-    /// Descriptors per request.
-    #[arg(long, default_value_t = 1)]
-    descriptors: usize,
-    /// Name of the scenario in the output.
-    #[arg(long, default_value = "bench")]
-    label: String,
-    /// Instead of a load run: fire --requests concurrent requests at one key and compare the
-    /// number admitted with this limit (exit 1 if they differ).
-    #[arg(long)]
-    check_limit: Option<u64>,
-    /// Requests for --check-limit (default 4 × the limit).
-    #[arg(long)]
-    requests: Option<u64>,
-    /// No per-second progress lines.
-    #[arg(long)]
-    quiet: bool,
 }
 
 fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
@@ -217,60 +171,18 @@ fn report(result: anyhow::Result<bool>) -> ExitCode {
 }
 
 fn bench(args: BenchArgs) -> anyhow::Result<bool> {
-    use tollgate::loadgen;
-    let secs = |s: f64, name: &str| {
-        anyhow::ensure!(
-            s.is_finite() && s >= 0.0,
-            "--{name} must be a number of seconds"
-        );
-        Ok(std::time::Duration::from_secs_f64(s))
-    };
-    let cfg = loadgen::BenchConfig {
-        target: args.target,
-        connections: args.connections,
-        concurrency: args.concurrency,
-        duration: secs(args.duration, "duration")?,
-        warmup: secs(args.warmup, "warmup")?,
-        domain: args.domain,
-        key: args.key,
-        keys: args.keys,
-        zipf: args.zipf,
-        descriptors: args.descriptors,
-        label: args.label,
-        progress: !args.quiet && args.duration > 5.0,
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    if let Some(limit) = args.check_limit {
-        let requests = args.requests.unwrap_or(limit.saturating_mul(4).max(1));
-        let r = runtime.block_on(loadgen::check_limit(cfg, limit, requests))?;
-        println!(
-            "admitted {} of {} requests (limit {}): {}",
-            r.admitted,
-            r.requests,
-            r.limit,
-            if r.exact() { "exact" } else { "NOT exact" }
-        );
-        println!("{}", serde_json::to_string(&r)?);
-        return Ok(r.exact());
-    }
-    let r = runtime.block_on(loadgen::run(cfg))?;
-    println!("{}", r.text());
-    println!("{}", serde_json::to_string(&r)?);
-    Ok(true)
+    Ok(runtime.block_on(loadgen::run_cli(args))?)
 }
 
 fn bench_baseline(addr: std::net::SocketAddr) -> anyhow::Result<bool> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        eprintln!("no-op RLS baseline on {addr}");
-        tollgate::loadgen::serve_noop(listener, shutdown_signal()).await?;
-        Ok(true)
-    })
+    runtime.block_on(loadgen::serve_baseline(addr, shutdown_signal()))?;
+    Ok(true)
 }
 
 fn check(path: &std::path::Path, default_algorithm: Algorithm) -> ExitCode {
