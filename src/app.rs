@@ -23,9 +23,9 @@ use crate::limiter::{Limiter, LimiterConfig};
 use crate::rules::{self, LoadOptions, RulesError};
 use crate::service::rls::Rls;
 use crate::service::{Bounds, Handler};
-use crate::settings::Settings;
+use crate::settings::{self, Settings, SettingsError, Sources};
 use crate::store::{Store, StoreError};
-use crate::telemetry::Metrics;
+use crate::telemetry::{self, Metrics, TelemetryError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -43,6 +43,10 @@ pub enum AppError {
     Grpc(#[source] tonic::transport::Error),
     #[error("admin server failed: {0}")]
     Admin(#[source] std::io::Error),
+    #[error("{0}")]
+    Settings(#[from] SettingsError),
+    #[error("{0}")]
+    Telemetry(#[from] TelemetryError),
 }
 
 /// The two listeners tollgate serves on, bound by the caller.
@@ -69,6 +73,22 @@ const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How often the store's housekeeping runs (the memory store drops idle buckets).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// `tollgate serve`: settings from `sources` (validated before anything starts), logging and
+/// traces, a warning per `TOLLGATE_*` variable of the process that is not a setting, then
+/// [`run`] until Ctrl-C or SIGTERM; buffered spans are flushed on the way out.
+pub async fn run_with_env(sources: &Sources) -> Result<(), AppError> {
+    let settings = Settings::load(sources)?;
+    let telemetry = telemetry::init(&settings.log_level, &settings.otlp_endpoint)?;
+    let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+    for warning in settings::unknown_env_warnings(names) {
+        tracing::warn!("{warning}");
+    }
+    let result = run(settings, shutdown_signal()).await;
+    // Flush the spans still buffered, also after a failed start.
+    telemetry.shutdown();
+    result
+}
 
 /// Runs tollgate on the configured addresses with the system clock until `shutdown` resolves.
 pub async fn run(

@@ -10,10 +10,15 @@
 //!
 //! `--check-limit L` instead fires `requests` concurrent requests at one key and reports how
 //! many were admitted against L: the quick test of "one quota across every replica".
+//!
+//! Flow: the `bench` flags ([`BenchArgs`]) become a [`BenchConfig`] in [`run_cli`], which
+//! runs [`run`] or [`check_limit`] and prints the report; `bench-baseline` is
+//! [`serve_baseline`]. Both are async: the binary runs them on its one runtime.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, TryFromFloatSecsError};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -23,10 +28,121 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf, ZipfError};
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
-/// What to run; `main.rs` fills it from flags.
+/// Load-test any Envoy RLS v3 server: closed-loop gRPC requests, or `--check-limit`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// host:port of the RateLimitService.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub target: String,
+    /// HTTP/2 connections.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Requests in flight (closed loop).
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Seconds to measure.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration: f64,
+    /// Seconds of warm-up before measuring.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
+    #[arg(long, default_value = "bench")]
+    pub domain: String,
+    /// Descriptor key; values are `k0`, `k1`, … from the key space.
+    #[arg(long, default_value = "tenant")]
+    pub key: String,
+    /// Number of distinct values.
+    #[arg(long, default_value_t = 1)]
+    pub keys: u64,
+    /// Zipf exponent for skewed keys (e.g. 1.1); uniform when absent.
+    #[arg(long)]
+    pub zipf: Option<f64>,
+    /// Descriptors per request.
+    #[arg(long, default_value_t = 1)]
+    pub descriptors: usize,
+    /// Name of the scenario in the output.
+    #[arg(long, default_value = "bench")]
+    pub label: String,
+    /// Instead of a load run: fire --requests concurrent requests at one key and compare the
+    /// number admitted with this limit (exit 1 if they differ).
+    #[arg(long)]
+    pub check_limit: Option<u64>,
+    /// Requests for --check-limit (default 4 × the limit).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// No per-second progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl BenchArgs {
+    /// The run these flags describe.
+    pub fn config(&self) -> Result<BenchConfig, BenchError> {
+        let secs = |s: f64, flag: &'static str| {
+            Duration::try_from_secs_f64(s).map_err(|source| BenchError::Seconds { flag, source })
+        };
+        Ok(BenchConfig {
+            target: self.target.clone(),
+            connections: self.connections,
+            concurrency: self.concurrency,
+            duration: secs(self.duration, "duration")?,
+            warmup: secs(self.warmup, "warmup")?,
+            domain: self.domain.clone(),
+            key: self.key.clone(),
+            keys: self.keys,
+            zipf: self.zipf,
+            descriptors: self.descriptors,
+            label: self.label.clone(),
+            // Short runs (tests, `make bench` smoke runs) stay quiet without being told.
+            progress: !self.quiet && self.duration > 5.0,
+        })
+    }
+}
+
+/// `tollgate bench`: runs what `args` ask for and prints the report, as text and as one JSON
+/// line (the last line of stdout, for scripts). `Ok(false)`: `--check-limit` was not exact.
+pub async fn run_cli(args: BenchArgs) -> Result<bool, BenchError> {
+    let cfg = args.config()?;
+    if let Some(limit) = args.check_limit {
+        let requests = args.requests.unwrap_or(limit.saturating_mul(4).max(1));
+        let r = check_limit(cfg, limit, requests).await?;
+        println!(
+            "admitted {} of {} requests (limit {}): {}",
+            r.admitted,
+            r.requests,
+            r.limit,
+            if r.exact() { "exact" } else { "NOT exact" }
+        );
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(r.exact());
+    }
+    let r = run(cfg).await?;
+    println!("{}", r.text());
+    println!("{}", serde_json::to_string(&r)?);
+    Ok(true)
+}
+
+/// `tollgate bench-baseline`: the no-op server on `addr` until `shutdown` resolves.
+pub async fn serve_baseline(
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), BenchError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| BenchError::Bind { addr, source })?;
+    eprintln!("no-op RLS baseline on {addr}");
+    serve_noop(listener, shutdown)
+        .await
+        .map_err(BenchError::Serve)
+}
+
+/// What to run; [`BenchArgs::config`] fills it from flags.
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
     pub target: String,
@@ -46,12 +162,36 @@ pub struct BenchConfig {
     pub progress: bool,
 }
 
+/// Why a bench run or the baseline server stopped. Each variant keeps its cause as
+/// `source()` rather than as text, so the binary's `{:#}` prints the whole chain.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("cannot connect to {target}: {message}")]
-    Connect { target: String, message: String },
-    #[error("bad setting: {0}")]
-    Config(String),
+    #[error("cannot connect to {target}")]
+    Connect {
+        target: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("--{flag} must be a number of seconds")]
+    Seconds {
+        flag: &'static str,
+        #[source]
+        source: TryFromFloatSecsError,
+    },
+    #[error("bad setting: concurrency and descriptors must be at least 1")]
+    NothingToSend,
+    #[error("bad setting: --zipf")]
+    Zipf(#[source] ZipfError),
+    #[error("cannot write the JSON report")]
+    Json(#[from] serde_json::Error),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the baseline server failed")]
+    Serve(#[source] tonic::transport::Error),
 }
 
 /// The result of a load run.
@@ -101,54 +241,33 @@ impl BenchReport {
     }
 }
 
-/// A small, fast generator (xorshift64*): load generation needs speed, not cryptography.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// Picks key indexes: uniform, or Zipf by inverse CDF over a precomputed table.
+/// Picks key indexes in `0..n`: uniform, or Zipf-skewed (index 0 the hottest).
 enum KeySpace {
     Uniform(u64),
-    Zipf(Vec<f64>),
+    Zipf { n: u64, ranks: Zipf<f64> },
 }
 
 impl KeySpace {
-    fn new(keys: u64, zipf: Option<f64>) -> KeySpace {
-        match zipf {
-            None => KeySpace::Uniform(keys.max(1)),
-            Some(s) => {
-                let mut cdf = Vec::with_capacity(keys as usize);
-                let mut sum = 0.0;
-                for i in 0..keys.max(1) {
-                    sum += 1.0 / ((i + 1) as f64).powf(s);
-                    cdf.push(sum);
-                }
-                for c in &mut cdf {
-                    *c /= sum;
-                }
-                KeySpace::Zipf(cdf)
-            }
-        }
+    /// `keys` distinct keys (at least one); `zipf`: the exponent, `None` for uniform.
+    fn new(keys: u64, zipf: Option<f64>) -> Result<KeySpace, BenchError> {
+        let n = keys.max(1);
+        Ok(match zipf {
+            None => KeySpace::Uniform(n),
+            Some(s) => KeySpace::Zipf {
+                n,
+                ranks: Zipf::new(n as f64, s).map_err(BenchError::Zipf)?,
+            },
+        })
     }
 
-    fn pick(&self, rng: &mut Rng) -> u64 {
+    fn pick(&self, rng: &mut SmallRng) -> u64 {
         match self {
-            KeySpace::Uniform(n) => rng.next() % n,
-            KeySpace::Zipf(cdf) => {
-                let u = rng.unit();
-                cdf.partition_point(|&c| c < u).min(cdf.len() - 1) as u64
+            KeySpace::Uniform(n) => rng.random_range(0..*n),
+            // A sample is a rank in 1..=n (a whole f64); rank 1 is key 0. The clamp only
+            // guards the float-to-int conversion.
+            KeySpace::Zipf { n, ranks } => {
+                let rank = ranks.sample(rng) as u64;
+                rank.saturating_sub(1).min(n - 1)
             }
         }
     }
@@ -163,9 +282,9 @@ async fn connect(
     } else {
         format!("http://{target}")
     };
-    let endpoint = Endpoint::from_shared(uri).map_err(|e| BenchError::Connect {
+    let endpoint = Endpoint::from_shared(uri).map_err(|source| BenchError::Connect {
         target: target.to_string(),
-        message: e.to_string(),
+        source,
     })?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n.max(1) {
@@ -176,16 +295,16 @@ async fn connect(
             .connect_timeout(Duration::from_secs(5))
             .connect()
             .await
-            .map_err(|e| BenchError::Connect {
+            .map_err(|source| BenchError::Connect {
                 target: target.to_string(),
-                message: e.to_string(),
+                source,
             })?;
         out.push(RateLimitServiceClient::new(ch));
     }
     Ok(out)
 }
 
-fn build_request(cfg: &BenchConfig, keys: &KeySpace, rng: &mut Rng) -> RateLimitRequest {
+fn build_request(cfg: &BenchConfig, keys: &KeySpace, rng: &mut SmallRng) -> RateLimitRequest {
     RateLimitRequest {
         domain: cfg.domain.clone(),
         descriptors: (0..cfg.descriptors)
@@ -213,13 +332,11 @@ struct Counts {
 /// Runs the closed-loop load and returns the report.
 pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
     if cfg.concurrency == 0 || cfg.descriptors == 0 {
-        return Err(BenchError::Config(
-            "concurrency and descriptors must be at least 1".into(),
-        ));
+        return Err(BenchError::NothingToSend);
     }
+    let keys = Arc::new(KeySpace::new(cfg.keys, cfg.zipf)?);
     let clients = connect(&cfg.target, cfg.connections).await?;
     let cfg = Arc::new(cfg);
-    let keys = Arc::new(KeySpace::new(cfg.keys, cfg.zipf));
     let counts = Arc::new(Counts::default());
     let recording = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -234,7 +351,8 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
             stop.clone(),
         );
         tasks.push(tokio::spawn(async move {
-            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((i as u64 + 1) << 17));
+            // A fixed seed per task: runs are repeatable, tasks do not pick in lockstep.
+            let mut rng = SmallRng::seed_from_u64(0x9E37_79B9_7F4A_7C15 ^ ((i as u64 + 1) << 17));
             let mut latencies: Vec<u32> = Vec::with_capacity(1 << 14);
             while !stop.load(Ordering::Relaxed) {
                 let req = build_request(&cfg, &keys, &mut rng);
@@ -419,13 +537,75 @@ mod tests {
 
     #[test]
     fn zipf_is_skewed_and_uniform_is_not() {
-        let mut rng = Rng(7);
-        let zipf = KeySpace::new(1000, Some(1.1));
+        let mut rng = SmallRng::seed_from_u64(7);
+        let zipf = KeySpace::new(1000, Some(1.1)).unwrap();
         let hits = (0..10_000).filter(|_| zipf.pick(&mut rng) == 0).count();
         assert!(hits > 1000, "the hottest key gets a large share: {hits}");
-        let uniform = KeySpace::new(1000, None);
+        let uniform = KeySpace::new(1000, None).unwrap();
         let hits = (0..10_000).filter(|_| uniform.pick(&mut rng) == 0).count();
         assert!(hits < 50, "{hits}");
-        assert!((0..1000).all(|_| zipf.pick(&mut rng) < 1000));
+        // Every key can come up, and nothing outside the key space does.
+        let picked: std::collections::HashSet<u64> =
+            (0..100_000).map(|_| zipf.pick(&mut rng)).collect();
+        assert!(picked.iter().all(|&k| k < 1000));
+        assert!(picked.contains(&999) && picked.contains(&0));
+        let uniform: std::collections::HashSet<u64> =
+            (0..100_000).map(|_| uniform.pick(&mut rng)).collect();
+        assert_eq!(uniform.len(), 1000);
+    }
+
+    #[test]
+    fn one_key_and_a_bad_exponent() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        for keys in [0, 1] {
+            for space in [KeySpace::new(keys, None), KeySpace::new(keys, Some(1.1))] {
+                let space = space.unwrap();
+                assert!((0..100).all(|_| space.pick(&mut rng) == 0));
+            }
+        }
+        assert!(matches!(
+            KeySpace::new(10, Some(-1.0)),
+            Err(BenchError::Zipf(_))
+        ));
+    }
+
+    /// The `bench` flags, parsed as the binary parses them.
+    fn args(flags: &[&str]) -> BenchArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let argv = std::iter::once("bench").chain(flags.iter().copied());
+        <Cli as clap::Parser>::try_parse_from(argv).unwrap().bench
+    }
+
+    #[test]
+    fn flags_become_the_config() {
+        let cfg = args(&[]).config().unwrap();
+        assert_eq!(
+            (cfg.target.as_str(), cfg.connections, cfg.concurrency),
+            ("127.0.0.1:8081", 4, 32)
+        );
+        assert_eq!(
+            (cfg.duration, cfg.warmup, cfg.progress),
+            (Duration::from_secs(10), Duration::from_secs(2), true)
+        );
+        let cfg = args(&["--duration", "1.5", "--zipf", "1.1", "--keys", "9"])
+            .config()
+            .unwrap();
+        assert_eq!(
+            (cfg.duration, cfg.zipf, cfg.keys, cfg.progress),
+            (Duration::from_millis(1500), Some(1.1), 9, false)
+        );
+        assert!(!args(&["--quiet"]).config().unwrap().progress);
+        for bad in ["-1", "NaN", "inf", "1e300"] {
+            let e = args(&[&format!("--warmup={bad}")]).config().unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "--warmup must be a number of seconds",
+                "{bad}"
+            );
+        }
     }
 }

@@ -96,6 +96,19 @@ pub enum Algorithm {
     SlidingWindow,
 }
 
+/// A name that is not one of [`Algorithm::NAMES`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown algorithm '{0}' ({names})", names = Algorithm::NAMES)]
+pub struct UnknownAlgorithm(pub String);
+
+impl std::str::FromStr for Algorithm {
+    type Err = UnknownAlgorithm;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::parse(s).ok_or_else(|| UnknownAlgorithm(s.to_string()))
+    }
+}
+
 impl Algorithm {
     pub fn name(self) -> &'static str {
         match self {

@@ -1,0 +1,114 @@
+//! Test support for the limiter's unit tests (`mod.rs`, `plan.rs`, `status.rs`): one rules
+//! file covering every kind of limit, a [`Limiter`] over the memory store with a manual clock,
+//! and a shorthand for requests.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{Code, Decision, Limiter, LimiterConfig, Request, RequestDescriptor};
+use crate::clock::Clock;
+use crate::rules::load::{LoadOptions, load_sources};
+use crate::rules::{Algorithm, RuleSet};
+use crate::store::{MemoryStore, Store};
+use crate::telemetry::Metrics;
+
+const RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: tenant
+    value: vip
+    rate_limit: {unit: hour, requests_per_unit: 1, name: vip, replaces: [{name: plan}]}
+  - key: plan
+    rate_limit: {unit: hour, requests_per_unit: 1, name: plan}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: zero
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: both
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {unit: hour, requests_per_unit: 2, name: sustained}
+  - key: group
+    value: "g-*"
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: window
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
+  - key: slide
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window}
+"#;
+
+pub(super) struct Fixture {
+    pub(super) rules: RuleSet,
+    pub(super) config: LimiterConfig,
+    pub(super) limiter: Limiter,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) clock: Clock,
+}
+
+/// The rules above, a memory store at 1.7e12 ms (20 s into a minute), key prefix `t:`.
+pub(super) fn fixture(shadow_mode: bool) -> Fixture {
+    let rules = load_sources(
+        &[(PathBuf::from("t.yaml"), RULES.to_string())],
+        LoadOptions::default(),
+    )
+    .unwrap();
+    let clock = Clock::manual(1_700_000_000_000);
+    let metrics = Arc::new(Metrics::new());
+    let config = LimiterConfig {
+        key_prefix: "t:".into(),
+        shadow_mode,
+        default_algorithm: Algorithm::TokenBucket,
+    };
+    let limiter = Limiter::new(
+        Store::Memory(MemoryStore::new(clock.clone())),
+        config.clone(),
+        metrics.clone(),
+    );
+    Fixture {
+        rules,
+        config,
+        limiter,
+        metrics,
+        clock,
+    }
+}
+
+/// A request with one descriptor per entry list, no costs, no overrides.
+pub(super) fn req<'a>(domain: &'a str, descs: &[&[(&'a str, &'a str)]]) -> Request<'a> {
+    Request {
+        domain,
+        descriptors: descs
+            .iter()
+            .map(|e| RequestDescriptor {
+                entries: e.to_vec(),
+                hits_addend: None,
+                limit_override: None,
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+impl Fixture {
+    pub(super) fn decide(&self, r: &Request<'_>) -> Decision {
+        block_on(self.limiter.decide(&self.rules, r)).unwrap()
+    }
+
+    pub(super) fn codes(&self, r: &Request<'_>) -> Vec<Code> {
+        self.decide(r).statuses.iter().map(|s| s.code).collect()
+    }
+}
+
+/// Runs a future to completion on a fresh current-thread runtime.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
+}

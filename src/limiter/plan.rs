@@ -1,0 +1,384 @@
+//! Planning a request: which limits apply to each descriptor and which store ops count them.
+//!
+//! Data flows in three steps, all in memory:
+//! 1. match: each descriptor's entries walk the domain's descriptor tree (`rules::matcher`),
+//!    giving its node and which entries a `share_threshold` wildcard folds into one bucket;
+//! 2. limits: Envoy's per-descriptor override if the request carries one (it replaces the
+//!    rules' limit, as in the reference), else the node's limits minus those named by any
+//!    matched limit's `replaces`;
+//! 3. ops: every counted limit (not `unlimited`) becomes one [`Op`]: its bucket key
+//!    (`keys::bucket_key`), its [`OpKind`] (from the limit's [`Rate`]) and the descriptor's
+//!    cost.
+//!
+//! The [`Plan`] keeps, next to the ops, which descriptor and limit each op counts, so the
+//! store's outcomes (one per op, same order) can be folded back per descriptor (`status.rs`).
+
+use std::sync::Arc;
+
+use super::{LimitOverride, LimiterConfig, Request};
+use crate::keys;
+use crate::rules::matcher;
+use crate::rules::model::Origin;
+use crate::rules::{Algorithm, Domain, Limit, Rate};
+use crate::store::{Op, OpKind};
+
+/// The metrics class of every Envoy-supplied limit override: one series, whatever the values.
+pub const OVERRIDE_CLASS: &str = "envoy_override";
+
+/// What a request will do to the store, and to which descriptor each part belongs.
+pub(super) struct Plan {
+    /// The limits of each descriptor, in request order (empty: no rule matched, or all of
+    /// its limits were replaced). Unlimited limits are here but have no op.
+    pub(super) limits: Vec<Vec<Arc<Limit>>>,
+    /// One per op, in the same order: the descriptor and limit the op counts.
+    pub(super) planned: Vec<Planned>,
+    pub(super) ops: Vec<Op>,
+}
+
+/// A counted limit of descriptor `desc` (an `Arc` clone: the rules' own, or an override).
+pub(super) struct Planned {
+    pub(super) desc: usize,
+    pub(super) limit: Arc<Limit>,
+}
+
+/// The store operation that enforces a rate, by its algorithm.
+impl From<Rate> for OpKind {
+    fn from(rate: Rate) -> Self {
+        let window_ms = rate.window_ms();
+        match rate.algorithm {
+            Algorithm::TokenBucket => OpKind::TokenBucket {
+                capacity: rate.burst,
+                refill: u64::from(rate.requests_per_unit),
+                window_ms,
+            },
+            Algorithm::FixedWindow => OpKind::FixedWindow {
+                limit: u64::from(rate.requests_per_unit),
+                window_ms,
+            },
+            Algorithm::SlidingWindow => OpKind::SlidingWindow {
+                limit: u64::from(rate.requests_per_unit),
+                window_ms,
+            },
+        }
+    }
+}
+
+/// Plans `req` against `domain` (the rules of `req.domain`). `override_class` is the shared
+/// metrics class of Envoy overrides ([`OVERRIDE_CLASS`]), passed in so no request allocates it.
+pub(super) fn plan(
+    domain: &Domain,
+    req: &Request<'_>,
+    config: &LimiterConfig,
+    override_class: &Arc<str>,
+) -> Plan {
+    // 1. Match: the node of each descriptor (and which values share a bucket).
+    let matches: Vec<Option<matcher::Match<'_>>> = req
+        .descriptors
+        .iter()
+        .map(|d| matcher::find(domain, &d.entries))
+        .collect();
+
+    // 2. The limits of each descriptor. `replaces` works across descriptors: a limit matched
+    //    anywhere in the request drops the limits it names everywhere in it.
+    let replaced: Vec<&str> = matches
+        .iter()
+        .flatten()
+        .flat_map(|m| m.node.limits.iter())
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+    let limits: Vec<Vec<Arc<Limit>>> = req
+        .descriptors
+        .iter()
+        .zip(&matches)
+        .map(|(d, m)| match (d.limit_override, m) {
+            (Some(o), _) => vec![override_limit(
+                o,
+                config.default_algorithm,
+                override_class.clone(),
+            )],
+            (None, Some(m)) => m
+                .node
+                .limits
+                .iter()
+                .filter(|l| {
+                    !l.name
+                        .as_deref()
+                        .is_some_and(|name| replaced.contains(&name))
+                })
+                .cloned()
+                .collect(),
+            (None, None) => Vec::new(),
+        })
+        .collect();
+
+    // 3. One op per counted limit.
+    let mut planned: Vec<Planned> = Vec::new();
+    let mut ops: Vec<Op> = Vec::new();
+    for (i, ((desc, m), desc_limits)) in req
+        .descriptors
+        .iter()
+        .zip(&matches)
+        .zip(&limits)
+        .enumerate()
+    {
+        // The descriptor's cost wins over the request's; a request cost of 0 means 1 (the
+        // proto default), while a descriptor cost of 0 means "check only".
+        let cost = desc.hits_addend.unwrap_or(if req.hits_addend == 0 {
+            1
+        } else {
+            req.hits_addend
+        });
+        let shared = m.as_ref().map_or(&[][..], |m| &m.shared[..]);
+        for limit in desc_limits {
+            let Some(rate) = limit.rate else { continue };
+            // Shared values are keyed by their pattern, so they all land in one bucket.
+            let entries = desc.entries.iter().enumerate().map(|(j, &(k, v))| {
+                let pattern = shared.iter().find(|(at, _)| *at == j).map(|(_, p)| *p);
+                (k, pattern.unwrap_or(v))
+            });
+            let key = keys::bucket_key(
+                &config.key_prefix,
+                req.domain,
+                entries,
+                &rate,
+                limit.index,
+                None,
+            );
+            planned.push(Planned {
+                desc: i,
+                limit: limit.clone(),
+            });
+            ops.push(Op {
+                key,
+                kind: OpKind::from(rate),
+                cost,
+            });
+        }
+    }
+    Plan {
+        limits,
+        planned,
+        ops,
+    }
+}
+
+/// A limit from the request's `RateLimitDescriptor.limit`; its key path keeps its window, so
+/// two overrides with different units never share a bucket.
+fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Arc<Limit> {
+    Arc::new(Limit {
+        name: None,
+        rate: Some(Rate {
+            requests_per_unit: o.requests_per_unit,
+            unit: o.unit,
+            unit_multiplier: 1,
+            burst: u64::from(o.requests_per_unit),
+            algorithm,
+        }),
+        shadow_mode: false,
+        detailed_metric: false,
+        replaces: Vec::new(),
+        class,
+        // Its own bucket, apart from the rules' limits on the same entries (keys.rs).
+        index: keys::OVERRIDE_INDEX,
+        origin: Origin {
+            file: "(request)".into(),
+            line: 0,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixture::{fixture, req};
+    use super::super::{Code, LimitOverride, Status};
+    use super::*;
+    use crate::rules::Unit;
+
+    fn rate(algorithm: Algorithm) -> Rate {
+        Rate {
+            requests_per_unit: 5,
+            unit: Unit::Minute,
+            unit_multiplier: 2,
+            burst: 8,
+            algorithm,
+        }
+    }
+
+    #[test]
+    fn op_kind_follows_the_algorithm() {
+        assert_eq!(
+            OpKind::from(rate(Algorithm::TokenBucket)),
+            OpKind::TokenBucket {
+                capacity: 8,
+                refill: 5,
+                window_ms: 120_000
+            }
+        );
+        assert_eq!(
+            OpKind::from(rate(Algorithm::FixedWindow)),
+            OpKind::FixedWindow {
+                limit: 5,
+                window_ms: 120_000
+            }
+        );
+        assert_eq!(
+            OpKind::from(rate(Algorithm::SlidingWindow)),
+            OpKind::SlidingWindow {
+                limit: 5,
+                window_ms: 120_000
+            }
+        );
+    }
+
+    #[test]
+    fn one_op_per_counted_limit_with_the_descriptor_cost() {
+        let f = fixture(false);
+        let domain = &f.rules.domains["edge"];
+        let mut r = req(
+            "edge",
+            &[&[("both", "x")], &[("free", "y")], &[("nobody", "z")]],
+        );
+        r.hits_addend = 3;
+        r.descriptors[0].hits_addend = Some(0);
+        let p = plan(domain, &r, &f.config, &OVERRIDE_CLASS.into());
+        // `both` has two limits (two ops, two buckets); `free` is unlimited (a limit, no op);
+        // `nobody` matches nothing.
+        assert_eq!(p.limits.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1, 0]);
+        assert_eq!(p.ops.len(), 2);
+        assert_eq!(p.planned.iter().map(|x| x.desc).collect::<Vec<_>>(), [0, 0]);
+        assert_ne!(p.ops[0].key, p.ops[1].key);
+        assert!(p.ops.iter().all(|op| op.cost == 0), "descriptor cost wins");
+        assert!(p.ops[0].key.starts_with("t:{edge|both=x|tb:1000:0"));
+
+        let p = plan(
+            domain,
+            &req("edge", &[&[("tenant", "a")]]),
+            &f.config,
+            &OVERRIDE_CLASS.into(),
+        );
+        assert_eq!(p.ops[0].cost, 1, "a request cost of 0 means 1");
+    }
+
+    #[test]
+    fn hits_addend_request_and_descriptor_level() {
+        let f = fixture(false);
+        let mut r = req("edge", &[&[("tenant", "h")]]);
+        r.hits_addend = 2;
+        assert_eq!(
+            f.decide(&r).statuses[0].remaining,
+            0,
+            "request-level 2 spends both"
+        );
+        let mut check = req("edge", &[&[("tenant", "h2")]]);
+        check.descriptors[0].hits_addend = Some(0);
+        check.hits_addend = 5;
+        for _ in 0..3 {
+            let s = &f.decide(&check).statuses[0];
+            assert_eq!(
+                (s.code, s.remaining),
+                (Code::Ok, 2),
+                "descriptor-level 0 only checks"
+            );
+        }
+        let mut big = req("edge", &[&[("tenant", "h3")]]);
+        big.descriptors[0].hits_addend = Some(u64::MAX);
+        let s = &f.decide(&big).statuses[0];
+        assert_eq!(
+            (s.code, s.retry_ms),
+            (Code::OverLimit, None),
+            "above capacity never fits"
+        );
+        assert_eq!(
+            f.decide(&req("edge", &[&[("tenant", "h3")]])).statuses[0].remaining,
+            1,
+            "nothing was taken"
+        );
+    }
+
+    #[test]
+    fn replaces_drops_the_named_limit() {
+        let f = fixture(false);
+        // plan alone is limited to 1/hour.
+        let plan = req("edge", &[&[("plan", "p")]]);
+        f.decide(&plan);
+        assert_eq!(f.codes(&plan), [Code::OverLimit]);
+        // With vip matched too, vip replaces plan: plan's descriptor reports no limit.
+        let both = req("edge", &[&[("tenant", "vip")], &[("plan", "p")]]);
+        let d = f.decide(&both);
+        assert_eq!(d.statuses[1], Status::no_limit(0));
+        assert_eq!(d.statuses[0].limit.as_ref().unwrap().name, "vip");
+    }
+
+    #[test]
+    fn share_threshold_values_share_one_bucket() {
+        let f = fixture(false);
+        assert_eq!(f.codes(&req("edge", &[&[("group", "g-1")]])), [Code::Ok]);
+        assert_eq!(
+            f.codes(&req("edge", &[&[("group", "g-2")]])),
+            [Code::OverLimit]
+        );
+    }
+
+    #[test]
+    fn fixed_window_resets_at_the_window_edge() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("window", "w")]]);
+        assert_eq!(
+            f.decide(&r).statuses[0].reset_ms,
+            40_000,
+            "1.7e12 ms is 20 s into a minute"
+        );
+        f.decide(&r);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        f.clock.advance_ms(40_000);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+    }
+
+    #[test]
+    fn sliding_window_weighs_the_previous_minute() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("slide", "s")]]);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+        let over = f.decide(&r).statuses[0].clone();
+        assert_eq!(over.code, Code::OverLimit);
+        // 1.7e12 ms is 20 s into a minute: one of the 2 frees 30 s into the next minute.
+        assert_eq!((over.retry_ms, over.reset_ms), (Some(70_000), 100_000));
+        // At the edge, unlike the fixed window, the previous minute still counts in full.
+        f.clock.advance_ms(40_000);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        f.clock.advance_ms(30_000);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+    }
+
+    #[test]
+    fn envoy_limit_override_replaces_the_rule_and_keeps_one_metric_class() {
+        let f = fixture(false);
+        let mut r = req("edge", &[&[("tenant", "o")]]);
+        r.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 1,
+            unit: Unit::Day,
+        });
+        let s = &f.decide(&r).statuses[0];
+        assert_eq!(
+            s.limit.as_ref().map(|l| (l.requests_per_unit, l.unit)),
+            Some((1, Unit::Day))
+        );
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        // The rules' own bucket for tenant o is untouched.
+        let plain = &f.decide(&req("edge", &[&[("tenant", "o")]])).statuses[0];
+        assert_eq!(plain.remaining, 1);
+        // Overrides also apply where no rule matches, as in the reference.
+        let mut r = req("edge", &[&[("nobody", "x")]]);
+        r.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 5,
+            unit: Unit::Second,
+        });
+        assert_eq!(f.decide(&r).statuses[0].remaining, 4);
+        assert!(
+            f.metrics
+                .render()
+                .contains(r#"class="envoy_override",outcome="ok"} 2"#)
+        );
+    }
+}

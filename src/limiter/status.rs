@@ -1,0 +1,309 @@
+//! Folding the store's answers into the response: one [`Status`] per descriptor, in request
+//! order, and the overall [`Code`]; each descriptor's decision is counted in the metrics on
+//! the way (`tollgate_decisions_total` by domain, class and outcome).
+//!
+//! Data in: the [`Plan`] (each descriptor's limits, and which descriptor and limit each op
+//! counts) and the store's outcomes, one per op in op order. Per descriptor:
+//! - no limit (no rule matched, or all were replaced): OK without a limit, `no_rule`;
+//! - only unlimited limits: OK with `u32::MAX` remaining, `unlimited`;
+//! - otherwise: OVER_LIMIT if any non-shadow limit is over, reporting the over limit with the
+//!   longest wait (its reset and Retry-After are the ones that matter); else the limit with
+//!   the least remaining. A shadow-mode limit that is over reports OK, flagged `shadow`.
+//!
+//! Overall: OVER_LIMIT if any descriptor is, unless global shadow mode turns it into OK
+//! (counted in `tollgate_global_shadow_total`).
+
+use std::sync::Arc;
+
+use super::plan::{Plan, Planned};
+use super::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Status};
+use crate::rules::{Limit, Unit};
+use crate::store::Outcome;
+use crate::telemetry::{self, DecisionLabels, Metrics};
+
+/// The metrics `domain` of requests for a domain no rules file declares (one series for all
+/// of them: request domains are caller input).
+pub const UNKNOWN_DOMAIN: &str = "(unknown)";
+
+impl Status {
+    /// OK without a limit: no rule (`remaining` 0) or unlimited (`u32::MAX`).
+    pub(super) fn no_limit(remaining: u32) -> Self {
+        Status {
+            code: Code::Ok,
+            limit: None,
+            remaining,
+            reset_ms: 0,
+            retry_ms: None,
+            shadow: false,
+        }
+    }
+}
+
+impl Decision {
+    /// The answer for a domain without rules: every descriptor OK, no limit.
+    pub(super) fn without_limits(descriptors: usize) -> Self {
+        Decision {
+            overall: Code::Ok,
+            statuses: vec![Status::no_limit(0); descriptors],
+        }
+    }
+}
+
+/// Counts decisions and store errors. The fixed label values are made once, so counting a
+/// decision clones an `Arc` instead of allocating a string.
+#[derive(Debug)]
+pub(super) struct Tally {
+    metrics: Arc<Metrics>,
+    unknown_domain: Arc<str>,
+    no_class: Arc<str>,
+}
+
+impl Tally {
+    pub(super) fn new(metrics: Arc<Metrics>) -> Self {
+        Tally {
+            metrics,
+            unknown_domain: UNKNOWN_DOMAIN.into(),
+            no_class: "".into(),
+        }
+    }
+
+    /// A request for a domain no rules file declares: each descriptor is a `no_rule`.
+    pub(super) fn unknown_domain(&self, descriptors: usize) {
+        for _ in 0..descriptors {
+            self.count(
+                &self.unknown_domain,
+                &self.no_class,
+                telemetry::Outcome::no_rule,
+            );
+        }
+    }
+
+    fn count(&self, domain: &Arc<str>, class: &Arc<str>, outcome: telemetry::Outcome) {
+        self.metrics
+            .decisions
+            .get_or_create(&DecisionLabels {
+                domain: domain.clone(),
+                class: class.clone(),
+                outcome,
+            })
+            .inc();
+    }
+}
+
+/// Folds `outcomes` (one per op of `plan`, in order) into the decision for `req`.
+pub(super) fn fold(
+    domain: &Arc<str>,
+    req: &Request<'_>,
+    plan: &Plan,
+    outcomes: &[Outcome],
+    shadow_mode: bool,
+    tally: &Tally,
+) -> Decision {
+    let statuses: Vec<Status> = req
+        .descriptors
+        .iter()
+        .zip(&plan.limits)
+        .enumerate()
+        .map(|(i, (desc, limits))| {
+            descriptor_status(domain, i, limits, &plan.planned, outcomes, desc, tally)
+        })
+        .collect();
+    let over = statuses.iter().any(|s| s.code == Code::OverLimit);
+    let overall = if over && shadow_mode {
+        tally.metrics.global_shadow.inc();
+        Code::Ok
+    } else if over {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    Decision { overall, statuses }
+}
+
+/// Folds the outcomes of one descriptor's limits into its status: over if any limit is
+/// over (the non-shadow one with the longest wait is reported), else the one with the
+/// least remaining.
+fn descriptor_status(
+    domain: &Arc<str>,
+    desc: usize,
+    limits: &[Arc<Limit>],
+    planned: &[Planned],
+    outcomes: &[Outcome],
+    req: &RequestDescriptor<'_>,
+    tally: &Tally,
+) -> Status {
+    if limits.is_empty() {
+        tally.count(domain, &tally.no_class, telemetry::Outcome::no_rule);
+        return Status::no_limit(0);
+    }
+    let counted: Vec<(&Limit, &Outcome)> = planned
+        .iter()
+        .zip(outcomes)
+        .filter(|(p, _)| p.desc == desc)
+        .map(|(p, o)| (&*p.limit, o))
+        .collect();
+    let Some(&first) = counted.first() else {
+        // Only unlimited limits matched.
+        for l in limits {
+            tally.count(domain, &class_of(l, req), telemetry::Outcome::unlimited);
+        }
+        return Status::no_limit(u32::MAX);
+    };
+    // Over: report the non-shadow limit that keeps the request out longest (a wait that
+    // never ends first), so its reset and Retry-After are the ones that matter.
+    let wait = |o: &Outcome| o.retry_ms.unwrap_or(u64::MAX);
+    let (limit, outcome) = counted
+        .iter()
+        .filter(|(l, o)| !o.allowed && !l.shadow_mode)
+        .max_by_key(|(_, o)| wait(o))
+        .or_else(|| counted.iter().find(|(_, o)| !o.allowed))
+        .or_else(|| counted.iter().min_by_key(|(_, o)| o.remaining))
+        .copied()
+        .unwrap_or(first);
+    for (l, o) in &counted {
+        let outcome = match (o.allowed, l.shadow_mode) {
+            (true, _) => telemetry::Outcome::ok,
+            (false, false) => telemetry::Outcome::over_limit,
+            (false, true) => telemetry::Outcome::shadow,
+        };
+        tally.count(domain, &class_of(l, req), outcome);
+    }
+    let over = !outcome.allowed;
+    // A shadow limit that is over reports OK; a non-shadow over limit elsewhere on the
+    // same descriptor still makes it OVER_LIMIT.
+    let hard_over = counted.iter().any(|(l, o)| !o.allowed && !l.shadow_mode);
+    let (requests_per_unit, unit) = limit
+        .rate
+        .map_or((0, Unit::Second), |r| (r.requests_per_unit, r.unit));
+    Status {
+        code: if hard_over { Code::OverLimit } else { Code::Ok },
+        limit: Some(ReportedLimit {
+            requests_per_unit,
+            unit,
+            name: limit.name.clone().unwrap_or_default(),
+        }),
+        remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
+        reset_ms: outcome.reset_ms,
+        retry_ms: if over { outcome.retry_ms } else { None },
+        shadow: over && !hard_over,
+    }
+}
+
+/// The metrics class of a limit; with `detailed_metric` the request's values are appended
+/// (an explicit opt-in to one series per value).
+fn class_of(limit: &Limit, req: &RequestDescriptor<'_>) -> Arc<str> {
+    if !limit.detailed_metric {
+        return limit.class.clone();
+    }
+    let mut class = limit.class.to_string();
+    for (k, v) in &req.entries {
+        class.push_str(&format!(".{k}_{v}"));
+    }
+    class.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixture::{fixture, req};
+    use super::*;
+
+    #[test]
+    fn unknown_domain_and_no_rule_are_ok_without_a_limit() {
+        let f = fixture(false);
+        let d = f.decide(&req("nope", &[&[("tenant", "a")]]));
+        assert_eq!(d.statuses, vec![Status::no_limit(0)]);
+        let d = f.decide(&req(
+            "edge",
+            &[&[("nobody", "x")], &[("tenant", "a"), ("deeper", "x")]],
+        ));
+        assert!(
+            d.statuses
+                .iter()
+                .all(|s| s.code == Code::Ok && s.limit.is_none())
+        );
+        assert!(
+            f.metrics
+                .render()
+                .contains(r#"domain="(unknown)",class="",outcome="no_rule""#)
+        );
+    }
+
+    #[test]
+    fn unlimited_reports_max_remaining() {
+        let f = fixture(false);
+        let d = f.decide(&req("edge", &[&[("free", "x")]]));
+        assert_eq!(
+            (d.statuses[0].remaining, d.statuses[0].limit.is_none()),
+            (u32::MAX, true)
+        );
+    }
+
+    #[test]
+    fn rule_shadow_mode_reports_ok_and_counts_shadow() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("shadowed", "s")]]);
+        f.decide(&r);
+        let d = f.decide(&r);
+        assert_eq!(
+            (d.overall, d.statuses[0].code, d.statuses[0].shadow),
+            (Code::Ok, Code::Ok, true)
+        );
+        assert!(
+            f.metrics
+                .render()
+                .contains(r#"class="shadowed",outcome="shadow"} 1"#)
+        );
+    }
+
+    #[test]
+    fn global_shadow_mode_only_changes_the_overall_code() {
+        let f = fixture(true);
+        let r = req("edge", &[&[("zero", "x")]]);
+        let d = f.decide(&r);
+        assert_eq!((d.overall, d.statuses[0].code), (Code::Ok, Code::OverLimit));
+        assert!(
+            f.metrics
+                .render()
+                .contains("tollgate_global_shadow_total 1")
+        );
+    }
+
+    #[test]
+    fn several_limits_on_one_key_report_the_most_constrained() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("both", "x")]]);
+        let s = &f.decide(&r).statuses[0];
+        assert_eq!(
+            (s.remaining, s.limit.as_ref().unwrap().name.as_str()),
+            (1, "sustained")
+        );
+        f.decide(&r);
+        let s = &f.decide(&r).statuses[0];
+        assert_eq!(
+            (s.code, s.limit.as_ref().unwrap().unit),
+            (Code::OverLimit, Unit::Hour)
+        );
+        // The per-second bucket was charged only while the request was admitted... and both are
+        // separate buckets: a second later the hourly one is still over.
+        f.clock.advance_ms(1000);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+    }
+
+    #[test]
+    fn when_several_limits_are_over_the_longest_wait_is_reported() {
+        let f = fixture(false);
+        let r = req("edge", &[&[("both", "w")]]);
+        // 5/s and 2/hour on one key: after six requests in the same instant both are over.
+        for _ in 0..5 {
+            f.decide(&r);
+        }
+        let s = &f.decide(&r).statuses[0];
+        assert_eq!(s.code, Code::OverLimit);
+        assert_eq!(
+            s.limit.as_ref().map(|l| l.unit),
+            Some(Unit::Hour),
+            "not the 5/s one"
+        );
+        assert_eq!(s.retry_ms, Some(1_800_000), "one of 2/hour, not 200 ms");
+    }
+}
