@@ -92,38 +92,6 @@ fn push_part(out: &mut String, part: &str) {
     out.push_str(&part[start..]);
 }
 
-/// The Redis Cluster hash slot of a key (CRC16/XMODEM of its hash tag, modulo 16,384).
-///
-/// The tests hold it to `redis::cluster_routing::Slot::for_key`, which the store can use
-/// instead; redis 1.8 has no `get_slot` and its `Slot` does not expose the number.
-pub fn cluster_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &bytes[open + 1..open + 1 + close])
-        })
-        .unwrap_or(bytes);
-    crc16(tagged) % 16_384
-}
-
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -219,36 +187,20 @@ mod tests {
 
     #[test]
     fn slot_follows_the_hash_tag() {
-        // Known values from the Redis Cluster specification's examples.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(
-            cluster_slot("{user1000}.following"),
-            cluster_slot("{user1000}.followers")
-        );
+        // The store groups a cluster request's ops by `Slot::for_key`: what it computes for
+        // our keys is the tag's slot, as the Redis Cluster specification says.
+        let slot = Slot::for_key;
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
         // An empty first tag means no tag: the whole key is hashed, not the later `{bar}`.
-        assert_eq!(cluster_slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16_384);
-        assert_ne!(cluster_slot("foo{}{bar}"), cluster_slot("bar"));
+        assert_ne!(slot("foo{}{bar}"), slot("bar"));
         // The tag runs from the first `{` to the first `}` after it.
-        assert_eq!(cluster_slot("foo{{bar}}zap"), crc16(b"{bar") % 16_384);
+        assert_eq!(slot("foo{{bar}}zap"), slot("{bar"));
         // `CLUSTER KEYSLOT` answers from the Redis documentation.
-        assert_eq!(cluster_slot("somekey"), 11_058);
-        assert_eq!(cluster_slot("foo"), 12_182);
-        for key in [
-            "{user1000}.following",
-            "foo{}{bar}",
-            "foo{{bar}}zap",
-            "foo{bar}{zap}",
-            "{}",
-            "}{",
-            "",
-            "somekey",
-        ] {
-            assert_eq!(
-                Slot::new(cluster_slot(key)),
-                Some(Slot::for_key(key)),
-                "{key}"
-            );
-        }
+        assert_eq!(Some(slot("somekey")), Slot::new(11_058));
+        assert_eq!(Some(slot("foo")), Slot::new(12_182));
+        let k = key(&[("tenant", "a")]);
+        let tag = &k[k.find('{').unwrap() + 1..k.len() - 1];
+        assert_eq!(slot(&k), slot(tag));
     }
 
     #[test]
@@ -451,7 +403,6 @@ mod tests {
                     }
                     // The slot is the tag's.
                     prop_assert_eq!(Slot::for_key(&k), Slot::for_key(tag));
-                    prop_assert_eq!(Slot::new(cluster_slot(&k)), Some(Slot::for_key(&k)));
                     slots.insert(Slot::for_key(&k));
                     prop_assert!(all.insert(k.clone()), "two shards or limits share {}", k);
                 }

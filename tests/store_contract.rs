@@ -1078,7 +1078,7 @@ async fn cluster_routes_every_op_of_any_request() {
                         shard,
                     )
                 };
-                slots.insert(keys::cluster_slot(&key));
+                slots.insert(::redis::cluster_routing::Slot::for_key(&key));
                 match algorithm {
                     Algorithm::TokenBucket => tb(&key, 50, 50, DAY, 1),
                     Algorithm::FixedWindow => fw(&key, 50, DAY, 1),
