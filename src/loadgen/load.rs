@@ -1,0 +1,296 @@
+//! The closed-loop load run: `concurrency` tasks over `connections` HTTP/2 connections, each
+//! sending one `ShouldRateLimit` at a time with a key from the key space (uniform or Zipf),
+//! recording latencies after the warm-up; the result is a [`BenchReport`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use super::{BenchConfig, BenchError};
+
+/// The result of a load run.
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub label: String,
+    pub target: String,
+    pub seconds: f64,
+    /// Requests answered in the measured window.
+    pub requests: u64,
+    /// Every request answered, warm-up included (to relate server-side counters to requests).
+    pub total_requests: u64,
+    pub rps: f64,
+    pub ok: u64,
+    pub over_limit: u64,
+    pub errors: u64,
+    pub p50_us: u64,
+    pub p90_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub concurrency: usize,
+    pub connections: usize,
+    pub keys: u64,
+    pub descriptors: usize,
+}
+
+impl BenchReport {
+    pub fn text(&self) -> String {
+        format!(
+            "{label}: {rps:.0} req/s over {secs:.1} s ({n} requests; ok {ok}, over_limit {over}, errors {err})\n  latency p50 {p50} µs, p90 {p90} µs, p99 {p99} µs, p99.9 {p999} µs\n  {c} in flight over {conn} connection(s), {keys} key(s), {d} descriptor(s)/request",
+            label = self.label,
+            rps = self.rps,
+            secs = self.seconds,
+            n = self.requests,
+            ok = self.ok,
+            over = self.over_limit,
+            err = self.errors,
+            p50 = self.p50_us,
+            p90 = self.p90_us,
+            p99 = self.p99_us,
+            p999 = self.p999_us,
+            c = self.concurrency,
+            conn = self.connections,
+            keys = self.keys,
+            d = self.descriptors,
+        )
+    }
+}
+
+/// Picks key indexes in `0..n`: uniform, or Zipf-skewed (index 0 the hottest).
+enum KeySpace {
+    Uniform(u64),
+    Zipf { n: u64, ranks: Zipf<f64> },
+}
+
+impl KeySpace {
+    /// `keys` distinct keys (at least one); `zipf`: the exponent, `None` for uniform.
+    fn new(keys: u64, zipf: Option<f64>) -> Result<KeySpace, BenchError> {
+        let n = keys.max(1);
+        Ok(match zipf {
+            None => KeySpace::Uniform(n),
+            Some(s) => KeySpace::Zipf {
+                n,
+                ranks: Zipf::new(n as f64, s).map_err(BenchError::Zipf)?,
+            },
+        })
+    }
+
+    fn pick(&self, rng: &mut SmallRng) -> u64 {
+        match self {
+            KeySpace::Uniform(n) => rng.random_range(0..*n),
+            // A sample is a rank in 1..=n (a whole f64); rank 1 is key 0. The clamp only
+            // guards the float-to-int conversion.
+            KeySpace::Zipf { n, ranks } => {
+                let rank = ranks.sample(rng) as u64;
+                rank.saturating_sub(1).min(n - 1)
+            }
+        }
+    }
+}
+
+pub(super) async fn connect(
+    target: &str,
+    n: usize,
+) -> Result<Vec<RateLimitServiceClient<Channel>>, BenchError> {
+    let uri = if target.contains("://") {
+        target.to_string()
+    } else {
+        format!("http://{target}")
+    };
+    let endpoint = Endpoint::from_shared(uri).map_err(|source| BenchError::Connect {
+        target: target.to_string(),
+        source,
+    })?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n.max(1) {
+        // Each `connect` is its own HTTP/2 connection.
+        let ch = endpoint
+            .clone()
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|source| BenchError::Connect {
+                target: target.to_string(),
+                source,
+            })?;
+        out.push(RateLimitServiceClient::new(ch));
+    }
+    Ok(out)
+}
+
+fn build_request(cfg: &BenchConfig, keys: &KeySpace, rng: &mut SmallRng) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: cfg.domain.clone(),
+        descriptors: (0..cfg.descriptors)
+            .map(|_| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: cfg.key.clone(),
+                    value: format!("k{}", keys.pick(rng)),
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU64,
+    over: AtomicU64,
+    errors: AtomicU64,
+    sent: AtomicU64,
+    total: AtomicU64,
+}
+
+/// Runs the closed-loop load and returns the report.
+pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
+    if cfg.concurrency == 0 || cfg.descriptors == 0 {
+        return Err(BenchError::NothingToSend);
+    }
+    let keys = Arc::new(KeySpace::new(cfg.keys, cfg.zipf)?);
+    let clients = connect(&cfg.target, cfg.connections).await?;
+    let cfg = Arc::new(cfg);
+    let counts = Arc::new(Counts::default());
+    let recording = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::with_capacity(cfg.concurrency);
+    for i in 0..cfg.concurrency {
+        let mut client = clients[i % clients.len()].clone();
+        let (cfg, keys, counts, recording, stop) = (
+            cfg.clone(),
+            keys.clone(),
+            counts.clone(),
+            recording.clone(),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            // A fixed seed per task: runs are repeatable, tasks do not pick in lockstep.
+            let mut rng = SmallRng::seed_from_u64(0x9E37_79B9_7F4A_7C15 ^ ((i as u64 + 1) << 17));
+            let mut latencies: Vec<u32> = Vec::with_capacity(1 << 14);
+            while !stop.load(Ordering::Relaxed) {
+                let req = build_request(&cfg, &keys, &mut rng);
+                let started = Instant::now();
+                let result = client.should_rate_limit(req).await;
+                let took = started.elapsed();
+                counts.total.fetch_add(1, Ordering::Relaxed);
+                if !recording.load(Ordering::Relaxed) {
+                    continue;
+                }
+                latencies.push(took.as_micros().min(u128::from(u32::MAX)) as u32);
+                counts.sent.fetch_add(1, Ordering::Relaxed);
+                match result {
+                    Ok(r) if r.get_ref().overall_code == Code::OverLimit as i32 => &counts.over,
+                    Ok(_) => &counts.ok,
+                    Err(_) => &counts.errors,
+                }
+                .fetch_add(1, Ordering::Relaxed);
+            }
+            latencies
+        }));
+    }
+    tokio::time::sleep(cfg.warmup).await;
+    recording.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let mut last = 0;
+    while started.elapsed() < cfg.duration {
+        let left = cfg.duration.saturating_sub(started.elapsed());
+        tokio::time::sleep(left.min(Duration::from_secs(1))).await;
+        if cfg.progress {
+            let sent = counts.sent.load(Ordering::Relaxed);
+            eprintln!(
+                "  {:>5.1} s  {:>8} req/s",
+                started.elapsed().as_secs_f64(),
+                sent - last
+            );
+            last = sent;
+        }
+    }
+    recording.store(false, Ordering::SeqCst);
+    let seconds = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    let mut all: Vec<u32> = Vec::new();
+    for t in tasks {
+        if let Ok(mut l) = t.await {
+            all.append(&mut l);
+        }
+    }
+    all.sort_unstable();
+    let pct = |p: f64| -> u64 {
+        if all.is_empty() {
+            return 0;
+        }
+        let i = ((all.len() as f64 * p).ceil() as usize).clamp(1, all.len()) - 1;
+        u64::from(all[i])
+    };
+    let requests = all.len() as u64;
+    Ok(BenchReport {
+        label: cfg.label.clone(),
+        target: cfg.target.clone(),
+        seconds,
+        requests,
+        total_requests: counts.total.load(Ordering::Relaxed),
+        rps: requests as f64 / seconds.max(1e-9),
+        ok: counts.ok.load(Ordering::Relaxed),
+        over_limit: counts.over.load(Ordering::Relaxed),
+        errors: counts.errors.load(Ordering::Relaxed),
+        p50_us: pct(0.50),
+        p90_us: pct(0.90),
+        p99_us: pct(0.99),
+        p999_us: pct(0.999),
+        concurrency: cfg.concurrency,
+        connections: clients.len(),
+        keys: cfg.keys,
+        descriptors: cfg.descriptors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_is_skewed_and_uniform_is_not() {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let zipf = KeySpace::new(1000, Some(1.1)).unwrap();
+        let hits = (0..10_000).filter(|_| zipf.pick(&mut rng) == 0).count();
+        assert!(hits > 1000, "the hottest key gets a large share: {hits}");
+        let uniform = KeySpace::new(1000, None).unwrap();
+        let hits = (0..10_000).filter(|_| uniform.pick(&mut rng) == 0).count();
+        assert!(hits < 50, "{hits}");
+        // Every key can come up, and nothing outside the key space does.
+        let picked: std::collections::HashSet<u64> =
+            (0..100_000).map(|_| zipf.pick(&mut rng)).collect();
+        assert!(picked.iter().all(|&k| k < 1000));
+        assert!(picked.contains(&999) && picked.contains(&0));
+        let uniform: std::collections::HashSet<u64> =
+            (0..100_000).map(|_| uniform.pick(&mut rng)).collect();
+        assert_eq!(uniform.len(), 1000);
+    }
+
+    #[test]
+    fn one_key_and_a_bad_exponent() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        for keys in [0, 1] {
+            for space in [KeySpace::new(keys, None), KeySpace::new(keys, Some(1.1))] {
+                let space = space.unwrap();
+                assert!((0..100).all(|_| space.pick(&mut rng) == 0));
+            }
+        }
+        assert!(matches!(
+            KeySpace::new(10, Some(-1.0)),
+            Err(BenchError::Zipf(_))
+        ));
+    }
+}
