@@ -701,6 +701,57 @@ mod tests {
             })
         }
 
+        /// A window algorithm's refusal: `retry_ms` is `None` exactly when the cost can never fit
+        /// (a zero limit, a cost above it), else > 0, and after waiting it the cost fits.
+        fn refusal_waits_until_it_fits(
+            o: &Outcome,
+            limit: u64,
+            cost: u64,
+            fits_after: impl Fn(u64) -> bool,
+        ) -> Result<(), TestCaseError> {
+            let can_fit = limit > 0 && cost <= limit;
+            match o.retry_ms {
+                Some(r) => {
+                    prop_assert!(can_fit && r > 0, "{:?}", o);
+                    prop_assert!(fits_after(r), "limit {} cost {} {:?}", limit, cost, o);
+                }
+                None => prop_assert!(!can_fit, "limit {} cost {}", limit, cost),
+            }
+            Ok(())
+        }
+
+        /// What a window algorithm admitted: per window, and in the current stretch of takes in
+        /// one window (stepping the clock back into another window starts a stretch afresh).
+        struct Admitted {
+            per_window: HashMap<u64, u128>,
+            stretch: (u64, u128),
+        }
+
+        impl Admitted {
+            fn new() -> Self {
+                Admitted {
+                    per_window: HashMap::new(),
+                    stretch: (u64::MAX, 0),
+                }
+            }
+
+            /// Records one take in the window starting at `start_ms`; returns the stretch's total.
+            fn record(&mut self, start_ms: u64, allowed: bool, cost: u64) -> u128 {
+                if self.stretch.0 != start_ms {
+                    self.stretch = (start_ms, 0);
+                }
+                if allowed {
+                    self.stretch.1 += u128::from(cost);
+                    *self.per_window.entry(start_ms).or_default() += u128::from(cost);
+                }
+                self.stretch.1
+            }
+
+            fn every_window_within(&self, limit: u64) -> bool {
+                self.per_window.values().all(|&n| n <= u128::from(limit))
+            }
+        }
+
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -773,9 +824,7 @@ mod tests {
             fn fixed_window_invariants((limit, w, offset, back, steps) in window_case()) {
                 let mut state: Option<WindowState> = None;
                 let mut now = T0 + offset;
-                // Admitted per window, and in the current stretch of takes in one window.
-                let mut per_window: HashMap<u64, u128> = HashMap::new();
-                let mut stretch: (u64, u128) = (u64::MAX, 0);
+                let mut admitted = Admitted::new();
                 for (dt, cost) in steps {
                     now = now.saturating_add_signed(dt);
                     let (check, _) = take_window(state, now, limit, w, 0);
@@ -788,29 +837,18 @@ mod tests {
                     // Every hit counts, also a refused one (like the reference); a check none.
                     prop_assert_eq!(next.count, check.count.saturating_add(cost));
 
-                    if stretch.0 != start_ms {
-                        // Another window (or the clock stepped into one): counting starts over.
-                        stretch = (start_ms, 0);
-                    }
-                    if o.allowed {
-                        stretch.1 += u128::from(cost);
-                        *per_window.entry(start_ms).or_default() += u128::from(cost);
-                    }
-                    prop_assert!(stretch.1 <= u128::from(limit), "{:?}", stretch);
+                    let in_stretch = admitted.record(start_ms, o.allowed, cost);
+                    prop_assert!(in_stretch <= u128::from(limit), "{}", in_stretch);
                     if !back {
                         // With a clock that never steps back, that is per window.
-                        prop_assert!(per_window.values().all(|&n| n <= u128::from(limit)));
+                        prop_assert!(admitted.every_window_within(limit));
                     }
                     if !o.allowed {
-                        let can_fit = limit > 0 && cost <= limit;
-                        match o.retry_ms {
-                            Some(r) => {
-                                prop_assert!(can_fit && r > 0 && r == o.reset_ms, "{:?}", o);
-                                let (_, later) = take_window(Some(next), now + r, limit, w, cost);
-                                prop_assert!(later.allowed, "limit {} cost {} {:?}", limit, cost, o);
-                            }
-                            None => prop_assert!(!can_fit, "limit {} cost {}", limit, cost),
-                        }
+                        // The window's end is the wait.
+                        prop_assert!(o.retry_ms.is_none_or(|r| r == o.reset_ms), "{:?}", o);
+                        refusal_waits_until_it_fits(&o, limit, cost, |r| {
+                            take_window(Some(next), now + r, limit, w, cost).1.allowed
+                        })?;
                     }
                     state = Some(next);
                 }
@@ -825,8 +863,7 @@ mod tests {
             fn sliding_window_invariants((limit, w, offset, back, steps) in window_case()) {
                 let mut state: Option<SlidingWindowState> = None;
                 let mut now = T0 + offset;
-                let mut per_window: HashMap<u64, u128> = HashMap::new();
-                let mut stretch: (u64, u128) = (u64::MAX, 0);
+                let mut admitted = Admitted::new();
                 for (dt, cost) in steps {
                     now = now.saturating_add_signed(dt);
                     let (check, _) = take_sliding(state, now, limit, w, 0);
@@ -856,29 +893,16 @@ mod tests {
                         }
                     }
 
-                    if stretch.0 != start_ms {
-                        stretch = (start_ms, 0);
-                    }
-                    if o.allowed {
-                        stretch.1 += u128::from(cost);
-                        *per_window.entry(start_ms).or_default() += u128::from(cost);
-                    }
                     // `curr` is exactly what was admitted in this window, and within the limit.
-                    prop_assert_eq!(u128::from(next.curr), stretch.1);
+                    prop_assert_eq!(u128::from(next.curr), admitted.record(start_ms, o.allowed, cost));
                     prop_assert!(next.curr <= limit);
                     if !back {
-                        prop_assert!(per_window.values().all(|&n| n <= u128::from(limit)));
+                        prop_assert!(admitted.every_window_within(limit));
                     }
                     if !o.allowed {
-                        let can_fit = limit > 0 && cost <= limit;
-                        match o.retry_ms {
-                            Some(r) => {
-                                prop_assert!(can_fit && r > 0, "{:?}", o);
-                                let (_, later) = take_sliding(Some(next), now + r, limit, w, cost);
-                                prop_assert!(later.allowed, "{:?} at {} cost {} retry {}", next, now, cost, r);
-                            }
-                            None => prop_assert!(!can_fit, "limit {} cost {}", limit, cost),
-                        }
+                        refusal_waits_until_it_fits(&o, limit, cost, |r| {
+                            take_sliding(Some(next), now + r, limit, w, cost).1.allowed
+                        })?;
                     }
                     state = Some(next);
                 }
