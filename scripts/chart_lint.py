@@ -50,6 +50,7 @@ env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
 expect(env.get("TOLLGATE_STORE") == "memory", f"store env: {env}")
 expect(env.get("TOLLGATE_RULES") == "/etc/tollgate/rules", "rules env")
 expect(env.get("TOLLGATE_UNREADY_WITHOUT_RULES") == "true", f"unready without rules: {env}")
+expect(env.get("TOLLGATE_GRPC_MAX_CONNECTION_AGE_MS") == "300000", f"connection age: {env}")
 expect(not (m["ConfigMap/tollgate-rules"].get("data") or {}), "the default values ship no active rules")
 expect(m["Deployment/tollgate"]["spec"]["replicas"] == 1, "one replica by default")
 expect("PodDisruptionBudget/tollgate" not in m, "no PDB that would block drains of a single replica")

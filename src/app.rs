@@ -234,7 +234,18 @@ async fn serve_loaded(
         .await;
     let rls = RateLimitServiceServer::new(Rls(handler.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
-    let grpc = tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if settings.grpc_max_connection_age_ms > 0 {
+        // Envoy keeps its HTTP/2 connections for ever: without an age, replicas added by a
+        // scale-out get no traffic. GOAWAY makes Envoy reconnect (and rebalance) while the
+        // requests in flight finish within the grace.
+        server = server
+            .max_connection_age(Duration::from_millis(settings.grpc_max_connection_age_ms))
+            .max_connection_age_grace(Duration::from_millis(
+                settings.grpc_max_connection_age_grace_ms,
+            ));
+    }
+    let grpc = server
         .add_service(health_service)
         .add_service(rls)
         .serve_with_incoming_shutdown(

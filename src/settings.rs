@@ -92,6 +92,10 @@ settings! {
         "timeout to connect to the store";
     store_timeout_ms: u64 = 10,
         "timeout of one store call";
+    grpc_max_connection_age_ms: u64 = 0,
+        "close each gRPC connection gracefully (GOAWAY) after this long, so Envoy spreads over new replicas (0: never)";
+    grpc_max_connection_age_grace_ms: u64 = 10_000,
+        "after GOAWAY, how long requests in flight on an aged connection may take before it is closed";
     max_descriptors: usize = 64,
         "most descriptors in one request";
     max_entries: usize = 16,
