@@ -212,6 +212,8 @@ fn decision(n: usize) -> Decision {
                     requests_per_unit: 100,
                     unit: Unit::Minute,
                     name: format!("limit-{i}"),
+                    capacity: 100,
+                    window_ms: 60_000,
                 }),
                 remaining: 50 + i as u32,
                 reset_ms: 12_345,

@@ -79,6 +79,11 @@ pub struct ReportedLimit {
     pub requests_per_unit: u32,
     pub unit: Unit,
     pub name: String,
+    /// Most a client can spend at once: the token bucket's `burst` (else `requests_per_unit`).
+    /// `remaining` never exceeds it.
+    pub capacity: u64,
+    /// The refill window (unit × `unit_multiplier`) in milliseconds.
+    pub window_ms: u64,
 }
 
 /// The answer for one descriptor.

@@ -172,15 +172,18 @@ fn descriptor_status(
     // A shadow limit that is over reports OK; a non-shadow over limit elsewhere on the
     // same descriptor still makes it OVER_LIMIT.
     let hard_over = counted.iter().any(|(l, o)| !o.allowed && !l.shadow_mode);
-    let (requests_per_unit, unit) = limit
-        .rate
-        .map_or((0, Unit::Second), |r| (r.requests_per_unit, r.unit));
+    let (requests_per_unit, unit, capacity, window_ms) =
+        limit.rate.map_or((0, Unit::Second, 0, 1_000), |r| {
+            (r.requests_per_unit, r.unit, r.burst, r.window_ms())
+        });
     Status {
         code: if hard_over { Code::OverLimit } else { Code::Ok },
         limit: Some(ReportedLimit {
             requests_per_unit,
             unit,
             name: limit.name.clone().unwrap_or_default(),
+            capacity,
+            window_ms,
         }),
         remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
         reset_ms: outcome.reset_ms,
