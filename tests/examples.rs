@@ -43,6 +43,45 @@ fn field_values(text: &str, field: &str) -> Vec<String> {
         .collect()
 }
 
+/// What each example must at least name, so the checks below cannot pass on a file whose text
+/// they no longer find (`field_values` finding nothing would otherwise check nothing).
+struct Expected {
+    file: &'static str,
+    domains: &'static [&'static str],
+    keys: &'static [&'static str],
+    values: &'static [&'static str],
+    /// A `field: value` pointing at tollgate's default gRPC port (`{port}` is replaced).
+    port: (&'static str, &'static str),
+}
+
+const EXAMPLES: &[Expected] = &[
+    Expected {
+        file: "examples/envoy/envoy.yaml",
+        domains: &["edge"],
+        keys: &["tenant", "endpoint", "downstream"],
+        values: &["/search", "/export", "payments", "search-index"],
+        port: ("port_value", "{port}"),
+    },
+    Expected {
+        file: "examples/istio/envoyfilter.yaml",
+        domains: &["edge"],
+        keys: &["tenant", "endpoint", "downstream"],
+        values: &["/search", "/export", "payments"],
+        port: (
+            "cluster_name",
+            "outbound|{port}||tollgate.tollgate.svc.cluster.local",
+        ),
+    },
+    // No descriptors here: it only gives the gateway a route to tollgate's gRPC port.
+    Expected {
+        file: "examples/istio/service-entry.yaml",
+        domains: &[],
+        keys: &[],
+        values: &[],
+        port: ("number", "{port}"),
+    },
+];
+
 #[test]
 fn envoy_and_istio_examples_use_only_declared_descriptors() {
     let rules = load_path(&root().join("examples/rules"), LoadOptions::default()).unwrap();
@@ -50,30 +89,65 @@ fn envoy_and_istio_examples_use_only_declared_descriptors() {
     for d in rules.domains.values() {
         declared(&d.root, &mut keys, &mut values);
     }
-    for file in [
-        "examples/envoy/envoy.yaml",
-        "examples/istio/envoyfilter.yaml",
-        "examples/istio/service-entry.yaml",
-    ] {
+    assert!(
+        rules.domains.contains_key("edge"),
+        "examples/rules serve `edge`"
+    );
+    let grpc_port = tollgate::settings::Settings::default()
+        .grpc_addr
+        .port()
+        .to_string();
+    for expected in EXAMPLES {
+        let file = expected.file;
         let text = std::fs::read_to_string(root().join(file)).unwrap();
-        for doc in text.split("\n---\n") {
-            assert!(yaml::parse(doc).is_ok(), "{file} does not parse");
-        }
-        for domain in field_values(&text, "domain") {
+        let docs: Vec<&str> = text.split("\n---\n").collect();
+        for doc in &docs {
             assert!(
-                rules.domains.contains_key(&domain),
+                matches!(yaml::parse(doc), Ok(Some(_))),
+                "{file} does not parse, or has an empty document"
+            );
+        }
+        let found =
+            |field: &str| -> HashSet<String> { field_values(&text, field).into_iter().collect() };
+        let (found_domains, found_keys, found_values) = (
+            found("domain"),
+            found("descriptor_key"),
+            found("descriptor_value"),
+        );
+        for (what, want, got) in [
+            ("domain", expected.domains, &found_domains),
+            ("descriptor_key", expected.keys, &found_keys),
+            ("descriptor_value", expected.values, &found_values),
+        ] {
+            for w in want {
+                assert!(
+                    got.contains(*w),
+                    "{file}: no `{what}: {w}` found (found {got:?})"
+                );
+            }
+        }
+        let (field, value) = expected.port;
+        let value = value.replace("{port}", &grpc_port);
+        assert!(
+            found(field).contains(&value),
+            "{file}: no `{field}: {value}` (tollgate's default gRPC port)"
+        );
+
+        for domain in &found_domains {
+            assert!(
+                rules.domains.contains_key(domain),
                 "{file}: domain {domain} not in examples/rules"
             );
         }
-        for key in field_values(&text, "descriptor_key") {
+        for key in &found_keys {
             assert!(
-                keys.contains(&key),
+                keys.contains(key),
                 "{file}: descriptor_key {key} not declared in examples/rules"
             );
         }
-        for value in field_values(&text, "descriptor_value") {
+        for value in &found_values {
             assert!(
-                values.contains(&value),
+                values.contains(value),
                 "{file}: descriptor_value {value} not declared in examples/rules"
             );
         }

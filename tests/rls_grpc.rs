@@ -1,12 +1,15 @@
-//! The real binary, over real gRPC and HTTP: what Envoy and an operator see.
+//! The RateLimitService over real gRPC and the admin port over real HTTP, as Envoy and an
+//! operator see them, served in-process (`common::InProcess`). What only the binary shows
+//! (flags, environment, exit codes, signals) is in `cli.rs`.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{TestServer, get, poll, request, run_tollgate};
+use common::{InProcess, get, poll, readyz, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use tollgate::clock::Clock;
 
 const RULES: &str = r#"
 domain: edge
@@ -25,7 +28,10 @@ descriptors:
 
 #[tokio::test]
 async fn limits_count_down_to_over_limit_per_descriptor_in_order() {
-    let server = TestServer::builder(RULES).start();
+    // A clock that moves only when told: the times below are exact.
+    let server = InProcess::builder(RULES)
+        .clock(Clock::manual(1_700_000_000_000))
+        .start();
     let mut client = server.client().await;
     let req = request(
         "edge",
@@ -82,14 +88,20 @@ async fn limits_count_down_to_over_limit_per_descriptor_in_order() {
         .unwrap()
         .into_inner();
     assert_eq!(other.statuses[0].limit_remaining, 2);
+
+    // A minute later the 1/minute (tenant, /search) limit has a token again.
+    server.clock.advance_ms(60_000);
+    let third = client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!(third.overall_code, Code::Ok as i32, "{third:?}");
+    assert_eq!(third.statuses[1].code, Code::Ok as i32, "{third:?}");
 }
 
 #[tokio::test]
 async fn bad_requests_are_invalid_argument_with_a_message() {
-    let server = TestServer::builder(RULES)
-        .arg("max-entries", "2")
-        .arg("max-value-bytes", "64")
-        .start();
+    let server = InProcess::start(RULES, |s| {
+        s.max_entries = 2;
+        s.max_value_bytes = 64;
+    });
     let mut client = server.client().await;
     let err = client
         .should_rate_limit(request("", &[&[("tenant", "a")]]))
@@ -129,16 +141,16 @@ async fn bad_requests_are_invalid_argument_with_a_message() {
 
 #[tokio::test]
 async fn admin_port_health_readiness_and_metrics() {
-    let server = TestServer::builder(RULES).start();
+    let server = InProcess::start(RULES, |_| {});
     assert_eq!(get(server.admin, "/healthz"), (200, "ok\n".to_string()));
-    let (code, body) = get(server.admin, "/readyz");
+    let (code, ready) = readyz(server.admin);
     assert_eq!(code, 200);
-    let ready: serde_json::Value = serde_json::from_str(&body).expect("/readyz is JSON");
-    assert_eq!(ready["status"], "ready", "{body}");
-    assert_eq!(ready["store"]["kind"], "memory", "{body}");
-    assert_eq!(ready["store"]["state"], "connected", "{body}");
-    assert_eq!(ready["rules"]["domains"], 1, "{body}");
-    assert!(ready["rules"]["limits"].as_u64().unwrap_or(0) > 0, "{body}");
+    assert_eq!(ready["status"], "ready", "{ready}");
+    assert_eq!(ready["store"]["kind"], "memory", "{ready}");
+    assert_eq!(ready["store"]["state"], "connected", "{ready}");
+    assert_eq!(ready["rules"]["domains"], 1, "{ready}");
+    // tenant, tenant/endpoint, downstream=payments.
+    assert_eq!(ready["rules"]["limits"], 3, "{ready}");
     let mut client = server.client().await;
     let req = request("edge", &[&[("downstream", "payments")]]);
     for _ in 0..2 {
@@ -169,7 +181,7 @@ async fn admin_port_health_readiness_and_metrics() {
 async fn grpc_health_service_reports_serving() {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
-    let server = TestServer::builder(RULES).start();
+    let server = InProcess::start(RULES, |_| {});
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
         .unwrap()
         .connect()
@@ -187,121 +199,11 @@ async fn grpc_health_service_reports_serving() {
 }
 
 #[tokio::test]
-async fn settings_from_env_and_flags_with_flags_winning() {
-    // Kubernetes-style service variables must not break startup; env turns shadow mode on.
-    let server = TestServer::builder(RULES)
-        .env("TOLLGATE_PORT", "tcp://10.0.0.1:8081")
-        .env("TOLLGATE_SERVICE_HOST", "10.0.0.1")
-        .env("TOLLGATE_SHADOW_MODE", "true")
-        .start();
-    let mut client = server.client().await;
-    let req = request("edge", &[&[("tenant", "s"), ("endpoint", "/search")]]);
-    client.should_rate_limit(req.clone()).await.unwrap();
-    let r = client
-        .should_rate_limit(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        r.overall_code,
-        Code::Ok as i32,
-        "global shadow mode from the environment"
-    );
-    assert_eq!(
-        r.statuses[0].code,
-        Code::OverLimit as i32,
-        "statuses stay as decided"
-    );
-
-    let server = TestServer::builder(RULES)
-        .env("TOLLGATE_SHADOW_MODE", "true")
-        .arg("shadow-mode", "false")
-        .start();
-    let mut client = server.client().await;
-    client.should_rate_limit(req.clone()).await.unwrap();
-    let r = client.should_rate_limit(req).await.unwrap().into_inner();
-    assert_eq!(
-        r.overall_code,
-        Code::OverLimit as i32,
-        "the flag overrides the environment"
-    );
-}
-
-#[tokio::test]
-async fn fixed_window_default_algorithm_from_a_settings_file() {
-    let dir = common::TempDir::new("settings");
-    let file = dir.path().join("tollgate.yaml");
-    std::fs::write(&file, "default_algorithm: fixed_window\n").unwrap();
-    let server = TestServer::builder("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n")
-        .arg("config", file.to_str().unwrap())
-        .start();
-    let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("d", &[&[("k", "v")]]))
-        .await
-        .unwrap()
-        .into_inner();
-    // A fixed window resets at the minute boundary: at most 60 s away, unlike a token
-    // bucket's 30 s for one of 2/minute.
-    let reset = r.statuses[0].duration_until_reset.unwrap().seconds;
-    assert!((1..=60).contains(&reset), "{reset}");
-    let text = get(server.admin, "/metrics").1;
-    assert!(text.contains("outcome=\"ok\""), "{text}");
-}
-
-#[test]
-fn check_prints_a_summary_or_every_error_with_file_and_line() {
-    let (code, out, _) = run_tollgate(&["check", "examples/rules"], &[]);
-    assert_eq!(code, 0);
-    assert!(out.contains("1 domain(s) [edge]"), "{out}");
-    let dir = common::TempDir::new("check");
-    let bad = dir.path().join("bad.yaml");
-    std::fs::write(&bad, "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: b\n    colour: red\n").unwrap();
-    let (code, _, err) = run_tollgate(&["check", bad.to_str().unwrap()], &[]);
-    assert_eq!(code, 1);
-    assert!(err.contains("2 errors"), "{err}");
-    assert!(err.contains("bad.yaml:4:"), "{err}");
-    assert!(err.contains("bad.yaml:6:"), "{err}");
-    assert!(err.contains("fortnight"), "{err}");
-}
-
-#[test]
-fn serve_refuses_broken_rules_and_bad_settings_before_binding() {
-    let dir = common::TempDir::new("broken");
-    std::fs::write(dir.path().join("r.yaml"), "domain: \"\"\n").unwrap();
-    let rules = dir.path().to_str().unwrap();
-    let (code, _, err) = run_tollgate(
-        &[
-            "serve",
-            "--rules",
-            rules,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    assert_eq!(code, 1);
-    assert!(
-        err.contains("r.yaml:1:") && err.contains("must not be empty"),
-        "{err}"
-    );
-    let (code, _, err) = run_tollgate(
-        &["serve", "--rules", rules],
-        &[("TOLLGATE_STORE_TIMEOUT_MS", "zero")],
-    );
-    assert_eq!(code, 1);
-    assert!(err.contains("store_timeout_ms"), "{err}");
-}
-
-#[tokio::test]
 async fn rules_reload_when_files_change_and_bad_ones_are_refused() {
-    let server = TestServer::builder(
+    let server = InProcess::start(
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
-    )
-    .arg("reload-interval-ms", "100")
-    .start();
+        |s| s.reload_interval_ms = 100,
+    );
     let mut client = server.client().await;
     let limit_of = |r: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
         r.statuses[0]
@@ -363,17 +265,12 @@ async fn rules_reload_when_files_change_and_bad_ones_are_refused() {
     assert_eq!(seen, Some(7), "{}", server.log());
 }
 
-#[test]
-fn sigterm_drains_and_exits_cleanly() {
-    let mut server = TestServer::builder(RULES).start();
-    let status = server.terminate();
-    assert!(status.success(), "{status}: {}", server.log());
-    assert!(server.log().contains("stopped"), "{}", server.log());
-}
-
 #[tokio::test]
 async fn concurrent_clients_on_one_key_are_admitted_exactly_the_limit() {
-    let server = TestServer::builder("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 50}\n").start();
+    let server = InProcess::start(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 50}\n",
+        |_| {},
+    );
     let mut tasks = Vec::new();
     for _ in 0..8 {
         // One connection per task: the requests really race on the server.
@@ -396,26 +293,4 @@ async fn concurrent_clients_on_one_key_are_admitted_exactly_the_limit() {
         admitted += t.await.unwrap();
     }
     assert_eq!(admitted, 50, "200 requests on a 50/hour key");
-}
-
-// Multi-threaded: the client must handle the server's GOAWAY while this thread waits.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_drain_ms_sigterm_unreadies_first_and_keeps_serving() {
-    let mut server = TestServer::builder(RULES).arg("drain-ms", "1500").start();
-    let mut client = server.client().await;
-    let _ = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(server.pid().to_string())
-        .status();
-    let unready = poll(Duration::from_secs(5), || {
-        (get(server.admin, "/readyz").0 == 503).then_some(())
-    });
-    assert!(unready.is_some(), "{}", server.log());
-    // Still answering while unready.
-    let r = client
-        .should_rate_limit(request("edge", &[&[("tenant", "drain")]]))
-        .await;
-    assert!(r.is_ok(), "{r:?}");
-    let status = server.terminate();
-    assert!(status.success(), "{}", server.log());
 }

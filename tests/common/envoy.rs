@@ -8,14 +8,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{TempDir, free_port, get, poll};
+use super::{free_port, get, poll, temp_dir};
 
 pub struct TestEnvoy {
     child: Child,
     /// The front listener: send requests here.
     pub front: SocketAddr,
     pub admin: SocketAddr,
-    dir: TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl TestEnvoy {
@@ -38,7 +38,7 @@ impl TestEnvoy {
             assert!(config.contains(from), "the example no longer has `{from}`");
             config = config.replace(from, to);
         }
-        let dir = TempDir::new("envoy");
+        let dir = temp_dir("envoy");
         let file = dir.path().join("envoy.yaml");
         std::fs::write(&file, config).expect("write envoy config");
         let log = std::fs::File::create(dir.path().join("envoy.log")).expect("envoy log");

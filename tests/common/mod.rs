@@ -1,19 +1,33 @@
-//! Test harness: real processes on free loopback ports, killed on drop.
+//! Test harness: tollgate in this process or as the real binary, and real Redis and Envoy
+//! processes, on loopback ports, stopped on drop.
 //!
-//! [`TestServer`] runs the real `tollgate` binary with a rules directory of its own and waits
-//! (polling `/readyz` with a deadline, never a fixed sleep) until it is ready. Each test gets
-//! its own ports and temp directory, so tests run in parallel.
+//! - [`InProcess`] runs `tollgate::app::serve` on listeners it binds itself (`127.0.0.1:0`,
+//!   so no port race), on a runtime of its own: the default for anything that does not need
+//!   a separate process.
+//! - [`TestServer`] runs the real `tollgate` binary, for what only a process shows: flags and
+//!   environment, exit codes, signals, the OTLP exporter. It also binds port 0 and reads the
+//!   ports it got from its "tollgate ready" log line.
+//! - [`redis`] and [`envoy`] start external processes; they need a port up front, which is
+//!   what [`free_port`] (the only one) is for.
+//!
+//! Everything waits by polling with a deadline, never with a fixed sleep; each test gets its own
+//! ports, temp directory and store key prefix, so tests run in parallel.
 
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod inproc;
 pub mod redis;
+pub mod store;
+
+// Not every test binary starts one.
+#[allow(unused_imports)]
+pub use inproc::InProcess;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -22,7 +36,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
 
-/// A loopback port that was free a moment ago (the OS picks it).
+/// How long a server may take to become ready.
+pub const READY_DEADLINE: Duration = Duration::from_secs(20);
+
+/// A loopback port that was free a moment ago (the OS picks it), for an external process
+/// that must be told its port before it starts (redis-server, Envoy) or for an address
+/// nobody listens on. tollgate itself never needs it: it binds port 0.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -30,30 +49,12 @@ pub fn free_port() -> u16 {
         .expect("no free loopback port")
 }
 
-/// A fresh directory under the system temp dir, removed by [`TempDir`]'s drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "tollgate-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh temp directory, removed on drop.
+pub fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("tollgate-test-{tag}-"))
+        .tempdir()
+        .expect("create temp dir")
 }
 
 /// Polls `f` until it returns `Some` or `timeout` passes.
@@ -67,6 +68,24 @@ pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T>
             return None;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// [`poll`] for async checks: awaits `f()` until it returns `Some` or `timeout` passes.
+pub async fn poll_async<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -146,12 +165,32 @@ pub fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     http(addr, "GET", path, "").unwrap_or((0, String::new()))
 }
 
+/// `/readyz`: the status code and the body parsed as JSON; `(0, null)` when nothing answers.
+/// Panics if an answer's body is not JSON.
+pub fn readyz(admin: SocketAddr) -> (u16, serde_json::Value) {
+    let (code, body) = get(admin, "/readyz");
+    if code == 0 {
+        return (0, serde_json::Value::Null);
+    }
+    let json = serde_json::from_str(&body).unwrap_or_else(|e| {
+        panic!("/readyz answered {code} with a body that is not JSON ({e}): {body:?}")
+    });
+    (code, json)
+}
+
+/// A gRPC client of the RateLimitService at `addr`.
+pub async fn client_of(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect to tollgate gRPC")
+}
+
 /// The real tollgate binary, started with a rules dir and flags; killed on drop.
 pub struct TestServer {
     child: Child,
     pub grpc: SocketAddr,
     pub admin: SocketAddr,
-    pub dir: TempDir,
+    pub dir: tempfile::TempDir,
     log: PathBuf,
 }
 
@@ -176,9 +215,7 @@ impl TestServer {
     }
 
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
-            .await
-            .expect("connect to tollgate gRPC")
+        client_of(self.grpc).await
     }
 
     /// What the server has logged so far (for failure messages).
@@ -227,25 +264,24 @@ impl TestServerBuilder {
         self
     }
 
-    /// Starts the binary and waits for `/readyz`; panics with its log if it never gets ready.
+    /// Starts the binary on port 0, reads the addresses it bound from its "tollgate ready"
+    /// log line and waits for `/readyz`; panics with its log if it never gets ready.
     pub fn start(self) -> TestServer {
-        let dir = TempDir::new("server");
+        let dir = temp_dir("server");
         let rules = dir.path().join("rules");
         std::fs::create_dir_all(&rules).expect("rules dir");
         for (name, text) in &self.rules {
             std::fs::write(rules.join(name), text).expect("write rules");
         }
-        let (grpc, admin) = (free_port(), free_port());
         let log = dir.path().join("tollgate.log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
         cmd.arg("serve")
             .arg("--rules")
             .arg(&rules)
-            .arg("--grpc-addr")
-            .arg(format!("127.0.0.1:{grpc}"))
-            .arg("--admin-addr")
-            .arg(format!("127.0.0.1:{admin}"))
+            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .env_remove("RUST_LOG")
+            // Plain log lines: the addresses are read from the log.
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"));
@@ -255,25 +291,71 @@ impl TestServerBuilder {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("start tollgate");
+        let mut child = cmd.spawn().expect("start tollgate");
+        let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+        let bound = poll(READY_DEADLINE, || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("tollgate exited early ({status}):\n{}", read_log());
+            }
+            ready_addrs(&read_log())
+        });
+        let Some((grpc, admin)) = bound else {
+            let _ = child.kill();
+            panic!(
+                "no \"tollgate ready\" log line within {READY_DEADLINE:?}:\n{}",
+                read_log()
+            );
+        };
         let mut server = TestServer {
             child,
-            grpc: SocketAddr::from(([127, 0, 0, 1], grpc)),
-            admin: SocketAddr::from(([127, 0, 0, 1], admin)),
+            grpc,
+            admin,
             dir,
             log,
         };
-        let ready = poll(Duration::from_secs(20), || {
+        let ready = poll(READY_DEADLINE, || {
             if let Ok(Some(status)) = server.child.try_wait() {
                 panic!("tollgate exited early ({status}):\n{}", server.log());
             }
             (get(server.admin, "/readyz").0 == 200).then_some(())
         });
         if ready.is_none() {
-            panic!("tollgate not ready within 20 s:\n{}", server.log());
+            panic!(
+                "tollgate not ready within {READY_DEADLINE:?}:\n{}",
+                server.log()
+            );
         }
         server
     }
+}
+
+/// The gRPC and admin addresses of the "tollgate ready" log line
+/// (`… tollgate ready grpc_addr=127.0.0.1:p admin_addr=127.0.0.1:q …`).
+fn ready_addrs(log: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let line = strip_ansi(log.lines().find(|l| l.contains("tollgate ready"))?);
+    let field = |name: &str| -> Option<SocketAddr> {
+        let at = line.find(&format!("{name}="))? + name.len() + 1;
+        line[at..].split_whitespace().next()?.parse().ok()
+    };
+    Some((field("grpc_addr")?, field("admin_addr")?))
+}
+
+/// `text` without ANSI colour sequences (`ESC [ … m`), should a log be coloured after all.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Runs `tollgate` with `args` to completion: (exit code, stdout, stderr).

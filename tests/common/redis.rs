@@ -9,7 +9,7 @@
 
 #![allow(dead_code)]
 
-use super::{free_port, poll};
+use super::{free_port, poll, temp_dir};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,17 +21,6 @@ use std::time::Duration;
 const START_DEADLINE: Duration = Duration::from_secs(20);
 /// The cluster bus listens on port + 10000, so a cluster node's port must leave room for it.
 const MAX_CLUSTER_PORT: u16 = 55_535;
-
-fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tollgate-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    ));
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
-}
 
 /// A key prefix no other test (or test process) uses, for tests sharing a server.
 pub fn unique_prefix(tag: &str) -> String {
@@ -66,8 +55,9 @@ pub struct TestRedis {
     /// Extra arguments (cluster mode) kept for [`TestRedis::restart`].
     extra: Vec<String>,
     child: Option<Child>,
-    /// Whether this value owns `dir` (a cluster owns its nodes' directory itself).
-    owns_dir: bool,
+    /// The temp directory `dir` is, when this value owns it (a cluster owns its nodes'
+    /// directories itself); removed on drop, after the server is killed.
+    _owned: Option<tempfile::TempDir>,
 }
 
 impl TestRedis {
@@ -75,7 +65,7 @@ impl TestRedis {
     pub fn start() -> TestRedis {
         let mut last = String::new();
         for _ in 0..5 {
-            match TestRedis::try_start(free_port(), temp_dir("redis"), Vec::new(), true) {
+            match TestRedis::try_start(free_port(), Owned(temp_dir("redis")), Vec::new()) {
                 Ok(r) => return r,
                 // Another process took the port between our check and redis-server's bind.
                 Err(e) => last = e,
@@ -86,22 +76,21 @@ impl TestRedis {
 
     /// Starts a standalone server on `port` (which must be free).
     pub fn start_on(port: u16) -> TestRedis {
-        TestRedis::try_start(port, temp_dir("redis"), Vec::new(), true)
+        TestRedis::try_start(port, Owned(temp_dir("redis")), Vec::new())
             .unwrap_or_else(|e| panic!("redis-server did not start on {port}: {e}"))
     }
 
-    fn try_start(
-        port: u16,
-        dir: PathBuf,
-        extra: Vec<String>,
-        owns_dir: bool,
-    ) -> Result<TestRedis, String> {
+    fn try_start(port: u16, dir: Dir, extra: Vec<String>) -> Result<TestRedis, String> {
+        let (dir, owned) = match dir {
+            Owned(t) => (t.path().to_path_buf(), Some(t)),
+            Borrowed(p) => (p, None),
+        };
         let mut r = TestRedis {
             port,
             dir,
             extra,
             child: None,
-            owns_dir,
+            _owned: owned,
         };
         r.spawn()?;
         Ok(r)
@@ -195,12 +184,16 @@ impl TestRedis {
     }
 }
 
+/// Where a server keeps its files: a temp directory of its own, or one inside its cluster's.
+enum Dir {
+    Owned(tempfile::TempDir),
+    Borrowed(PathBuf),
+}
+use Dir::{Borrowed, Owned};
+
 impl Drop for TestRedis {
     fn drop(&mut self) {
         self.kill();
-        if self.owns_dir {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
     }
 }
 
@@ -213,7 +206,8 @@ fn tail(path: &Path) -> String {
 /// A Redis Cluster of three primaries (no replicas), all slots assigned.
 pub struct TestCluster {
     nodes: Vec<TestRedis>,
-    dir: PathBuf,
+    /// The nodes' directories; removed on drop, after the nodes are killed.
+    dir: tempfile::TempDir,
 }
 
 impl TestCluster {
@@ -251,7 +245,7 @@ impl TestCluster {
         };
         let ports = cluster_ports(3);
         for &port in &ports {
-            let node_dir = cluster.dir.join(port.to_string());
+            let node_dir = cluster.dir.path().join(port.to_string());
             std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
             let extra = vec![
                 "--cluster-enabled".to_string(),
@@ -263,7 +257,7 @@ impl TestCluster {
             ];
             cluster
                 .nodes
-                .push(TestRedis::try_start(port, node_dir, extra, false)?);
+                .push(TestRedis::try_start(port, Borrowed(node_dir), extra)?);
         }
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
@@ -333,7 +327,6 @@ impl Drop for TestCluster {
         for n in &mut self.nodes {
             n.kill();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -1,0 +1,196 @@
+//! What only the real `tollgate` binary shows: settings from the environment, flags and a
+//! settings file, `tollgate check`, exit codes when `serve` refuses to start, and SIGTERM
+//! (drain, unready first). The service itself is tested in-process (`rls_grpc.rs`,
+//! `http_surface.rs`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestServer, get, poll, readyz, request, run_tollgate, temp_dir};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 3}
+    descriptors:
+      - key: endpoint
+        value: /search
+        rate_limit: {unit: minute, requests_per_unit: 1, name: search}
+  - key: downstream
+    value: payments
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+"#;
+
+#[tokio::test]
+async fn settings_from_env_and_flags_with_flags_winning() {
+    // Kubernetes-style service variables must not break startup; env turns shadow mode on.
+    let server = TestServer::builder(RULES)
+        .env("TOLLGATE_PORT", "tcp://10.0.0.1:8081")
+        .env("TOLLGATE_SERVICE_HOST", "10.0.0.1")
+        .env("TOLLGATE_SHADOW_MODE", "true")
+        .env("TOLLGATE_KEY_PREFIX", "cfg:")
+        .start();
+    // The effective settings, from the environment, are what `/config` shows.
+    let config: serde_json::Value =
+        serde_json::from_str(&get(server.admin, "/config").1).expect("/config is JSON");
+    assert_eq!(config["settings"]["key_prefix"], "cfg:", "{config}");
+    assert_eq!(config["settings"]["shadow_mode"], true, "{config}");
+    let mut client = server.client().await;
+    let req = request("edge", &[&[("tenant", "s"), ("endpoint", "/search")]]);
+    client.should_rate_limit(req.clone()).await.unwrap();
+    let r = client
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.overall_code,
+        Code::Ok as i32,
+        "global shadow mode from the environment"
+    );
+    assert_eq!(
+        r.statuses[0].code,
+        Code::OverLimit as i32,
+        "statuses stay as decided"
+    );
+
+    let server = TestServer::builder(RULES)
+        .env("TOLLGATE_SHADOW_MODE", "true")
+        .arg("shadow-mode", "false")
+        .start();
+    let mut client = server.client().await;
+    client.should_rate_limit(req.clone()).await.unwrap();
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!(
+        r.overall_code,
+        Code::OverLimit as i32,
+        "the flag overrides the environment"
+    );
+}
+
+#[tokio::test]
+async fn fixed_window_default_algorithm_from_a_settings_file() {
+    let dir = temp_dir("settings");
+    let file = dir.path().join("tollgate.yaml");
+    std::fs::write(&file, "default_algorithm: fixed_window\n").unwrap();
+    let server = TestServer::builder("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n")
+        .arg("config", file.to_str().unwrap())
+        .start();
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("d", &[&[("k", "v")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    // A fixed window resets at the minute boundary: at most 60 s away, unlike a token
+    // bucket's 30 s for one of 2/minute.
+    let reset = r.statuses[0].duration_until_reset.unwrap().seconds;
+    assert!((1..=60).contains(&reset), "{reset}");
+    let text = get(server.admin, "/metrics").1;
+    assert!(text.contains("outcome=\"ok\""), "{text}");
+}
+
+#[test]
+fn check_prints_a_summary_or_every_error_with_file_and_line() {
+    let (code, out, _) = run_tollgate(&["check", "examples/rules"], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("1 domain(s) [edge]"), "{out}");
+    let dir = temp_dir("check");
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: b\n    colour: red\n").unwrap();
+    let (code, _, err) = run_tollgate(&["check", bad.to_str().unwrap()], &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("2 errors"), "{err}");
+    assert!(err.contains("bad.yaml:4:"), "{err}");
+    assert!(err.contains("bad.yaml:6:"), "{err}");
+    assert!(err.contains("fortnight"), "{err}");
+}
+
+/// `serve` checks the rules and the settings before it binds anything. Proof: the gRPC port
+/// given is taken, so binding it fails (the control shows that error); with broken rules or
+/// bad settings the error is theirs, not the bind error, so nothing was bound first.
+#[test]
+fn serve_refuses_broken_rules_and_bad_settings_before_binding() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port to occupy");
+    let taken = taken.local_addr().unwrap().to_string();
+    let serve = |rules: &str, env: &[(&str, &str)]| {
+        run_tollgate(
+            &[
+                "serve",
+                "--rules",
+                rules,
+                "--grpc-addr",
+                &taken,
+                "--admin-addr",
+                "127.0.0.1:0",
+            ],
+            env,
+        )
+    };
+    // Control: with good rules and settings, the taken port is what stops it.
+    let (code, _, err) = serve("examples/rules", &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on {taken} (gRPC)")),
+        "{err}"
+    );
+
+    let dir = temp_dir("broken");
+    std::fs::write(dir.path().join("r.yaml"), "domain: \"\"\n").unwrap();
+    let rules = dir.path().to_str().unwrap();
+    let (code, _, err) = serve(rules, &[]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("r.yaml:1:") && err.contains("must not be empty"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("cannot listen"),
+        "the rules were checked first: {err}"
+    );
+
+    let (code, _, err) = serve(rules, &[("TOLLGATE_STORE_TIMEOUT_MS", "zero")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("store_timeout_ms"), "{err}");
+    assert!(
+        !err.contains("cannot listen"),
+        "the settings were checked first: {err}"
+    );
+}
+
+#[test]
+fn sigterm_drains_and_exits_cleanly() {
+    let mut server = TestServer::builder(RULES).start();
+    let status = server.terminate();
+    assert!(status.success(), "{status}: {}", server.log());
+    assert!(server.log().contains("stopped"), "{}", server.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_drain_ms_sigterm_unreadies_first_and_keeps_serving() {
+    let mut server = TestServer::builder(RULES).arg("drain-ms", "1500").start();
+    let mut client = server.client().await;
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(server.pid().to_string())
+        .status();
+    let unready = poll(Duration::from_secs(5), || {
+        let (code, ready) = readyz(server.admin);
+        (code == 503).then_some(ready)
+    });
+    let Some(unready) = unready else {
+        panic!("never unready:\n{}", server.log())
+    };
+    assert_eq!(unready["status"], "not ready", "{unready}");
+    // Still answering while unready.
+    let r = client
+        .should_rate_limit(request("edge", &[&[("tenant", "drain")]]))
+        .await;
+    assert!(r.is_ok(), "{r:?}");
+    let status = server.terminate();
+    assert!(status.success(), "{}", server.log());
+}

@@ -1,0 +1,109 @@
+//! Store-level helpers: a [`Store`] from a URL, bucket ops, and the clock handling the Redis
+//! tests need.
+//!
+//! Redis cannot be given a fake clock, so cases that read reset/retry times through a real
+//! store use hour- or day-long windows (refill during a test is negligible) and compare times
+//! with a tolerance ([`assert_near`]); the exact comparison is `tests/lua_mirror.rs`, which runs
+//! the scripts with `TIME` replaced by a clock the test drives.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tollgate::clock::Clock;
+use tollgate::settings::Settings;
+use tollgate::store::{Op, OpKind, Outcome, Store};
+use tollgate::telemetry::Metrics;
+
+pub const HOUR: u64 = 3_600_000;
+pub const DAY: u64 = 86_400_000;
+/// The largest wait the scripts report (2^53 ms); see `token_bucket.lua`.
+pub const MAX_WAIT: u64 = 1 << 53;
+
+/// Settings for a store at `url` with a call timeout of `timeout_ms`.
+pub fn settings(url: &str, timeout_ms: u64) -> Settings {
+    Settings {
+        store: url.to_string(),
+        store_pool_size: 4,
+        store_connect_timeout_ms: 1_000,
+        store_timeout_ms: timeout_ms,
+        ..Settings::default()
+    }
+}
+
+pub async fn connect(url: &str, timeout_ms: u64) -> Store {
+    Store::connect(&settings(url, timeout_ms), Clock::system(), &Metrics::new())
+        .await
+        .unwrap_or_else(|e| panic!("store for {url}: {e}"))
+}
+
+/// Contract stores get a generous timeout: the machine running the suite may be busy.
+pub async fn contract_store(url: &str) -> Arc<Store> {
+    Arc::new(connect(url, 2_000).await)
+}
+
+pub fn tb(key: &str, capacity: u64, refill: u64, window_ms: u64, cost: u64) -> Op {
+    Op {
+        key: key.to_string(),
+        kind: OpKind::TokenBucket {
+            capacity,
+            refill,
+            window_ms,
+        },
+        cost,
+    }
+}
+
+pub fn fw(key: &str, limit: u64, window_ms: u64, cost: u64) -> Op {
+    Op {
+        key: key.to_string(),
+        kind: OpKind::FixedWindow { limit, window_ms },
+        cost,
+    }
+}
+
+pub fn sw(key: &str, limit: u64, window_ms: u64, cost: u64) -> Op {
+    Op {
+        key: key.to_string(),
+        kind: OpKind::SlidingWindow { limit, window_ms },
+        cost,
+    }
+}
+
+/// A key of its own hash tag, so keys of one case spread over a cluster.
+pub fn key(prefix: &str, name: &str) -> String {
+    format!("{prefix}{{{name}}}")
+}
+
+/// Applies one op and returns its outcome; panics on a store error.
+pub async fn one(store: &Store, op: Op) -> Outcome {
+    let what = format!("{op:?}");
+    let mut out = store
+        .apply(&[op])
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(out.len(), 1);
+    out.remove(0)
+}
+
+pub fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Waits out the end of the current fixed window if it is about to end (Redis runs on this
+/// host, so its `TIME` is this clock), so a case's hits all land in one window.
+pub async fn clear_of_window_edge(window_ms: u64) {
+    let left = window_ms - wall_ms() % window_ms;
+    if left < 5_000 {
+        tokio::time::sleep(Duration::from_millis(left + 50)).await;
+    }
+}
+
+pub fn assert_near(what: &str, actual: u64, expected: u64, tolerance: u64) {
+    assert!(
+        actual.abs_diff(expected) <= tolerance,
+        "{what}: {actual} not within {tolerance} of {expected}"
+    );
+}

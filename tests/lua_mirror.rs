@@ -1,0 +1,433 @@
+//! The Lua scripts mirror `tollgate::limiter::bucket` exactly: random sequences of takes
+//! (proptest: times that go forward, stand still, jump a window or step back as after a
+//! failover to a skewed host; costs of 0, 1, the limit, above it and `u64::MAX`) run through the
+//! script in a real `redis-server` and through the Rust function, and must give identical
+//! outcomes, bit-identical stored state and the TTL the Rust math implies.
+//!
+//! Redis cannot be given a fake clock, so each script runs with `TIME` replaced by two extra
+//! ARGV the test sets, and its `PEXPIRE` replaced by writing the TTL into a `ttl` field the
+//! test reads back ([`with_test_clock`]). One redis-server serves every case of a test; each
+//! case starts from a deleted key.
+
+mod common;
+
+use std::cell::{Cell, RefCell};
+
+use common::redis::TestRedis;
+use common::store::{DAY, HOUR, MAX_WAIT, fw, sw, tb};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestCaseResult, TestRunner};
+use tollgate::limiter::bucket::{
+    self, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
+};
+use tollgate::store::redis::{FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
+use tollgate::store::{Op, Outcome};
+
+/// Cases per test: each is a sequence of up to [`MAX_TAKES`] takes on one bucket.
+const CASES: u32 = 64;
+const MAX_TAKES: usize = 40;
+/// Around when the sequences start (Nov 2023), plus up to a day.
+const BASE_MS: u64 = 1_700_000_000_123;
+
+/// Runs `test` on `CASES` values of `strategy`; on a failure, panics with the smallest
+/// failing input proptest found. No failure file is written: the message has the input.
+fn check<S: Strategy>(strategy: S, test: impl Fn(S::Value) -> TestCaseResult) {
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: CASES,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    if let Err(e) = runner.run(&strategy, test) {
+        panic!("{e}");
+    }
+}
+
+/// How the test clock moves before a take.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Backwards by up to 3 s (a failover to a host whose clock is behind).
+    Back(u64),
+    Stay,
+    /// Past the end of the window, plus up to 1 s.
+    NextWindow(u64),
+    /// Forward by up to 2 s (less within short windows).
+    Forward(u64),
+}
+
+impl Step {
+    fn apply(self, now: u64, window_ms: u64) -> u64 {
+        match self {
+            Step::Back(d) => now - d,
+            Step::Stay => now,
+            Step::NextWindow(d) => now + window_ms + d,
+            Step::Forward(r) => now + r % window_ms.clamp(1, 2_000),
+        }
+    }
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        1 => (0..3_000u64).prop_map(Step::Back),
+        3 => Just(Step::Stay),
+        1 => (0..1_000u64).prop_map(Step::NextWindow),
+        5 => any::<u64>().prop_map(Step::Forward),
+    ]
+}
+
+/// A take's cost, relative to the bucket's limit (capacity).
+#[derive(Clone, Copy, Debug)]
+enum Cost {
+    Zero,
+    One,
+    Limit,
+    AboveLimit,
+    Max,
+    /// `r % (limit + 2)`: anything from 0 to just above the limit.
+    Upto(u64),
+    Third,
+}
+
+impl Cost {
+    fn of(self, limit: u64) -> u64 {
+        match self {
+            Cost::Zero => 0,
+            Cost::One => 1,
+            Cost::Limit => limit,
+            Cost::AboveLimit => limit.saturating_add(1),
+            Cost::Max => u64::MAX,
+            Cost::Upto(r) => r % limit.saturating_add(2),
+            Cost::Third => limit / 3,
+        }
+    }
+}
+
+fn cost() -> impl Strategy<Value = Cost> {
+    prop_oneof![
+        1 => Just(Cost::Zero),
+        3 => Just(Cost::One),
+        1 => Just(Cost::Limit),
+        1 => Just(Cost::AboveLimit),
+        1 => Just(Cost::Max),
+        1 => any::<u64>().prop_map(Cost::Upto),
+        1 => Just(Cost::Third),
+    ]
+}
+
+/// A limit: mostly the edge values (0, 1, huge), sometimes anything small.
+fn limit(edges: &[u64]) -> impl Strategy<Value = u64> + use<> {
+    prop_oneof![3 => prop::sample::select(edges.to_vec()), 1 => 0..5_000u64]
+}
+
+fn window_ms(edges: &[u64]) -> impl Strategy<Value = u64> + use<> {
+    prop_oneof![3 => prop::sample::select(edges.to_vec()), 1 => 1..100_000u64]
+}
+
+/// A start time and a sequence of (clock step, cost) takes.
+fn takes() -> impl Strategy<Value = (u64, Vec<(Step, Cost)>)> {
+    (
+        0..DAY,
+        prop::collection::vec((step(), cost()), 1..=MAX_TAKES),
+    )
+}
+
+/// The script with `TIME` replaced by the last two ARGV (seconds, microseconds) and its
+/// `PEXPIRE` replaced by writing the TTL into a `ttl` field, so the test drives the clock and
+/// reads the TTL the script chose. Each replacement must hit exactly once: if the script
+/// changes shape, this test fails instead of silently testing something else.
+fn with_test_clock(source: &str, pexpire: &str, ttl: &str) -> String {
+    let time = "redis.call('TIME')";
+    assert_eq!(
+        source.matches(time).count(),
+        1,
+        "the script reads TIME once"
+    );
+    assert_eq!(
+        source.matches(pexpire).count(),
+        1,
+        "the script sets its TTL once: {pexpire}"
+    );
+    source
+        .replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
+        .replace(
+            pexpire,
+            &format!("redis.call('HSET', KEYS[1], 'ttl', {ttl})"),
+        )
+}
+
+fn eval_at(conn: &mut ::redis::Connection, source: &str, op: &Op, now_ms: u64) -> Outcome {
+    let call = ScriptCall::for_op(op);
+    let reply: Vec<i64> = ::redis::cmd("EVAL")
+        .arg(source)
+        .arg(1)
+        .arg(&op.key)
+        .arg(call.argv())
+        .arg(now_ms / 1000)
+        .arg((now_ms % 1000) * 1000)
+        .query(conn)
+        .unwrap_or_else(|e| panic!("{op:?} at {now_ms}: {e}"));
+    Outcome {
+        allowed: reply[0] == 1,
+        remaining: reply[1] as u64,
+        reset_ms: reply[2] as u64,
+        retry_ms: u64::try_from(reply[3]).ok(),
+    }
+}
+
+fn del(conn: &mut ::redis::Connection, key: &str) {
+    ::redis::cmd("DEL")
+        .arg(key)
+        .query::<()>(conn)
+        .unwrap_or_else(|e| panic!("DEL {key}: {e}"));
+}
+
+#[test]
+fn lua_token_bucket_mirrors_take_token_exactly() {
+    let redis = TestRedis::start();
+    let conn = RefCell::new(redis.conn());
+    let source = with_test_clock(
+        TOKEN_BUCKET_LUA,
+        "redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))",
+        "math.max(reset_ms, 1)",
+    );
+    let params = (
+        limit(&[
+            0,
+            1,
+            2,
+            3,
+            5,
+            10,
+            100,
+            1_000,
+            1_000_000,
+            u64::from(u32::MAX),
+        ]),
+        limit(&[0, 1, 2, 3, 7, 10, 100, 1_000_000]),
+        window_ms(&[1, 7, 1_000, 60_000, HOUR, 365 * DAY]),
+    )
+        .prop_map(|(capacity, refill, window_ms)| TokenBucketParams {
+            capacity,
+            refill,
+            window_ms,
+        });
+    let (cases, checked, stored_states) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    check((params, takes()), |(p, (start, takes))| {
+        let conn = &mut *conn.borrow_mut();
+        let k = "mirror:{tb}";
+        del(conn, k);
+        let mut now = BASE_MS + start;
+        let mut state: Option<TokenBucketState> = None;
+        for (step, cost) in takes {
+            now = step.apply(now, p.window_ms);
+            let cost = cost.of(p.capacity);
+            let op = tb(k, p.capacity, p.refill, p.window_ms, cost);
+            let (next, mut want) = bucket::take_token(state, now, p, cost);
+            // The script caps waits at 2^53 ms (~285,000 years) to keep Redis's integer
+            // conversion defined; Rust saturates at 2^64. Only absurd configurations get there.
+            want.reset_ms = want.reset_ms.min(MAX_WAIT);
+            want.retry_ms = want.retry_ms.map(|r| r.min(MAX_WAIT));
+            let got = eval_at(conn, &source, &op, now);
+            let at = format!("{p:?} cost {cost} at {now} from {state:?}");
+            prop_assert_eq!(got, want, "{}", at);
+            // The stored state: a full bucket is no key (the memory store sweeps it too);
+            // otherwise the same two numbers, bit for bit, and the TTL is time-to-full.
+            let stored: Vec<Option<String>> = ::redis::cmd("HMGET")
+                .arg(k)
+                .arg(&["t", "ts", "ttl"])
+                .query(conn)
+                .unwrap();
+            if next.tokens >= p.capacity as f64 {
+                prop_assert!(stored[0].is_none(), "{}: a full bucket is not stored", at);
+                state = None;
+            } else {
+                let t: f64 = stored[0].as_deref().expect("t").parse().unwrap();
+                let ts: u64 = stored[1].as_deref().expect("ts").parse().unwrap();
+                let ttl: u64 = stored[2].as_deref().expect("ttl").parse().unwrap();
+                prop_assert_eq!(
+                    (t.to_bits(), ts),
+                    (next.tokens.to_bits(), next.ts_ms),
+                    "{}: {} {} vs {:?}",
+                    at,
+                    t,
+                    ts,
+                    next
+                );
+                prop_assert_eq!(
+                    ttl,
+                    bucket::token_idle_after_ms(next, p).min(MAX_WAIT),
+                    "{}",
+                    at
+                );
+                state = Some(next);
+                stored_states.set(stored_states.get() + 1);
+            }
+            checked.set(checked.get() + 1);
+        }
+        cases.set(cases.get() + 1);
+        Ok(())
+    });
+    eprintln!(
+        "token bucket: {} cases, {} takes, {} left a stored bucket",
+        cases.get(),
+        checked.get(),
+        stored_states.get()
+    );
+    assert!(cases.get() >= CASES, "{} cases ran", cases.get());
+    // The sequences reached partly drained buckets, not only full ones.
+    assert!(
+        stored_states.get() > checked.get() / 2,
+        "{} of {} takes left a stored bucket",
+        stored_states.get(),
+        checked.get()
+    );
+}
+
+#[test]
+fn lua_fixed_window_mirrors_take_window_exactly() {
+    let redis = TestRedis::start();
+    let conn = RefCell::new(redis.conn());
+    let source = with_test_clock(
+        FIXED_WINDOW_LUA,
+        "redis.call('PEXPIRE', KEYS[1], reset_ms)",
+        "reset_ms",
+    );
+    let params = (
+        limit(&[0, 1, 2, 3, 10, 1_000, u64::from(u32::MAX)]),
+        window_ms(&[7, 1_000, 60_000, HOUR, DAY]),
+    );
+    let (cases, refused) = (Cell::new(0), Cell::new(0));
+    check((params, takes()), |((limit, window_ms), (start, takes))| {
+        let conn = &mut *conn.borrow_mut();
+        let k = "mirror:{fw}";
+        del(conn, k);
+        let mut now = BASE_MS + start;
+        let mut state: Option<WindowState> = None;
+        for (step, cost) in takes {
+            now = step.apply(now, window_ms);
+            let cost = cost.of(limit);
+            let (next, want) = bucket::take_window(state, now, limit, window_ms, cost);
+            let got = eval_at(conn, &source, &fw(k, limit, window_ms, cost), now);
+            let at =
+                format!("limit {limit} window {window_ms} cost {cost} at {now} from {state:?}");
+            prop_assert_eq!(got, want, "{}", at);
+            if cost > 0 {
+                let ttl: u64 = ::redis::cmd("HGET").arg(k).arg("ttl").query(conn).unwrap();
+                prop_assert_eq!(ttl, want.reset_ms, "{}: expires when the window ends", at);
+            }
+            refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
+            state = Some(next);
+        }
+        cases.set(cases.get() + 1);
+        Ok(())
+    });
+    eprintln!(
+        "fixed window: {} cases, {} refusals with a retry",
+        cases.get(),
+        refused.get()
+    );
+    assert!(cases.get() >= CASES, "{} cases ran", cases.get());
+    // Refusals that fit once the window ends, not only costs that never fit.
+    assert!(
+        refused.get() > 100,
+        "{} refusals with a retry",
+        refused.get()
+    );
+}
+
+#[test]
+fn lua_sliding_window_mirrors_rust() {
+    let redis = TestRedis::start();
+    let conn = RefCell::new(redis.conn());
+    let source = with_test_clock(
+        SLIDING_WINDOW_LUA,
+        "redis.call('PEXPIRE', KEYS[1], reset_ms)",
+        "reset_ms",
+    );
+    // Whole estimates stay whole: 25 hits of the previous window weigh exactly 14 at 440 ms
+    // into a 1 s window, so 11 are left (`prev * (1 - elapsed / w)` gives 14.000000000000002
+    // and 10 left). Random sequences rarely land on such a point.
+    let base = 1_700_000_000_000;
+    let mut state = None;
+    for (now, cost, remaining) in [(base, 25, 0), (base + 1_440, 0, 11), (base + 1_440, 11, 0)] {
+        let (next, want) = bucket::take_sliding(state, now, 25, 1_000, cost);
+        let got = eval_at(
+            &mut conn.borrow_mut(),
+            &source,
+            &sw("mirror:{sw-exact}", 25, 1_000, cost),
+            now,
+        );
+        assert_eq!(
+            (got, want.remaining),
+            (want, remaining),
+            "cost {cost} at {now}"
+        );
+        state = Some(next);
+    }
+
+    let params = (
+        limit(&[0, 1, 2, 3, 7, 10, 1_000, u64::from(u32::MAX)]),
+        window_ms(&[1, 7, 1_000, 60_000, HOUR, DAY, 365 * DAY]),
+    );
+    let (cases, refused, weighed) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    check((params, takes()), |((limit, window_ms), (start, takes))| {
+        let conn = &mut *conn.borrow_mut();
+        let k = "mirror:{sw}";
+        del(conn, k);
+        let mut now = BASE_MS + start;
+        let mut state: Option<SlidingWindowState> = None;
+        // When the script last wrote the hash and the TTL it set then.
+        let mut expires_at: Option<u64> = None;
+        for (step, cost) in takes {
+            now = step.apply(now, window_ms);
+            let cost = cost.of(limit);
+            let (next, want) = bucket::take_sliding(state, now, limit, window_ms, cost);
+            let got = eval_at(conn, &source, &sw(k, limit, window_ms, cost), now);
+            let at =
+                format!("limit {limit} window {window_ms} cost {cost} at {now} from {state:?}");
+            prop_assert_eq!(got, want, "{}", at);
+            // The stored state: an empty one is no key (the memory store does not keep it
+            // either); otherwise the same three numbers. The script rewrites the hash only
+            // when the state changed, and its TTL always ends where the estimate reaches 0.
+            let stored: Vec<Option<u64>> = ::redis::cmd("HMGET")
+                .arg(k)
+                .arg(&["w", "p", "c", "ttl"])
+                .query(conn)
+                .unwrap();
+            if next.is_empty() {
+                prop_assert!(stored.iter().all(Option::is_none), "{}: {:?}", at, stored);
+                state = None;
+                expires_at = None;
+            } else {
+                prop_assert_eq!(
+                    &stored[..3],
+                    &[Some(next.start_ms), Some(next.prev), Some(next.curr)][..],
+                    "{}",
+                    at
+                );
+                if state != Some(next) {
+                    expires_at = Some(now + stored[3].expect("ttl"));
+                }
+                prop_assert_eq!(expires_at, Some(now + want.reset_ms), "{}: TTL", at);
+                weighed.set(weighed.get() + usize::from(next.prev > 0 && next.curr > 0));
+                state = Some(next);
+            }
+            refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
+        }
+        cases.set(cases.get() + 1);
+        Ok(())
+    });
+    eprintln!(
+        "sliding window: {} cases, {} takes weighed both counts, {} refusals with a retry",
+        cases.get(),
+        weighed.get(),
+        refused.get()
+    );
+    assert!(cases.get() >= CASES, "{} cases ran", cases.get());
+    // The sequences exercised both counts at once and refusals that can fit later.
+    assert!(
+        weighed.get() > 100 && refused.get() > 100,
+        "{} {}",
+        weighed.get(),
+        refused.get()
+    );
+}

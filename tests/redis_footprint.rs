@@ -1,0 +1,143 @@
+//! What one decision costs Redis, as the README reports it: one EVALSHA per bucket op (all of
+//! a request's ops in one pipeline, no EVAL on a healthy Redis), and one small hash per bucket
+//! with a TTL that ends when it no longer matters.
+
+mod common;
+
+use common::redis::TestRedis;
+use common::store::{HOUR, contract_store, key, one, settings, sw, tb};
+use tollgate::clock::Clock;
+use tollgate::keys;
+use tollgate::rules::{Algorithm, Rate, Unit};
+use tollgate::store::{Op, Store};
+use tollgate::telemetry::Metrics;
+
+/// EVALSHA calls per decision: one per bucket op, all of a request's ops in one pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evalsha_per_bucket_op() {
+    let redis = TestRedis::start();
+    let metrics = Metrics::new();
+    let store = Store::connect(&settings(&redis.url(), 2_000), Clock::system(), &metrics)
+        .await
+        .expect("store");
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let (requests, ops_per_request) = (100u64, 2u64);
+    for i in 0..requests {
+        let ops: Vec<Op> = (0..ops_per_request)
+            .map(|j| {
+                let k = key("stat:", &format!("k{}", (i + j) % 7));
+                // Both ops of a request on different scripts: every script was loaded at
+                // connect, so none needs an EVAL.
+                if j == 0 {
+                    tb(&k, 1_000, 1_000, HOUR, 1)
+                } else {
+                    sw(&format!("{k}sw"), 1_000, HOUR, 1)
+                }
+            })
+            .collect();
+        store.apply(&ops).await.expect("apply");
+    }
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    let calls = |name: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let evalsha = calls("evalsha");
+    eprintln!(
+        "EVALSHA calls: {evalsha} for {requests} requests of {ops_per_request} ops = {:.2} per decision (descriptor op), {:.2} per request; EVAL calls: {}",
+        evalsha as f64 / (requests * ops_per_request) as f64,
+        evalsha as f64 / requests as f64,
+        calls("eval"),
+    );
+    assert_eq!(evalsha, requests * ops_per_request);
+    assert_eq!(calls("eval"), 0, "no NOSCRIPT fallback on a healthy Redis");
+    let text = metrics.render();
+    assert!(
+        text.contains(&format!(
+            "tollgate_store_call_duration_seconds_count{{op=\"apply\"}} {requests}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_store_connections{state=\"connected\"} 4"),
+        "{text}"
+    );
+}
+
+/// The size of one token bucket in Redis, with a ~40-byte key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_bucket_is_one_small_hash() {
+    let redis = TestRedis::start();
+    let store = contract_store(&redis.url()).await;
+    let rate = Rate {
+        requests_per_unit: 100,
+        unit: Unit::Hour,
+        unit_multiplier: 1,
+        burst: 100,
+        algorithm: Algorithm::TokenBucket,
+    };
+    let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
+    assert!(one(&store, tb(&k, 100, 100, HOUR, 1)).await.allowed);
+    let fields: Vec<String> = redis.cmd(&["HKEYS", &k]);
+    assert_eq!(fields, ["t", "ts"]);
+    let ttl: i64 = redis.cmd(&["PTTL", &k]);
+    assert!(
+        ttl > 0 && ttl <= 36_000,
+        "expires when full again (one token per 36 s): {ttl}"
+    );
+    let bytes: i64 = redis.cmd(&["MEMORY", "USAGE", &k]);
+    eprintln!(
+        "MEMORY USAGE of a token bucket with a {}-byte key ({k}): {bytes} bytes",
+        k.len()
+    );
+    assert!(bytes < 200, "{bytes} bytes");
+    // A bucket that refills to full is deleted rather than kept.
+    assert!(one(&store, tb(&k, 1, 1_000_000, HOUR, 0)).await.allowed);
+    let exists: i64 = redis.cmd(&["EXISTS", &k]);
+    assert_eq!(exists, 0, "a full bucket is no key");
+}
+
+/// The size of one sliding window in Redis, with a ~40-byte key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_window_is_one_small_hash() {
+    let redis = TestRedis::start();
+    let store = contract_store(&redis.url()).await;
+    let rate = Rate {
+        requests_per_unit: 100,
+        unit: Unit::Hour,
+        unit_multiplier: 1,
+        burst: 100,
+        algorithm: Algorithm::SlidingWindow,
+    };
+    let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
+    // A check on an unseen key leaves no key behind.
+    assert!(one(&store, sw(&k, 100, HOUR, 0)).await.allowed);
+    let exists: i64 = redis.cmd(&["EXISTS", &k]);
+    assert_eq!(exists, 0, "an empty sliding window is no key");
+    let o = one(&store, sw(&k, 100, HOUR, 1)).await;
+    assert!(o.allowed);
+    let fields: Vec<String> = redis.cmd(&["HKEYS", &k]);
+    assert_eq!(fields, ["w", "p", "c"]);
+    let ttl: i64 = redis.cmd(&["PTTL", &k]);
+    assert!(
+        ttl > 0 && ttl.abs_diff(o.reset_ms as i64) < 1_000 && o.reset_ms > HOUR,
+        "expires when the count has decayed, at the end of the next hour: {ttl} vs {o:?}"
+    );
+    // A check or a refusal rewrites nothing (the state and its TTL are still right).
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    assert!(one(&store, sw(&k, 100, HOUR, 0)).await.allowed);
+    assert!(!one(&store, sw(&k, 100, HOUR, 101)).await.allowed);
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=2,"), "{stats}");
+    assert!(!stats.contains("cmdstat_hset"), "{stats}");
+    let bytes: i64 = redis.cmd(&["MEMORY", "USAGE", &k]);
+    eprintln!(
+        "MEMORY USAGE of a sliding window with a {}-byte key ({k}): {bytes} bytes",
+        k.len()
+    );
+    assert!(bytes <= 120, "{bytes} bytes");
+}
