@@ -198,3 +198,45 @@ fn server_prefix(server: &TestServer) -> String {
     let v: serde_json::Value = serde_json::from_str(&get(server.admin, "/config").1).unwrap();
     v["settings"]["key_prefix"].as_str().unwrap().to_string()
 }
+
+/// The first number of a header (`x-ratelimit-limit: 5, 5;w=1` → 5).
+fn number(r: &HttpResponse, name: &str) -> u64 {
+    r.header(name)
+        .and_then(|v| v.split([',', ';']).next())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no number in {name}: {r:?}"))
+}
+
+#[test]
+fn rate_limit_headers_tell_one_story() {
+    let server = tollgate();
+    let envoy = TestEnvoy::start(server.grpc, &[]);
+    // /search: 5/s with burst 10 (and 5000/hour): remaining is never above the limit, in
+    // tollgate's RateLimit-* and in Envoy's x-ratelimit-* alike.
+    for i in 0..3 {
+        let r = send(&envoy, "/search", &format!("h{i}"));
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(number(&r, "ratelimit-limit"), 10, "the burst: {r:?}");
+        assert!(number(&r, "ratelimit-remaining") <= 10, "{r:?}");
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some("5;w=1;burst=10"),
+            "{r:?}"
+        );
+        assert!(
+            number(&r, "x-ratelimit-remaining") <= number(&r, "x-ratelimit-limit"),
+            "{r:?}"
+        );
+    }
+    // A spent 10/hour key: Retry-After, RateLimit-Reset and x-ratelimit-reset all say when
+    // the next request fits (6 minutes), not when the bucket is full (an hour).
+    let (passed, limited) = until_limited(&envoy, "/export", "spent", 20);
+    assert_eq!(passed, 10);
+    let r = limited.expect("limited");
+    assert_eq!(r.status, 429, "{r:?}");
+    let retry = number(&r, "retry-after");
+    assert!((359..=360).contains(&retry), "{r:?}");
+    assert_eq!(number(&r, "ratelimit-reset"), retry, "{r:?}");
+    assert_eq!(number(&r, "x-ratelimit-reset"), retry, "{r:?}");
+    assert_eq!(number(&r, "ratelimit-remaining"), 0, "{r:?}");
+}

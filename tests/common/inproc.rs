@@ -41,6 +41,8 @@ pub struct InProcessBuilder {
     rules: Vec<(String, String)>,
     settings: Settings,
     clock: Clock,
+    /// The `/readyz` status `start` waits for (200 unless the test expects otherwise).
+    ready_status: u16,
 }
 
 impl InProcess {
@@ -54,6 +56,7 @@ impl InProcess {
             rules: vec![("rules.yaml".into(), rules.into())],
             settings: Settings::default(),
             clock: Clock::system(),
+            ready_status: 200,
         }
     }
 
@@ -113,6 +116,19 @@ impl InProcessBuilder {
     /// Changes the settings (the rules path and the two addresses are the harness's).
     pub fn settings(mut self, configure: impl FnOnce(&mut Settings)) -> Self {
         configure(&mut self.settings);
+        self
+    }
+
+    /// No rules file at all: an empty rules directory.
+    pub fn without_rules(mut self) -> Self {
+        self.rules.clear();
+        self
+    }
+
+    /// Starts and waits until `/readyz` answers `status` (e.g. 503 for a server that is
+    /// deliberately not ready) instead of 200.
+    pub fn ready_status(mut self, status: u16) -> Self {
+        self.ready_status = status;
         self
     }
 
@@ -186,11 +202,12 @@ impl InProcessBuilder {
                     server.log()
                 );
             }
-            (get(server.admin, "/readyz").0 == 200).then_some(())
+            (get(server.admin, "/readyz").0 == self.ready_status).then_some(())
         });
         if ready.is_none() {
             panic!(
-                "tollgate not ready within {READY_DEADLINE:?}:\n{}",
+                "/readyz never answered {} within {READY_DEADLINE:?}:\n{}",
+                self.ready_status,
                 server.log()
             );
         }

@@ -1,0 +1,165 @@
+//! The first day in production: mistakes every team makes on day one must fail loudly instead
+//! of turning rate limiting off without a sign, and the signals an operator reads must say
+//! what is true. (Store connection health after a Redis kill is in `faults.rs`; the response
+//! headers through Envoy are in `envoy_e2e.rs`.)
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::inproc::InProcess;
+use common::{poll, readyz, request, run_tollgate, temp_dir};
+
+const RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+
+#[test]
+fn check_fails_on_a_path_without_rules_files() {
+    let dir = temp_dir("check-empty");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
+    // One level too high: the parent of the rules directory holds no *.yaml.
+    let (code, out, err) = run_tollgate(&["check", dir.path().to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "stdout: {out}\nstderr: {err}");
+    assert!(err.contains("no rules files"), "{err}");
+    let (code, out, err) = run_tollgate(&["check", rules.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1 domain(s) [edge]"), "{out}");
+}
+
+#[test]
+fn a_mistyped_variable_is_named_at_startup_and_a_piped_log_has_no_colour() {
+    let dir = temp_dir("typo");
+    let missing = dir.path().join("no-such-rules");
+    // Stops at once (no rules there), after the startup warnings.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--rules"])
+        .arg(&missing)
+        .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .env("TOLLGATE_STOR", "redis://127.0.0.1:6379")
+        // What Kubernetes injects for a Service named tollgate: not ours, not warned about.
+        .env("TOLLGATE_PORT", "tcp://10.0.0.1:8081")
+        .env("TOLLGATE_SERVICE_HOST", "10.0.0.1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tollgate");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("TOLLGATE_STOR is not a tollgate setting") && err.contains("TOLLGATE_STORE?"),
+        "{err}"
+    );
+    assert!(!err.contains("TOLLGATE_PORT "), "{err}");
+    assert!(!err.contains("TOLLGATE_SERVICE_HOST"), "{err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "colour codes in a log written to a pipe: {err:?}"
+    );
+    // The error is printed once, not once per error in its chain.
+    assert_eq!(
+        err.matches("cannot read the rules path").count(),
+        1,
+        "{err}"
+    );
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn unready_without_rules_until_a_domain_is_loaded() {
+    let server = InProcess::builder("")
+        .without_rules()
+        .settings(|s| {
+            s.unready_without_rules = true;
+            s.reload_interval_ms = 100;
+        })
+        .ready_status(503)
+        .start();
+    let (code, body) = readyz(server.admin);
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["status"], "no rules loaded", "{body}");
+    assert_eq!(body["rules"]["domains"], 0, "{body}");
+    // The rules arrive (a ConfigMap fixed, say): the reload makes the replica ready.
+    std::fs::write(server.rules_dir().join("edge.yaml"), RULES).unwrap();
+    let ready = poll(Duration::from_secs(10), || {
+        let (code, body) = readyz(server.admin);
+        (code == 200).then_some(body)
+    })
+    .unwrap_or_else(|| panic!("never ready after the rules arrived:\n{}", server.log()));
+    assert_eq!(ready["status"], "ready", "{ready}");
+    assert_eq!(ready["rules"]["domains"], 1, "{ready}");
+
+    // Without the setting, an empty directory is ready (and warned about), as before.
+    let lenient = InProcess::builder("").without_rules().start();
+    assert_eq!(readyz(lenient.admin).0, 200);
+    assert!(
+        lenient.log().contains("no rules files"),
+        "{}",
+        lenient.log()
+    );
+}
+
+/// A TCP relay in front of `target` that counts the connections it accepted.
+async fn counting_proxy(target: std::net::SocketAddr) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// Sends requests on one channel for `for_ms`; returns how many failed.
+async fn steady_traffic(addr: std::net::SocketAddr, for_ms: u64) -> usize {
+    let mut client = common::client_of(addr).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(for_ms);
+    let mut failed = 0;
+    while tokio::time::Instant::now() < deadline {
+        if client
+            .should_rate_limit(request("edge", &[&[("tenant", "t")]]))
+            .await
+            .is_err()
+        {
+            failed += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    failed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aged_grpc_connections_are_closed_gracefully_so_clients_rebalance() {
+    let aged = InProcess::start(RULES, |s| {
+        s.grpc_max_connection_age_ms = 300;
+        s.grpc_max_connection_age_grace_ms = 1_000;
+    });
+    let (proxy, accepted) = counting_proxy(aged.grpc).await;
+    let failed = steady_traffic(proxy, 2_000).await;
+    // GOAWAY lets requests in flight finish: the client moves to a new connection unharmed.
+    assert_eq!(
+        failed,
+        0,
+        "requests failed across the GOAWAY:\n{}",
+        aged.log()
+    );
+    let n = accepted.load(Ordering::SeqCst);
+    assert!(n >= 2, "one connection for 2 s with a 300 ms age: {n}");
+
+    // The default keeps the connection.
+    let kept = InProcess::start(RULES, |_| {});
+    let (proxy, accepted) = counting_proxy(kept.grpc).await;
+    assert_eq!(steady_traffic(proxy, 1_000).await, 0);
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
