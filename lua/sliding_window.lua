@@ -1,6 +1,6 @@
 -- sliding_window.lua: one atomic sliding-window-counter take, the Redis twin of `take_sliding`
--- in src/limiter/bucket.rs (the store contract tests hold the two to the same answers, and
--- `lua_sliding_window_mirrors_rust` to the same outcomes and stored state under a test clock).
+-- in src/limiter/bucket.rs (tests/lua_mirror.rs holds the two to the same outcomes
+-- and stored state under a test clock).
 --
 -- Windows are epoch-aligned by Redis `TIME` (ms), as in fixed_window.lua. The script keeps the
 -- count of the current window and of the one before, and estimates the hits in the last

@@ -1,5 +1,5 @@
 //! The bucket math, in one place: the memory store runs it, and the Lua scripts in `lua/`
-//! mirror it line for line (the store contract tests hold the two to the same answers).
+//! mirror it line for line (`tests/lua_mirror.rs` holds the two to the same answers).
 //!
 //! Token bucket: `capacity` tokens, refilled continuously at `refill` tokens per `window_ms`;
 //! a take of `cost` succeeds when that many tokens are there and removes them. A refused take
