@@ -3,7 +3,7 @@
 //! | route          | answer |
 //! |----------------|--------|
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
-//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded); a JSON body: status, rules (domains, limits), store (kind, state) |
+//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded); a JSON body: status, rules (domains, limits), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
 //! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry.rs` |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit |
@@ -68,10 +68,18 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         (true, "ready")
     };
     // The store's state is information, not a condition: see the module doc.
+    let limiter = &s.handler.limiter;
+    let replicas = limiter.replicas();
     let body = json!({
         "status": status,
         "rules": { "domains": domains, "limits": limits },
         "store": { "kind": store.name(), "state": store.state() },
+        "fallback": {
+            "mode": limiter.fallback_mode().name(),
+            "open_circuits": store.open_circuits(),
+            "replicas": replicas.count(),
+            "replicas_source": replicas.source(),
+        },
     });
     let code = if ready {
         StatusCode::OK

@@ -11,6 +11,8 @@
 //!    (a hash-tagged store key that cannot collide or break the tag), sends all of them to
 //!    the [`store`] in one call and folds the answers into one status per descriptor
 //!    (`limiter::status`); the bucket math is [`limiter::bucket`], mirrored by `lua/*.lua`.
+//!    Ops the store cannot answer (a failure, a timeout, a node whose circuit is open) are
+//!    decided by [`limiter::fallback`]: a local share of the quota, open, closed or error.
 //! 4. [`service::response`] turns the decision into Envoy's response (statuses, headers);
 //!    [`telemetry`] counts it; [`admin`] exposes health, readiness and metrics.
 //!
@@ -19,8 +21,9 @@
 //! - [`app`]: wiring, and `app::serve` on listeners the caller bound (tests bind port 0).
 //! - [`settings`]: every setting declared once; flags, `TOLLGATE_*` and file keys derive from it.
 //! - [`rules`]: YAML with positions, loading, validation with file:line, matching, reload.
-//! - [`keys`], [`limiter`], [`store`] (memory, and `store::redis`: connect, pool, scripts,
-//!   errors, outage): the decision and where its state lives.
+//! - [`keys`], [`limiter`] (plan, status, fallback), [`store`] (memory, and `store::redis`:
+//!   connect, pool, scripts, errors, outage, breaker, slots): the decision and where its state
+//!   lives.
 //! - [`service`], [`admin`], [`telemetry`]: the surfaces.
 //! - [`clock`]: the one time source, so tests control time. [`loadgen`]: `tollgate bench`.
 

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::limiter::FallbackMode;
 use crate::rules::Algorithm;
 
 /// One setting as the schema declares it: everything else (flag, variable, file key, the
@@ -96,6 +97,18 @@ settings! {
         "close each gRPC connection gracefully (GOAWAY) after this long, so Envoy spreads over new replicas (0: never)";
     grpc_max_connection_age_grace_ms: u64 = 10_000,
         "after GOAWAY, how long requests in flight on an aged connection may take before it is closed";
+    fallback: FallbackMode = FallbackMode::Local,
+        "when the store cannot answer: local (quota ÷ live replicas, in memory), open, closed, or error (gRPC UNAVAILABLE)";
+    breaker_failures: u32 = 3,
+        "consecutive failed store calls to a node that open its circuit (its requests then go straight to the fallback)";
+    breaker_probe_ms: u64 = 500,
+        "how often a node with an open circuit is probed";
+    membership_interval_ms: u64 = 1_000,
+        "how often each replica heartbeats into the store's membership set";
+    fallback_replicas: u64 = 0,
+        "a fixed replica count for the local fallback's share (0: count live replicas)";
+    fallback_min_replicas: u64 = 1,
+        "the least the local fallback divides by (also the count of a replica that never reached the store)";
     max_descriptors: usize = 64,
         "most descriptors in one request";
     max_entries: usize = 16,
@@ -351,6 +364,10 @@ impl Settings {
             ("max_key_bytes", self.max_key_bytes as u64),
             ("max_value_bytes", self.max_value_bytes as u64),
             ("max_message_bytes", self.max_message_bytes as u64),
+            ("breaker_failures", u64::from(self.breaker_failures)),
+            ("breaker_probe_ms", self.breaker_probe_ms),
+            ("membership_interval_ms", self.membership_interval_ms),
+            ("fallback_min_replicas", self.fallback_min_replicas),
         ] {
             if v == 0 {
                 return bad(key, "must be at least 1");

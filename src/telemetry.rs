@@ -26,6 +26,10 @@ pub const RULES_LOADED: &str = "tollgate_rules_loaded_limits";
 pub const STORE_ERRORS: &str = "tollgate_store_errors";
 pub const STORE_CALL_DURATION: &str = "tollgate_store_call_duration_seconds";
 pub const STORE_CONNECTIONS: &str = "tollgate_store_connections";
+pub const FALLBACK_ACTIVE: &str = "tollgate_fallback_active";
+pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions";
+pub const REPLICAS: &str = "tollgate_replicas";
+pub const REPLICAS_FROM_MEMBERSHIP: &str = "tollgate_replicas_from_membership";
 
 /// What happened to one descriptor.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -37,6 +41,10 @@ pub enum Outcome {
     shadow,
     unlimited,
     no_rule,
+    /// Decided by the fallback while the store could not answer: admitted.
+    fallback_ok,
+    /// Decided by the fallback while the store could not answer: refused.
+    fallback_over_limit,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -70,6 +78,19 @@ pub struct OpLabels {
     pub op: &'static str,
 }
 
+/// A store node: `store` (standalone Redis) or a cluster primary's `host:port`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub node: String,
+}
+
+/// A circuit breaker transition of one node, `to` `open` or `closed`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub node: String,
+    pub to: &'static str,
+}
+
 /// A count of store connections: `connected` or `total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -87,6 +108,11 @@ pub struct Metrics {
     pub rules_reloads: Family<ResultLabels, Counter>,
     pub rules_loaded: Gauge,
     pub store: StoreMetrics,
+    /// Live replicas as the fallback counts them (membership, or the fixed count or floor).
+    pub replicas: Gauge,
+    /// 1 when `replicas` comes from the store's membership set, 0 when it is the fixed
+    /// count or the floor (a replica that started while the store was down).
+    pub replicas_from_membership: Gauge,
 }
 
 /// The store's families (the Redis store records them; the memory store never fails).
@@ -98,6 +124,9 @@ pub struct StoreMetrics {
     pub call_duration: Family<OpLabels, Histogram, fn() -> Histogram>,
     /// `connected` and `total` connections of the pool.
     pub connections: Family<StateLabels, Gauge>,
+    /// 1 while a node's circuit is open (its requests go to the fallback).
+    pub fallback_active: Family<NodeLabels, Gauge>,
+    pub breaker_transitions: Family<TransitionLabels, Counter>,
 }
 
 impl StoreMetrics {
@@ -126,7 +155,7 @@ impl Metrics {
         let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
             DECISIONS,
-            "Descriptor decisions by domain, rule class and outcome (ok, over_limit, shadow, unlimited, no_rule)",
+            "Descriptor decisions by domain, rule class and outcome (ok, over_limit, shadow, unlimited, no_rule, fallback_ok, fallback_over_limit)",
             decisions.clone(),
         );
         let requests = Family::<RequestLabels, Counter>::default();
@@ -180,6 +209,30 @@ impl Metrics {
             "Store connections held (state=connected) out of the configured pool (state=total)",
             connections.clone(),
         );
+        let fallback_active = Family::<NodeLabels, Gauge>::default();
+        registry.register(
+            FALLBACK_ACTIVE,
+            "1 while the circuit of a store node is open and its requests are decided by the fallback",
+            fallback_active.clone(),
+        );
+        let breaker_transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            BREAKER_TRANSITIONS,
+            "Circuit breaker transitions by node and new state (open, closed)",
+            breaker_transitions.clone(),
+        );
+        let replicas = Gauge::default();
+        registry.register(
+            REPLICAS,
+            "Live tollgate replicas the local fallback divides each quota by",
+            replicas.clone(),
+        );
+        let replicas_from_membership = Gauge::default();
+        registry.register(
+            REPLICAS_FROM_MEMBERSHIP,
+            "1 when the replica count comes from the store's membership set, 0 when it is the fixed count or the floor",
+            replicas_from_membership.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             decisions,
@@ -192,7 +245,11 @@ impl Metrics {
                 errors: store_errors,
                 call_duration,
                 connections,
+                fallback_active,
+                breaker_transitions,
             },
+            replicas,
+            replicas_from_membership,
         }
     }
 

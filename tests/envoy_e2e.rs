@@ -240,3 +240,28 @@ fn rate_limit_headers_tell_one_story() {
     assert_eq!(number(&r, "x-ratelimit-reset"), retry, "{r:?}");
     assert_eq!(number(&r, "ratelimit-remaining"), 0, "{r:?}");
 }
+
+#[test]
+fn with_redis_killed_a_tenant_still_gets_429_once_its_local_share_is_spent() {
+    let mut redis = common::redis::TestRedis::start();
+    let server = TestServer::builder(&example_rules())
+        .arg("store", &redis.url())
+        .arg("key-prefix", &common::redis::unique_prefix("envoy-fb"))
+        .arg("store-timeout-ms", "200")
+        .start();
+    // The example Envoy fails open (failure_mode_deny: false): before the fallback, a Redis
+    // outage let every request through.
+    let envoy = TestEnvoy::start(server.grpc, &[]);
+    assert_eq!(send(&envoy, "/export", "warm").status, 200);
+    redis.kill();
+    // One replica: its local share of (tenant, /export) 10/hour is all of it.
+    let (passed, limited) = until_limited(&envoy, "/export", "outage-tenant", 20);
+    assert_eq!(passed, 10, "{}\n{}", envoy.log(), server.log());
+    let limited = limited.expect("limited during the outage");
+    assert_eq!(limited.status, 429, "{limited:?}");
+    let metrics = get(server.admin, "/metrics").1;
+    assert!(
+        metrics.contains(r#"outcome="fallback_over_limit"}"#),
+        "{metrics}"
+    );
+}

@@ -23,12 +23,14 @@ use tonic::transport::Channel;
 const RULES: &str =
     "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
 
-/// tollgate on `store` with a 100 ms store timeout.
+/// tollgate on `store` with a 100 ms store timeout and `fallback: error`, so a store failure
+/// reaches the client as UNAVAILABLE (the other modes are in `fallback.rs`).
 fn server(store: &str) -> InProcess {
     InProcess::start(RULES, |s| {
         s.store = store.to_string();
         s.key_prefix = unique_prefix("faults");
         s.store_timeout_ms = 100;
+        s.fallback = tollgate::limiter::FallbackMode::Error;
     })
 }
 

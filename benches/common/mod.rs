@@ -64,6 +64,7 @@ pub fn memory_limiter() -> Limiter {
             key_prefix: "tg:".into(),
             shadow_mode: false,
             default_algorithm: Algorithm::TokenBucket,
+            ..LimiterConfig::default()
         },
         Arc::new(Metrics::new()),
     )

@@ -64,6 +64,7 @@ pub(super) fn fixture(shadow_mode: bool) -> Fixture {
         key_prefix: "t:".into(),
         shadow_mode,
         default_algorithm: Algorithm::TokenBucket,
+        ..LimiterConfig::default()
     };
     let limiter = Limiter::new(
         Store::Memory(MemoryStore::new(clock.clone())),

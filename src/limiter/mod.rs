@@ -9,9 +9,11 @@
 //!    key (`keys.rs`) and cost. Unlimited limits get no op.
 //! 2. **Store**: all ops of the request go to the [`Store`] in one call (one round trip for
 //!    Redis), and every descriptor is charged, as in envoyproxy/ratelimit. The store answers
-//!    one [`Outcome`](bucket::Outcome) per op, in op order; the math is [`bucket`]. A store
-//!    error fails the whole request.
-//! 3. **Fold** ([`status`]): the outcomes become one [`Status`] per descriptor, in request
+//!    one [`Outcome`](bucket::Outcome) per op, in op order; the math is [`bucket`].
+//! 3. **Fallback** ([`fallback`]): an op the store could not answer (a failure, a timeout, an
+//!    open circuit of its node) is decided by its limit's fallback mode: a local share of the
+//!    quota, open, closed, or `error`, which fails the whole request (gRPC UNAVAILABLE).
+//! 4. **Fold** ([`status`]): the outcomes become one [`Status`] per descriptor, in request
 //!    order, and an overall [`Code`]; each descriptor's decision is counted in the metrics.
 //!
 //! # Where the coming pieces plug in
@@ -22,11 +24,11 @@
 //! - `lease.rs` (token leasing): between the plan and the store call; ops whose key has a live
 //!   lease in this replica are answered from memory, the rest (and the claims that refill a
 //!   lease) go to the store, and the outcomes are put back in op order before the fold.
-//! - `fallback.rs` (local decision when the store fails): around the store call; on a transient
-//!   error or a timeout the same ops are decided by local buckets of quota ÷ live replicas,
-//!   and the fold proceeds as if the store had answered.
+//! - Leased tokens and the fallback: while a node's circuit is open, tokens already leased
+//!   stay spendable until their TTL; the fallback applies to what the lease does not cover.
 
 pub mod bucket;
+pub mod fallback;
 mod plan;
 mod status;
 
@@ -35,8 +37,11 @@ mod fixture;
 
 use std::sync::Arc;
 
+pub use fallback::{FallbackMode, Replicas};
+
+use crate::clock::Clock;
 use crate::rules::{Algorithm, RuleSet, Unit};
-use crate::store::{Store, StoreError};
+use crate::store::{Outcome, Store, StoreError};
 use crate::telemetry::Metrics;
 
 pub use plan::OVERRIDE_CLASS;
@@ -115,6 +120,25 @@ pub struct LimiterConfig {
     pub shadow_mode: bool,
     /// The algorithm of Envoy-supplied limit overrides.
     pub default_algorithm: Algorithm,
+    /// What an op falls back to when the store cannot answer, unless its limit says otherwise.
+    pub fallback: FallbackMode,
+    /// Live replicas, for the local fallback's share (kept current by the membership task).
+    pub replicas: Arc<Replicas>,
+    /// What the `closed` fallback tells a client to wait (one breaker probe interval).
+    pub closed_retry_ms: u64,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        LimiterConfig {
+            key_prefix: "tollgate:".into(),
+            shadow_mode: false,
+            default_algorithm: Algorithm::TokenBucket,
+            fallback: FallbackMode::Local,
+            replicas: Arc::new(Replicas::new(0, 1)),
+            closed_retry_ms: 500,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -124,24 +148,50 @@ pub struct Limiter {
     /// The metrics class of Envoy overrides, made once so no decision allocates it.
     override_class: Arc<str>,
     tally: status::Tally,
+    fallback: fallback::Fallback,
 }
 
 impl Limiter {
     pub fn new(store: Store, config: LimiterConfig, metrics: Arc<Metrics>) -> Self {
+        let fallback = fallback::Fallback::new(
+            config.fallback,
+            config.replicas.clone(),
+            Clock::system(),
+            config.closed_retry_ms,
+        );
         Limiter {
             store,
             config,
             override_class: OVERRIDE_CLASS.into(),
             tally: status::Tally::new(metrics),
+            fallback,
         }
+    }
+
+    /// Housekeeping, about once a second: idle buckets of the memory store and of the local
+    /// fallback are dropped.
+    pub fn maintain(&self) {
+        self.store.maintain();
+        self.fallback.sweep();
+    }
+
+    /// The replica count the local fallback divides by, and where it comes from.
+    pub fn replicas(&self) -> &Replicas {
+        &self.config.replicas
+    }
+
+    /// The global fallback mode.
+    pub fn fallback_mode(&self) -> FallbackMode {
+        self.fallback.mode
     }
 
     pub fn store(&self) -> &Store {
         &self.store
     }
 
-    /// Decides `req` against `rules`. A store failure fails the whole request (the caller maps
-    /// it to gRPC UNAVAILABLE so Envoy's failure mode applies).
+    /// Decides `req` against `rules`. What the store cannot answer goes to the fallback; only
+    /// a failed op whose mode is `error` fails the whole request (the caller maps it to gRPC
+    /// UNAVAILABLE so Envoy's failure mode applies).
     pub async fn decide(&self, rules: &RuleSet, req: &Request<'_>) -> Result<Decision, StoreError> {
         let Some(domain) = rules.domains.get(req.domain) else {
             self.tally.unknown_domain(req.descriptors.len());
@@ -151,23 +201,51 @@ impl Limiter {
         // 1. Match → limits → one op per counted limit.
         let plan = plan::plan(domain, req, &self.config, &self.override_class);
 
-        // 2. One store call for the whole request (none when nothing is counted).
-        let outcomes = if plan.ops.is_empty() {
-            Vec::new()
-        } else {
-            // The store counts its own failures (tollgate_store_errors_total{kind}).
-            self.store.apply(&plan.ops).await?
-        };
+        // 2. One store call for the whole request (none when nothing is counted). The store
+        //    counts its own failures (tollgate_store_errors_total{kind}).
+        let results = self.store.apply_each(&plan.ops).await;
 
-        // 3. Statuses, in request order, and the overall code.
+        // 3. What the store could not answer, the fallback decides.
+        let (outcomes, from_fallback) = self.resolve(&plan, results)?;
+
+        // 4. Statuses, in request order, and the overall code.
         Ok(status::fold(
             &domain.name,
             req,
             &plan,
             &outcomes,
+            &from_fallback,
             self.config.shadow_mode,
             &self.tally,
         ))
+    }
+
+    /// The store's answers, with each failed op decided by its limit's fallback mode (else the
+    /// global one); also which outcomes came from the fallback. A failed op whose mode is
+    /// `error` fails the request with the store's error.
+    #[allow(clippy::type_complexity)]
+    fn resolve(
+        &self,
+        plan: &plan::Plan,
+        results: Vec<Result<Outcome, StoreError>>,
+    ) -> Result<(Vec<Outcome>, Vec<bool>), StoreError> {
+        let mut outcomes = Vec::with_capacity(results.len());
+        let mut from_fallback = Vec::with_capacity(results.len());
+        let recoveries = self.store.recoveries();
+        for ((result, planned), op) in results.into_iter().zip(&plan.planned).zip(&plan.ops) {
+            match result {
+                Ok(o) => {
+                    outcomes.push(o);
+                    from_fallback.push(false);
+                }
+                Err(e) => {
+                    let mode = planned.limit.fallback.unwrap_or(self.fallback.mode);
+                    outcomes.push(self.fallback.decide(op, mode, recoveries).ok_or(e)?);
+                    from_fallback.push(true);
+                }
+            }
+        }
+        Ok((outcomes, from_fallback))
     }
 }
 

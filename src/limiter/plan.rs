@@ -177,6 +177,7 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Ar
         shadow_mode: false,
         detailed_metric: false,
         replaces: Vec::new(),
+        fallback: None,
         class,
         // Its own bucket, apart from the rules' limits on the same entries (keys.rs).
         index: keys::OVERRIDE_INDEX,

@@ -96,6 +96,7 @@ pub(super) fn fold(
     req: &Request<'_>,
     plan: &Plan,
     outcomes: &[Outcome],
+    from_fallback: &[bool],
     shadow_mode: bool,
     tally: &Tally,
 ) -> Decision {
@@ -105,7 +106,16 @@ pub(super) fn fold(
         .zip(&plan.limits)
         .enumerate()
         .map(|(i, (desc, limits))| {
-            descriptor_status(domain, i, limits, &plan.planned, outcomes, desc, tally)
+            descriptor_status(
+                domain,
+                i,
+                limits,
+                &plan.planned,
+                outcomes,
+                from_fallback,
+                desc,
+                tally,
+            )
         })
         .collect();
     let over = statuses.iter().any(|s| s.code == Code::OverLimit);
@@ -123,12 +133,14 @@ pub(super) fn fold(
 /// Folds the outcomes of one descriptor's limits into its status: over if any limit is
 /// over (the non-shadow one with the longest wait is reported), else the one with the
 /// least remaining.
+#[allow(clippy::too_many_arguments)]
 fn descriptor_status(
     domain: &Arc<str>,
     desc: usize,
     limits: &[Arc<Limit>],
     planned: &[Planned],
     outcomes: &[Outcome],
+    from_fallback: &[bool],
     req: &RequestDescriptor<'_>,
     tally: &Tally,
 ) -> Status {
@@ -160,11 +172,18 @@ fn descriptor_status(
         .or_else(|| counted.iter().min_by_key(|(_, o)| o.remaining))
         .copied()
         .unwrap_or(first);
-    for (l, o) in &counted {
-        let outcome = match (o.allowed, l.shadow_mode) {
-            (true, _) => telemetry::Outcome::ok,
-            (false, false) => telemetry::Outcome::over_limit,
-            (false, true) => telemetry::Outcome::shadow,
+    let fallback = planned
+        .iter()
+        .zip(from_fallback)
+        .filter(|(p, _)| p.desc == desc)
+        .map(|(_, &f)| f);
+    for ((l, o), fallback) in counted.iter().zip(fallback) {
+        let outcome = match (o.allowed, l.shadow_mode, fallback) {
+            (true, _, true) => telemetry::Outcome::fallback_ok,
+            (false, _, true) => telemetry::Outcome::fallback_over_limit,
+            (true, _, false) => telemetry::Outcome::ok,
+            (false, false, false) => telemetry::Outcome::over_limit,
+            (false, true, false) => telemetry::Outcome::shadow,
         };
         tally.count(domain, &class_of(l, req), outcome);
     }

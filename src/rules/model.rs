@@ -173,6 +173,9 @@ pub struct Limit {
     pub detailed_metric: bool,
     /// Names of other limits this one replaces when both match one request.
     pub replaces: Vec<String>,
+    /// `fallback:` — what this limit does while the store cannot answer (else the global
+    /// `fallback` setting).
+    pub fallback: Option<crate::limiter::FallbackMode>,
     /// The metrics label for this limit: `class`, else `name`, else the key path. An `Arc`
     /// so each decision's metric labels share it instead of copying it.
     pub class: Arc<str>,

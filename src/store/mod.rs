@@ -63,6 +63,9 @@ pub enum StoreErrorKind {
     Protocol,
     /// A bad store configuration (only at startup).
     Config,
+    /// Not tried: the circuit breaker of the op's node is open after repeated failures, so
+    /// the request goes to the fallback at once instead of waiting for the timeout.
+    CircuitOpen,
 }
 
 impl StoreErrorKind {
@@ -76,16 +79,20 @@ impl StoreErrorKind {
             StoreErrorKind::Auth => "auth",
             StoreErrorKind::Protocol => "protocol",
             StoreErrorKind::Config => "config",
+            StoreErrorKind::CircuitOpen => "circuit_open",
         }
     }
 
     /// Whether a retry may succeed (timeouts, lost connections, a cluster in transition).
-    /// Today every store error answers UNAVAILABLE; the planned local fallback (quota ÷ replicas)
-    /// will cover the transient ones only, since the others are bugs or misconfiguration.
+    /// Every failed op goes to the fallback either way; the non-transient ones are also
+    /// logged apart, since they are bugs or misconfiguration that will not heal.
     pub fn is_transient(self) -> bool {
         matches!(
             self,
-            StoreErrorKind::Timeout | StoreErrorKind::Connection | StoreErrorKind::Unavailable
+            StoreErrorKind::Timeout
+                | StoreErrorKind::Connection
+                | StoreErrorKind::Unavailable
+                | StoreErrorKind::CircuitOpen
         )
     }
 }
@@ -131,7 +138,8 @@ impl StoreError {
 #[derive(Debug)]
 pub enum Store {
     Memory(MemoryStore),
-    Redis(RedisStore),
+    /// Boxed: it is several times the size of the memory store's handle.
+    Redis(Box<RedisStore>),
 }
 
 impl Store {
@@ -149,14 +157,64 @@ impl Store {
         // Redis keeps its own clock (`TIME`), so every replica agrees.
         RedisStore::connect(RedisConfig::from_settings(settings), metrics)
             .await
-            .map(Store::Redis)
+            .map(|r| Store::Redis(Box::new(r)))
     }
 
-    /// Applies `ops` in order and returns one outcome per op.
+    /// Applies `ops` in order and returns one outcome per op; the first failure fails all.
     pub async fn apply(&self, ops: &[Op]) -> Result<Vec<Outcome>, StoreError> {
+        self.apply_each(ops).await.into_iter().collect()
+    }
+
+    /// Applies `ops` and returns one result per op, in order: on a Redis Cluster one node can
+    /// fail (or have its circuit open) while the others answer, and only its ops go to the
+    /// fallback.
+    pub async fn apply_each(&self, ops: &[Op]) -> Vec<Result<Outcome, StoreError>> {
         match self {
-            Store::Memory(m) => Ok(ops.iter().map(|op| m.apply(op)).collect()),
-            Store::Redis(r) => r.apply(ops).await,
+            Store::Memory(m) => ops.iter().map(|op| Ok(m.apply(op))).collect(),
+            Store::Redis(r) => r.apply_each(ops).await,
+        }
+    }
+
+    /// Registers `replica` as live for `ttl` in the membership set `key` and returns how many
+    /// replicas are live (for the local fallback's share). The memory store is one replica.
+    pub async fn heartbeat(
+        &self,
+        key: &str,
+        replica: &str,
+        ttl: std::time::Duration,
+    ) -> Result<u64, StoreError> {
+        match self {
+            Store::Memory(_) => Ok(1),
+            Store::Redis(r) => r.membership(key, replica, ttl, false).await,
+        }
+    }
+
+    /// Takes `replica` out of the membership set `key` (graceful shutdown).
+    pub async fn leave(&self, key: &str, replica: &str) -> Result<u64, StoreError> {
+        match self {
+            Store::Memory(_) => Ok(0),
+            Store::Redis(r) => {
+                r.membership(key, replica, std::time::Duration::ZERO, true)
+                    .await
+            }
+        }
+    }
+
+    /// Counts circuit recoveries: it grows each time a node's breaker closes again, so the
+    /// limiter knows to drop its local fallback buckets and go back to the shared quota.
+    pub fn recoveries(&self) -> u64 {
+        match self {
+            Store::Memory(_) => 0,
+            Store::Redis(r) => r.recoveries(),
+        }
+    }
+
+    /// The nodes whose circuit is open now (`store` for a standalone Redis, `host:port` of a
+    /// cluster primary), for `/readyz`.
+    pub fn open_circuits(&self) -> Vec<String> {
+        match self {
+            Store::Memory(_) => Vec::new(),
+            Store::Redis(r) => r.open_circuits(),
         }
     }
 

@@ -254,6 +254,10 @@ impl TestCluster {
                 node_dir.join("nodes.conf").display().to_string(),
                 "--cluster-node-timeout".to_string(),
                 "5000".to_string(),
+                // Keep serving the other nodes' slots while one node is gone (what the README
+                // recommends, and what per-node fallback needs).
+                "--cluster-require-full-coverage".to_string(),
+                "no".to_string(),
             ];
             cluster
                 .nodes
@@ -312,6 +316,37 @@ impl TestCluster {
 
     pub fn nodes(&self) -> &[TestRedis] {
         &self.nodes
+    }
+
+    pub fn nodes_mut(&mut self) -> &mut [TestRedis] {
+        &mut self.nodes
+    }
+
+    /// The port of the node that holds `key` (`CLUSTER KEYSLOT`, then `CLUSTER SLOTS`).
+    pub fn port_of(&self, key: &str) -> u16 {
+        let node = &self.nodes[0];
+        let slot: i64 = node.cmd(&["CLUSTER", "KEYSLOT", key]);
+        use ::redis::Value;
+        let Value::Array(ranges) = node.cmd::<Value>(&["CLUSTER", "SLOTS"]) else {
+            panic!("CLUSTER SLOTS is not an array");
+        };
+        ranges
+            .iter()
+            .find_map(|r| match r {
+                Value::Array(f) => match (f.first(), f.get(1), f.get(2)) {
+                    (
+                        Some(Value::Int(start)),
+                        Some(Value::Int(end)),
+                        Some(Value::Array(primary)),
+                    ) if (*start..=*end).contains(&slot) => match primary.get(1) {
+                        Some(Value::Int(port)) => Some(*port as u16),
+                        _ => None,
+                    },
+                    _ => None,
+                },
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no node holds slot {slot}"))
     }
 
     /// Runs one command on every node.

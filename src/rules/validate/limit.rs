@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use super::FileWalk;
+use crate::limiter::FallbackMode;
 use crate::rules::model::{Algorithm, Limit, Rate, Unit};
 use crate::rules::yaml::{self, Fields, Node, join};
 
@@ -88,6 +89,7 @@ impl FileWalk<'_> {
             "burst",
             "unit_multiplier",
             "class",
+            "fallback",
             "quota_mode",
         ];
         let f = yaml::fields(self.problems, node, path, FIELDS)?;
@@ -113,6 +115,25 @@ impl FileWalk<'_> {
         if let Some(n) = f.get("quota_mode") {
             self.not_acted_on(n, &join(path, "quota_mode"));
         }
+        let fallback = f.get("fallback").and_then(|n| {
+            let field = join(path, "fallback");
+            let s = yaml::string(self.problems, n, &field)?;
+            let mode = FallbackMode::parse(&s);
+            if mode.is_none() {
+                self.error(
+                    n.pos,
+                    &field,
+                    format!("unknown fallback '{s}' (expected {})", FallbackMode::NAMES),
+                );
+            } else if unlimited {
+                self.error(
+                    n.pos,
+                    &field,
+                    "an unlimited limit never calls the store, so it has no fallback",
+                );
+            }
+            mode
+        });
         let replaces = match f.get("replaces") {
             Some(n) => self.replaces(n, &join(path, "replaces"), name.as_ref()),
             None => Vec::new(),
@@ -142,6 +163,7 @@ impl FileWalk<'_> {
             shadow_mode: inherited.shadow_mode,
             detailed_metric: inherited.detailed_metric,
             replaces,
+            fallback,
             index,
             origin: self.origin(node.pos),
         })

@@ -152,6 +152,8 @@ mod tests {
             pool_size: 2,
             connect_timeout: std::time::Duration::from_millis(200),
             timeout: std::time::Duration::from_millis(20),
+            breaker_failures: 3,
+            breaker_probe: std::time::Duration::from_millis(500),
         }
     }
 

@@ -12,10 +12,16 @@
 //!   (`Slot::for_key`; every key of one bucket shares its hash tag) and the groups go out
 //!   concurrently; the request waits for the slowest node, not for the sum of them.
 //!
-//! The whole call is bounded by `store_timeout_ms` ([`StoreErrorKind::Timeout`]), so a slow or
+//! Ops are grouped by node first (`store` for a standalone Redis; the primary's `host:port`
+//! from the [`slots`] map on a cluster) and each node has a circuit breaker ([`breaker`]): the
+//! ops of a node whose circuit is open are not sent at all ([`StoreErrorKind::CircuitOpen`]),
+//! and [`RedisStore::apply_each`] returns one result per op, so the limiter can fall back for
+//! exactly the ops whose node failed.
+//!
+//! Each node's call is bounded by `store_timeout_ms` ([`StoreErrorKind::Timeout`]), so a slow or
 //! paused Redis never stalls a request past the timeout. A script that timed out on the client
 //! side may still run once Redis resumes (the command was already sent): its tokens are spent
-//! although the request was answered UNAVAILABLE. Failures are classified in [`errors`],
+//! although the request was answered by the fallback. Failures are classified in [`errors`],
 //! counted in `tollgate_store_errors_total{kind}` and logged as an outage state ([`outage`]).
 //!
 //! # Files
@@ -25,21 +31,28 @@
 //! - [`scripts`]: the Lua sources, `EVALSHA` with the `NOSCRIPT` retry, reply parsing.
 //! - [`errors`]: Redis errors → [`StoreErrorKind`].
 //! - [`outage`]: one log line per outage state change, not per failed request.
+//! - [`breaker`]: one circuit breaker per node, and its probe.
+//! - [`slots`]: the cluster's slot map, for per-node breakers.
+//! - `lua/membership.lua` ([`RedisStore::membership`]): the fleet's live replicas, a sorted set
+//!   of replica id → expiry on the Redis clock, under its own hash tag.
 
+mod breaker;
 mod connect;
 mod errors;
 mod outage;
 mod pool;
 mod scripts;
+mod slots;
 
 pub use scripts::{FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use futures_util::future::try_join_all;
+use futures_util::future::{join_all, try_join_all};
 use redis::cluster_routing::Slot;
 
+use breaker::Breakers;
 use connect::{Conn, Connector};
 use errors::CallError;
 use outage::OutageLog;
@@ -58,8 +71,12 @@ pub struct RedisConfig {
     pub pool_size: usize,
     /// Bound on making one connection (TCP, AUTH/SELECT, script load) and on keeper pings.
     pub connect_timeout: Duration,
-    /// Bound on one `apply` call, retries included.
+    /// Bound on one `apply` call to one node, retries included.
     pub timeout: Duration,
+    /// Consecutive failed calls to a node that open its circuit.
+    pub breaker_failures: u32,
+    /// How often an open circuit's node is probed.
+    pub breaker_probe: Duration,
 }
 
 impl RedisConfig {
@@ -69,16 +86,27 @@ impl RedisConfig {
             pool_size: s.store_pool_size.max(1),
             connect_timeout: Duration::from_millis(s.store_connect_timeout_ms),
             timeout: Duration::from_millis(s.store_timeout_ms),
+            breaker_failures: s.breaker_failures,
+            breaker_probe: Duration::from_millis(s.breaker_probe_ms),
         }
     }
 }
+
+/// `lua/membership.lua`, compiled into the binary.
+pub const MEMBERSHIP_LUA: &str = include_str!("../../../lua/membership.lua");
 
 /// The Redis store (standalone or cluster). Cheap to share behind the limiter.
 pub struct RedisStore {
     pool: Arc<Pool>,
     timeout: Duration,
     outage: OutageLog,
+    /// Failures that will not heal by themselves (auth, script, protocol), logged apart.
+    fatal: OutageLog,
     metrics: StoreMetrics,
+    breakers: Arc<Breakers>,
+    /// The node name of every op of a standalone Redis.
+    standalone: Arc<str>,
+    membership: redis::Script,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -111,67 +139,218 @@ impl RedisStore {
             tracing::warn!(
                 url = %pool.display_url,
                 error = %pool.last_connect_error(),
-                "store unreachable at startup; requests fail (UNAVAILABLE) until it answers, retrying in the background"
+                "store unreachable at startup; the fallback decides until it answers, retrying in the background"
             );
         }
         pool.start_keeper(connected);
         Ok(RedisStore {
             pool,
             timeout: cfg.timeout,
-            outage: OutageLog::new(),
+            outage: OutageLog::new("store calls"),
+            fatal: OutageLog::new(
+                "store calls with errors that will not heal by themselves (check credentials, ACLs, scripts, memory)",
+            ),
             metrics: metrics.store.clone(),
+            breakers: Arc::new(Breakers::new(
+                cfg.breaker_failures,
+                cfg.breaker_probe,
+                metrics.store.clone(),
+            )),
+            standalone: breaker::STANDALONE.into(),
+            membership: redis::Script::new(MEMBERSHIP_LUA),
         })
     }
 
-    /// Applies `ops` in order and returns one outcome per op (see the module doc for how the
-    /// ops travel). All of it is bounded by the store timeout.
-    pub async fn apply(&self, ops: &[Op]) -> Result<Vec<Outcome>, StoreError> {
+    /// Applies `ops` and returns one result per op, in order (see the module doc for how the
+    /// ops travel). Each node's part is bounded by the store timeout; the parts of different
+    /// cluster nodes run concurrently.
+    pub async fn apply_each(&self, ops: &[Op]) -> Vec<Result<Outcome, StoreError>> {
         if ops.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
         let started = Instant::now();
-        let result = self.call(ops).await;
-        self.metrics.observe("apply", started);
-        if let Err(e) = &result {
-            self.metrics
-                .errors
-                .get_or_create(&KindLabels {
-                    kind: e.kind.label(),
-                })
-                .inc();
+        // Few ops per request: a linear scan beats hashing.
+        let mut groups: Vec<(Arc<str>, Vec<usize>)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let node = self.node_of(&op.key);
+            match groups.iter_mut().find(|g| g.0 == node) {
+                Some(g) => g.1.push(i),
+                None => groups.push((node, vec![i])),
+            }
         }
-        self.outage.record(&result);
-        result
+        let mut out: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops.len()];
+        let mut calls = Vec::with_capacity(groups.len());
+        for (node, at) in &groups {
+            if self.breakers.is_open(node) {
+                let e = StoreError::new(
+                    StoreErrorKind::CircuitOpen,
+                    format!("circuit open for {node}"),
+                );
+                for &i in at {
+                    out[i] = Some(Err(e.clone()));
+                }
+            } else {
+                calls.push((node, at));
+            }
+        }
+        if !calls.is_empty() {
+            let results = match self.pool.pick() {
+                None => {
+                    let e = StoreError::new(
+                        StoreErrorKind::Connection,
+                        format!(
+                            "not connected to Redis ({})",
+                            self.pool.last_connect_error()
+                        ),
+                    );
+                    calls.iter().map(|_| Err(e.clone())).collect()
+                }
+                Some(picked) => {
+                    let results = join_all(calls.iter().map(|(_, at)| {
+                        let group: Vec<&Op> = at.iter().map(|&i| &ops[i]).collect();
+                        let mut conn = (*picked.conn).clone();
+                        async move { self.call(&mut conn, &group).await }
+                    }))
+                    .await;
+                    match results.iter().find_map(|r| r.as_ref().err()) {
+                        // The connection itself is judged by calls that all failed.
+                        Some(e) if results.iter().all(|r| r.is_err()) => {
+                            self.pool.call_failed(&picked, e.kind)
+                        }
+                        _ => self.pool.call_succeeded(&picked),
+                    }
+                    results
+                }
+            };
+            for ((node, at), result) in calls.iter().zip(results) {
+                match result {
+                    Ok(outcomes) => {
+                        self.breakers.succeeded(node);
+                        for (&i, o) in at.iter().zip(outcomes) {
+                            out[i] = Some(Ok(o));
+                        }
+                    }
+                    Err(e) => {
+                        self.metrics
+                            .errors
+                            .get_or_create(&KindLabels {
+                                kind: e.kind.label(),
+                            })
+                            .inc();
+                        if !e.is_transient() {
+                            // Auth, OOM-like script errors, bad replies: these will not heal
+                            // by themselves, so they get a line of their own (rate-limited).
+                            self.fatal.record(&Err::<(), _>(e.clone()));
+                        }
+                        if self.breakers.failed(node, e.kind) {
+                            self.start_probe((*node).clone());
+                        }
+                        for &i in at.iter() {
+                            out[i] = Some(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        self.metrics.observe("apply", started);
+        let out: Vec<Result<Outcome, StoreError>> = out
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(StoreError::new(
+                        StoreErrorKind::Protocol,
+                        "an op got no answer",
+                    ))
+                })
+            })
+            .collect();
+        let first_error = out.iter().find_map(|r| r.as_ref().err());
+        self.outage
+            .record::<()>(&first_error.map_or(Ok(()), |e| Err(e.clone())));
+        out
     }
 
-    async fn call(&self, ops: &[Op]) -> Result<Vec<Outcome>, StoreError> {
-        let Some(picked) = self.pool.pick() else {
-            return Err(StoreError::new(
-                StoreErrorKind::Connection,
-                format!(
-                    "not connected to Redis ({})",
-                    self.pool.last_connect_error()
-                ),
-            ));
-        };
-        let mut conn = (*picked.conn).clone();
-        let run = run(&mut conn, ops, &self.pool.scripts);
-        let result = match tokio::time::timeout(self.timeout, run).await {
-            Ok(Ok(outcomes)) => {
-                self.pool.call_succeeded(&picked);
-                return Ok(outcomes);
-            }
-            Ok(Err(e)) => e.into_store_error(),
-            Err(_) => StoreError::new(
+    /// One node's ops on `conn`, bounded by the store timeout.
+    async fn call(&self, conn: &mut Conn, ops: &[&Op]) -> Result<Vec<Outcome>, StoreError> {
+        match tokio::time::timeout(self.timeout, run(conn, ops, &self.pool.scripts)).await {
+            Ok(Ok(outcomes)) => Ok(outcomes),
+            Ok(Err(e)) => Err(e.into_store_error()),
+            Err(_) => Err(StoreError::new(
                 StoreErrorKind::Timeout,
                 format!(
                     "no answer from Redis within {} ms",
                     self.timeout.as_millis()
                 ),
-            ),
+            )),
+        }
+    }
+
+    /// The node that holds `key`: `store` for a standalone Redis, else its primary.
+    fn node_of(&self, key: &str) -> Arc<str> {
+        match self.pool.slots() {
+            Some(slots) => slots.node_of(key),
+            None => self.standalone.clone(),
+        }
+    }
+
+    /// Probes `node` every `breaker_probe_ms` until it answers (the circuit closes) or the
+    /// store is dropped.
+    fn start_probe(&self, node: Arc<str>) {
+        let pool: Weak<Pool> = Arc::downgrade(&self.pool);
+        let breakers = self.breakers.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(breakers.probe_every).await;
+                let Some(pool) = pool.upgrade() else { return };
+                if pool.ping_node(&node).await {
+                    breakers.close(&node);
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Heartbeats `replica` into the membership set `key` for `ttl` (or takes it out when
+    /// `leave`); returns the number of live replicas. Bounded by the connect timeout: it runs
+    /// in the background, not on a request.
+    pub async fn membership(
+        &self,
+        key: &str,
+        replica: &str,
+        ttl: Duration,
+        leave: bool,
+    ) -> Result<u64, StoreError> {
+        let Some(picked) = self.pool.pick() else {
+            return Err(StoreError::new(
+                StoreErrorKind::Connection,
+                "not connected to Redis",
+            ));
         };
-        self.pool.call_failed(&picked, result.kind);
-        Err(result)
+        let mut conn = (*picked.conn).clone();
+        let mut invocation = self.membership.key(key);
+        invocation
+            .arg(replica)
+            .arg(ttl.as_millis() as u64)
+            .arg(u8::from(leave));
+        let call = invocation.invoke_async::<u64>(&mut conn);
+        match tokio::time::timeout(self.pool.connect_timeout(), call).await {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(e)) => Err(CallError::Redis(e).into_store_error()),
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                "membership heartbeat timed out",
+            )),
+        }
+    }
+
+    /// How many times a circuit has closed again (see [`breaker`]).
+    pub fn recoveries(&self) -> u64 {
+        self.breakers.recoveries()
+    }
+
+    /// The nodes whose circuit is open.
+    pub fn open_circuits(&self) -> Vec<String> {
+        self.breakers.open_nodes()
     }
 
     /// `redis` or `redis-cluster`.
@@ -197,19 +376,16 @@ impl Drop for RedisStore {
 /// (cluster). Outcomes come back in the order of `ops`.
 async fn run(
     conn: &mut Conn,
-    ops: &[Op],
+    ops: &[&Op],
     scripts: &scripts::Scripts,
 ) -> Result<Vec<Outcome>, CallError> {
     let c = match conn {
-        Conn::Standalone(c) => {
-            let all: Vec<&Op> = ops.iter().collect();
-            return scripts::eval_ops(c, &all, scripts).await;
-        }
+        Conn::Standalone(c) => return scripts::eval_ops(c, ops, scripts).await,
         Conn::Cluster(c) => c,
     };
     // Few ops per request: a linear scan beats hashing.
     let mut groups: Vec<(Slot, Vec<&Op>, Vec<usize>)> = Vec::new();
-    for (i, op) in ops.iter().enumerate() {
+    for (i, &op) in ops.iter().enumerate() {
         let slot = Slot::for_key(&op.key);
         match groups.iter_mut().find(|g| g.0 == slot) {
             Some(g) => {
@@ -251,6 +427,8 @@ mod tests {
             pool_size: 2,
             connect_timeout: Duration::from_millis(200),
             timeout: Duration::from_millis(20),
+            breaker_failures: 3,
+            breaker_probe: Duration::from_millis(500),
         };
         let store = RedisStore::connect(cfg, &metrics).await.unwrap();
         assert_eq!(store.state(), "disconnected");
@@ -264,7 +442,7 @@ mod tests {
             cost: 1,
         };
         let started = Instant::now();
-        let err = store.apply(&[op]).await.unwrap_err();
+        let err = store.apply_each(&[op]).await.remove(0).unwrap_err();
         assert!(
             err.is_transient() && err.kind == StoreErrorKind::Connection,
             "{err:?}"

@@ -21,6 +21,8 @@ pub(super) struct OutageLog {
     /// When the last log line was written (ms since `started`).
     logged_ms: AtomicU64,
     started: Instant,
+    /// What is failing, for the log lines ("store calls", …).
+    what: &'static str,
 }
 
 /// What [`OutageLog::record`] decided to log (returned so tests can see it).
@@ -33,8 +35,9 @@ pub(super) enum Logged {
 }
 
 impl OutageLog {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(what: &'static str) -> Self {
         OutageLog {
+            what,
             failing: AtomicBool::new(false),
             failed: AtomicU64::new(0),
             logged_ms: AtomicU64::new(0),
@@ -56,7 +59,7 @@ impl OutageLog {
                 return Logged::Nothing;
             }
             let failed = self.failed.swap(0, Ordering::AcqRel);
-            tracing::info!(failed_calls = failed, "store calls succeed again");
+            tracing::info!(failed_calls = failed, "{} succeed again", self.what);
             return Logged::Up { failed };
         };
         self.failed.fetch_add(1, Ordering::AcqRel);
@@ -64,7 +67,8 @@ impl OutageLog {
             self.logged_ms.store(now_ms, Ordering::Release);
             tracing::warn!(
                 error = %e,
-                "store calls failing; answering UNAVAILABLE until they succeed (logged again every {} s while it lasts)",
+                "{} failing; the fallback decides until they succeed (logged again every {} s while it lasts)",
+                self.what,
                 REPEAT.as_secs()
             );
             return Logged::Down;
@@ -79,7 +83,7 @@ impl OutageLog {
                 .is_ok()
         {
             let failed = self.failed.swap(0, Ordering::AcqRel);
-            tracing::warn!(error = %e, failed_calls = failed, "store calls still failing");
+            tracing::warn!(error = %e, failed_calls = failed, "{} still failing", self.what);
             return Logged::StillDown { failed };
         }
         Logged::Nothing
@@ -93,7 +97,7 @@ mod tests {
 
     #[test]
     fn logs_changes_and_a_count_per_period_not_every_failure() {
-        let log = OutageLog::new();
+        let log = OutageLog::new("store calls");
         let e = StoreError::new(StoreErrorKind::Timeout, "no answer");
         let s = Duration::from_secs;
         assert_eq!(log.record_at(None, s(0)), Logged::Nothing);

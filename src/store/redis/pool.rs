@@ -23,9 +23,11 @@ use redis::RedisError;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::Notify;
 
+use super::breaker::STANDALONE;
 use super::connect::{Conn, Connector};
 use super::errors::kind_of;
 use super::scripts::Scripts;
+use super::slots::SlotMap;
 use crate::store::StoreErrorKind;
 use crate::telemetry::{KindLabels, StateLabels, StoreMetrics};
 
@@ -79,6 +81,8 @@ pub(super) struct Pool {
     metrics: StoreMetrics,
     /// The URL with its password replaced, for logs.
     pub(super) display_url: String,
+    /// A cluster's slot map (refreshed every keeper round); `None` for a standalone Redis.
+    slots: Option<SlotMap>,
 }
 
 impl Pool {
@@ -95,7 +99,6 @@ impl Pool {
             .get_or_create(&StateLabels { state: "total" })
             .set(size as i64);
         Pool {
-            connector,
             entries: (0..size)
                 .map(|_| PoolEntry {
                     conn: ArcSwapOption::empty(),
@@ -113,6 +116,8 @@ impl Pool {
             started: Instant::now(),
             metrics,
             display_url,
+            slots: matches!(connector, Connector::Cluster(_)).then(SlotMap::new),
+            connector,
         }
     }
 
@@ -122,6 +127,70 @@ impl Pool {
 
     pub(super) fn connector(&self) -> &Connector {
         &self.connector
+    }
+
+    pub(super) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    pub(super) fn slots(&self) -> Option<&SlotMap> {
+        self.slots.as_ref()
+    }
+
+    /// Whether `node` answers a PING: any held connection of a standalone Redis, the cluster
+    /// primary at `host:port` (or any node before the slot map is known).
+    pub(super) async fn ping_node(&self, node: &str) -> bool {
+        let Some(picked) = self.pick() else {
+            return false;
+        };
+        let routing = match node
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse().ok()?)))
+        {
+            Some((host, port)) if node != STANDALONE => {
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_string(),
+                    port,
+                })
+            }
+            _ => RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        };
+        let answered = tokio::time::timeout(self.connect_timeout, async {
+            match (*picked.conn).clone() {
+                Conn::Standalone(mut c) => redis::cmd("PING")
+                    .query_async::<redis::Value>(&mut c)
+                    .await
+                    .map(|_| ()),
+                Conn::Cluster(mut c) => c
+                    .route_command(redis::cmd("PING"), routing)
+                    .await
+                    .map(|_| ()),
+            }
+        })
+        .await;
+        matches!(answered, Ok(Ok(())))
+    }
+
+    /// Refreshes a cluster's slot map (`CLUSTER SLOTS` from any node).
+    async fn refresh_slots(&self) {
+        let (Some(slots), Some(picked)) = (&self.slots, self.pick()) else {
+            return;
+        };
+        let Conn::Cluster(mut c) = (*picked.conn).clone() else {
+            return;
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let reply = tokio::time::timeout(
+            self.connect_timeout,
+            c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random)),
+        )
+        .await;
+        if let Ok(Ok(reply)) = reply
+            && !slots.update(&reply)
+        {
+            tracing::warn!("unexpected CLUSTER SLOTS reply; keeping the last slot map");
+        }
     }
 
     /// Starts the keeper task; it ends once the pool is dropped.
@@ -173,17 +242,23 @@ impl Pool {
             .set(self.live() as i64);
     }
 
-    /// The next held connection, round-robin; `None` (and the keeper woken) when none is held.
+    /// The next held connection, round-robin, preferring one that answered its last call or
+    /// ping (after an outage, entries the keeper has not replaced yet still hold dead
+    /// connections); `None` (and the keeper woken) when none is held.
     pub(super) fn pick(&self) -> Option<Picked> {
         let n = self.entries.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let picked = (0..n).find_map(|i| {
-            let entry = (start + i) % n;
-            self.entries[entry]
-                .conn
-                .load_full()
-                .map(|conn| Picked { entry, conn })
-        });
+        let find = |live_only: bool| {
+            (0..n).find_map(|i| {
+                let entry = (start + i) % n;
+                let e = &self.entries[entry];
+                if live_only && !e.live.load(Ordering::Relaxed) {
+                    return None;
+                }
+                e.conn.load_full().map(|conn| Picked { entry, conn })
+            })
+        };
+        let picked = find(true).or_else(|| find(false));
         if picked.is_none() {
             self.wake.notify_one();
         }
@@ -214,6 +289,13 @@ impl Pool {
                     entry
                         .conn
                         .compare_and_swap(&Some(picked.conn.clone()), None);
+                    // The other connections go to the same server, which just dropped one:
+                    // none counts as live (so `pick` prefers a reconnected one after the
+                    // outage) until the keeper, woken now, has checked it.
+                    for other in self.entries.iter() {
+                        other.live.store(false, Ordering::Relaxed);
+                        other.suspect.store(true, Ordering::Relaxed);
+                    }
                     self.update_gauge();
                 }
             }
@@ -355,6 +437,7 @@ impl Pool {
             }
         }
         self.update_gauge();
+        self.refresh_slots().await;
         all_ok
     }
 }

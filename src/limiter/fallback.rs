@@ -1,0 +1,285 @@
+//! The fallback: how an op is decided while the store cannot answer for it (a failed or
+//! timed-out call, or an open circuit; see `store/redis/breaker.rs`).
+//!
+//! Each failed op gets the mode of its limit (`fallback:` in `rate_limit`), else the global
+//! `fallback` setting:
+//! - `local` (default): a bucket in this process holding the limit's share, quota ÷ live
+//!   replicas, same algorithm and same burst ratio. A token bucket keeps its refill and
+//!   stretches its window by the replica count (so a fractional share refills correctly); its
+//!   capacity is `burst ÷ replicas`, at least 1. A window of fewer requests than replicas
+//!   allows one request per `replicas ÷ limit` windows. The buckets start full, are dropped
+//!   once the store answers again, and are keyed by replica count, so a change of the count
+//!   starts fresh ones.
+//! - `open`: admitted; `closed`: refused (retry after one probe interval);
+//! - `error`: the whole request fails with gRPC UNAVAILABLE, so Envoy's `failure_mode_deny`
+//!   decides (the behaviour before the fallback existed).
+//!
+//! The replica count ([`Replicas`]) is the fixed `fallback_replicas`, else the last count of
+//! the store's membership set (kept while the store is down), never below
+//! `fallback_min_replicas`; a replica that never reached the store uses that floor.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Clock;
+use crate::store::{MemoryStore, Op, OpKind, Outcome};
+
+/// What a limit falls back to while the store cannot answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FallbackMode {
+    /// The limit's share of the quota (quota ÷ live replicas), in memory.
+    #[default]
+    Local,
+    /// Admit.
+    Open,
+    /// Refuse.
+    Closed,
+    /// Fail the request with gRPC UNAVAILABLE (Envoy's `failure_mode_deny` decides).
+    Error,
+}
+
+impl FallbackMode {
+    pub const NAMES: &'static str = "local, open, closed or error";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FallbackMode::Local => "local",
+            FallbackMode::Open => "open",
+            FallbackMode::Closed => "closed",
+            FallbackMode::Error => "error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<FallbackMode> {
+        [
+            FallbackMode::Local,
+            FallbackMode::Open,
+            FallbackMode::Closed,
+            FallbackMode::Error,
+        ]
+        .into_iter()
+        .find(|m| m.name() == s)
+    }
+}
+
+/// How many replicas share each quota while the store is down.
+#[derive(Debug)]
+pub struct Replicas {
+    fixed: u64,
+    min: u64,
+    /// The last count from the membership set; 0 until the first heartbeat answered.
+    live: AtomicU64,
+}
+
+impl Replicas {
+    pub fn new(fixed: u64, min: u64) -> Self {
+        Replicas {
+            fixed,
+            min: min.max(1),
+            live: AtomicU64::new(0),
+        }
+    }
+
+    /// A count from the membership set (a heartbeat's answer).
+    pub fn observed(&self, live: u64) {
+        self.live.store(live, Ordering::Release);
+    }
+
+    pub fn count(&self) -> u64 {
+        if self.fixed > 0 {
+            return self.fixed.max(self.min);
+        }
+        self.live.load(Ordering::Acquire).max(self.min)
+    }
+
+    /// Where [`Replicas::count`] comes from: `fixed`, `membership`, or `floor` (no heartbeat
+    /// answered yet).
+    pub fn source(&self) -> &'static str {
+        if self.fixed > 0 {
+            "fixed"
+        } else if self.live.load(Ordering::Acquire) > 0 {
+            "membership"
+        } else {
+            "floor"
+        }
+    }
+}
+
+/// Decides the ops the store could not answer.
+#[derive(Debug)]
+pub(super) struct Fallback {
+    pub(super) mode: FallbackMode,
+    local: MemoryStore,
+    pub(super) replicas: Arc<Replicas>,
+    /// The store's recovery count when the local buckets were last valid: a new recovery
+    /// means the shared quota is back, so later outages start from fresh local buckets.
+    generation: AtomicU64,
+    /// What `closed` tells a client to wait (one probe interval).
+    closed_retry_ms: u64,
+}
+
+impl Fallback {
+    pub(super) fn new(
+        mode: FallbackMode,
+        replicas: Arc<Replicas>,
+        clock: Clock,
+        closed_retry_ms: u64,
+    ) -> Self {
+        Fallback {
+            mode,
+            local: MemoryStore::new(clock),
+            replicas,
+            generation: AtomicU64::new(0),
+            closed_retry_ms,
+        }
+    }
+
+    /// The outcome of `op` under `mode`, or `None` for `error`. `recoveries` is the store's
+    /// count of closed circuits.
+    pub(super) fn decide(&self, op: &Op, mode: FallbackMode, recoveries: u64) -> Option<Outcome> {
+        match mode {
+            FallbackMode::Error => None,
+            FallbackMode::Open => Some(Outcome {
+                allowed: true,
+                remaining: 0,
+                reset_ms: 0,
+                retry_ms: Some(0),
+            }),
+            FallbackMode::Closed => Some(Outcome {
+                allowed: false,
+                remaining: 0,
+                reset_ms: self.closed_retry_ms,
+                retry_ms: Some(self.closed_retry_ms),
+            }),
+            FallbackMode::Local => {
+                self.generation.fetch_max(recoveries, Ordering::AcqRel);
+                let n = self.replicas.count();
+                let generation = self.generation.load(Ordering::Acquire);
+                let share = Op {
+                    key: format!("{}|n{n}|g{generation}", op.key),
+                    kind: share(op.kind, n),
+                    cost: op.cost,
+                };
+                Some(self.local.apply(&share))
+            }
+        }
+    }
+
+    /// Drops local buckets that are full again (called with the store's housekeeping).
+    pub(super) fn sweep(&self) {
+        self.local.sweep();
+    }
+}
+
+/// One replica's part of a bucket shared by `n`: same algorithm, same burst ratio.
+fn share(kind: OpKind, n: u64) -> OpKind {
+    let n = n.max(1);
+    match kind {
+        // refill / (window × n) = (refill / n) / window: the refill stays whole.
+        OpKind::TokenBucket {
+            capacity,
+            refill,
+            window_ms,
+        } => OpKind::TokenBucket {
+            capacity: (capacity / n).max(1),
+            refill,
+            window_ms: window_ms.saturating_mul(n),
+        },
+        OpKind::FixedWindow { limit, window_ms } => {
+            let (limit, window_ms) = window_share(limit, window_ms, n);
+            OpKind::FixedWindow { limit, window_ms }
+        }
+        OpKind::SlidingWindow { limit, window_ms } => {
+            let (limit, window_ms) = window_share(limit, window_ms, n);
+            OpKind::SlidingWindow { limit, window_ms }
+        }
+    }
+}
+
+/// `limit ÷ n` per window, or, below one, one per `⌈n ÷ limit⌉` windows.
+fn window_share(limit: u64, window_ms: u64, n: u64) -> (u64, u64) {
+    if limit == 0 {
+        return (0, window_ms);
+    }
+    if limit >= n {
+        return (limit / n, window_ms);
+    }
+    (1, window_ms.saturating_mul(n.div_ceil(limit)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tb(capacity: u64, refill: u64) -> Op {
+        Op {
+            key: "k".into(),
+            kind: OpKind::TokenBucket {
+                capacity,
+                refill,
+                window_ms: 1_000,
+            },
+            cost: 1,
+        }
+    }
+
+    #[test]
+    fn a_share_keeps_the_algorithm_and_the_burst_ratio() {
+        assert_eq!(
+            share(tb(30, 30).kind, 3),
+            OpKind::TokenBucket {
+                capacity: 10,
+                refill: 30,
+                window_ms: 3_000
+            },
+            "10 now, 10/s refill"
+        );
+        // 5/s across 10 replicas: capacity rounds up to 1, refill stays at 0.5/s.
+        assert_eq!(
+            share(tb(5, 5).kind, 10),
+            OpKind::TokenBucket {
+                capacity: 1,
+                refill: 5,
+                window_ms: 10_000
+            }
+        );
+        assert_eq!(window_share(100, 60_000, 3), (33, 60_000));
+        assert_eq!(window_share(2, 60_000, 5), (1, 180_000), "1 per 3 minutes");
+        assert_eq!(window_share(0, 60_000, 5), (0, 60_000), "0 stays 0");
+    }
+
+    #[test]
+    fn modes_answer_as_documented_and_local_spends_the_share() {
+        let replicas = Arc::new(Replicas::new(0, 1));
+        let clock = Clock::manual(1_700_000_000_000);
+        let f = Fallback::new(FallbackMode::Local, replicas.clone(), clock.clone(), 500);
+        assert!(f.decide(&tb(1, 1), FallbackMode::Error, 0).is_none());
+        assert!(f.decide(&tb(1, 1), FallbackMode::Open, 0).unwrap().allowed);
+        let closed = f.decide(&tb(1, 1), FallbackMode::Closed, 0).unwrap();
+        assert_eq!((closed.allowed, closed.retry_ms), (false, Some(500)));
+
+        assert_eq!(replicas.source(), "floor");
+        replicas.observed(3);
+        assert_eq!((replicas.count(), replicas.source()), (3, "membership"));
+        let admitted = (0..20)
+            .filter(|_| {
+                f.decide(&tb(30, 30), FallbackMode::Local, 0)
+                    .unwrap()
+                    .allowed
+            })
+            .count();
+        assert_eq!(admitted, 10, "30 across 3 replicas");
+        // The store recovered and failed again: fresh local buckets.
+        assert!(
+            f.decide(&tb(30, 30), FallbackMode::Local, 1)
+                .unwrap()
+                .allowed
+        );
+        // A fixed count wins over membership, the floor over both.
+        assert_eq!(Replicas::new(5, 1).count(), 5);
+        assert_eq!(Replicas::new(0, 4).count(), 4);
+    }
+}
