@@ -10,20 +10,8 @@ use std::time::Duration;
 use common::{TestServer, get, poll, readyz, request, run_tollgate, temp_dir};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-const RULES: &str = r#"
-domain: edge
-descriptors:
-  - key: tenant
-    rate_limit: {unit: hour, requests_per_unit: 3}
-    descriptors:
-      - key: endpoint
-        value: /search
-        rate_limit: {unit: minute, requests_per_unit: 1, name: search}
-  - key: downstream
-    value: payments
-    shadow_mode: true
-    rate_limit: {unit: hour, requests_per_unit: 1}
-"#;
+/// The small `edge` rule set both suites use (tests/common).
+const RULES: &str = common::EDGE_RULES;
 
 #[tokio::test]
 async fn settings_from_env_and_flags_with_flags_winning() {

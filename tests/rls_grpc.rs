@@ -11,20 +11,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use tollgate::clock::Clock;
 
-const RULES: &str = r#"
-domain: edge
-descriptors:
-  - key: tenant
-    rate_limit: {unit: hour, requests_per_unit: 3}
-    descriptors:
-      - key: endpoint
-        value: /search
-        rate_limit: {unit: minute, requests_per_unit: 1, name: search}
-  - key: downstream
-    value: payments
-    shadow_mode: true
-    rate_limit: {unit: hour, requests_per_unit: 1}
-"#;
+/// The small `edge` rule set both suites use (tests/common).
+const RULES: &str = common::EDGE_RULES;
 
 #[tokio::test]
 async fn limits_count_down_to_over_limit_per_descriptor_in_order() {

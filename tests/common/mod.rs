@@ -39,6 +39,23 @@ use tonic::transport::Channel;
 /// How long a server may take to become ready.
 pub const READY_DEADLINE: Duration = Duration::from_secs(20);
 
+/// A small `edge` rule set: a per-tenant limit with a per-(tenant, /search) one below it, and
+/// a shadow-mode downstream limit.
+pub const EDGE_RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 3}
+    descriptors:
+      - key: endpoint
+        value: /search
+        rate_limit: {unit: minute, requests_per_unit: 1, name: search}
+  - key: downstream
+    value: payments
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+"#;
+
 /// A loopback port that was free a moment ago (the OS picks it), for an external process
 /// that must be told its port before it starts (redis-server, Envoy) or for an address
 /// nobody listens on. tollgate itself never needs it: it binds port 0.
