@@ -16,7 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
+use super::connect::Conn;
+use super::pool::Pool;
 use crate::store::StoreErrorKind;
 use crate::telemetry::{NodeLabels, StoreMetrics, TransitionLabels};
 
@@ -142,6 +145,40 @@ impl Breakers {
         open.sort();
         open
     }
+}
+
+/// Whether `node` answers a PING (the probe of an open circuit): any held connection of a
+/// standalone Redis, the cluster primary at `host:port` (any node before the slot map is known).
+pub(super) async fn ping_node(pool: &Pool, node: &str) -> bool {
+    let Some(picked) = pool.pick() else {
+        return false;
+    };
+    let routing = match node
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h, p.parse().ok()?)))
+    {
+        Some((host, port)) if node != STANDALONE => {
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.to_string(),
+                port,
+            })
+        }
+        _ => RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+    };
+    let answered = tokio::time::timeout(pool.connect_timeout(), async {
+        match (*picked.conn).clone() {
+            Conn::Standalone(mut c) => redis::cmd("PING")
+                .query_async::<redis::Value>(&mut c)
+                .await
+                .map(|_| ()),
+            Conn::Cluster(mut c) => c
+                .route_command(redis::cmd("PING"), routing)
+                .await
+                .map(|_| ()),
+        }
+    })
+    .await;
+    matches!(answered, Ok(Ok(())))
 }
 
 #[cfg(test)]

@@ -302,7 +302,7 @@ impl RedisStore {
             loop {
                 tokio::time::sleep(breakers.probe_every).await;
                 let Some(pool) = pool.upgrade() else { return };
-                if pool.ping_node(&node).await {
+                if breaker::ping_node(&pool, &node).await {
                     breakers.close(&node);
                     return;
                 }

@@ -23,7 +23,6 @@ use redis::RedisError;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::Notify;
 
-use super::breaker::STANDALONE;
 use super::connect::{Conn, Connector};
 use super::errors::kind_of;
 use super::scripts::Scripts;
@@ -135,62 +134,6 @@ impl Pool {
 
     pub(super) fn slots(&self) -> Option<&SlotMap> {
         self.slots.as_ref()
-    }
-
-    /// Whether `node` answers a PING: any held connection of a standalone Redis, the cluster
-    /// primary at `host:port` (or any node before the slot map is known).
-    pub(super) async fn ping_node(&self, node: &str) -> bool {
-        let Some(picked) = self.pick() else {
-            return false;
-        };
-        let routing = match node
-            .rsplit_once(':')
-            .and_then(|(h, p)| Some((h, p.parse().ok()?)))
-        {
-            Some((host, port)) if node != STANDALONE => {
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                    host: host.to_string(),
-                    port,
-                })
-            }
-            _ => RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-        };
-        let answered = tokio::time::timeout(self.connect_timeout, async {
-            match (*picked.conn).clone() {
-                Conn::Standalone(mut c) => redis::cmd("PING")
-                    .query_async::<redis::Value>(&mut c)
-                    .await
-                    .map(|_| ()),
-                Conn::Cluster(mut c) => c
-                    .route_command(redis::cmd("PING"), routing)
-                    .await
-                    .map(|_| ()),
-            }
-        })
-        .await;
-        matches!(answered, Ok(Ok(())))
-    }
-
-    /// Refreshes a cluster's slot map (`CLUSTER SLOTS` from any node).
-    async fn refresh_slots(&self) {
-        let (Some(slots), Some(picked)) = (&self.slots, self.pick()) else {
-            return;
-        };
-        let Conn::Cluster(mut c) = (*picked.conn).clone() else {
-            return;
-        };
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("SLOTS");
-        let reply = tokio::time::timeout(
-            self.connect_timeout,
-            c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random)),
-        )
-        .await;
-        if let Ok(Ok(reply)) = reply
-            && !slots.update(&reply)
-        {
-            tracing::warn!("unexpected CLUSTER SLOTS reply; keeping the last slot map");
-        }
     }
 
     /// Starts the keeper task; it ends once the pool is dropped.
@@ -437,7 +380,9 @@ impl Pool {
             }
         }
         self.update_gauge();
-        self.refresh_slots().await;
+        if let Some(slots) = &self.slots {
+            slots.refresh(self).await;
+        }
         all_ok
     }
 }

@@ -11,6 +11,10 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use redis::Value;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use super::connect::Conn;
+use super::pool::Pool;
 
 /// Slot ranges (inclusive) and the primary that serves them, sorted by start.
 #[derive(Debug, Default)]
@@ -35,6 +39,29 @@ impl SlotMap {
         match at.checked_sub(1).and_then(|i| ranges.get(i)) {
             Some((_, end, node)) if slot <= *end => node.clone(),
             _ => self.unknown.clone(),
+        }
+    }
+
+    /// Refreshes the map from `CLUSTER SLOTS` of any node, bounded by the connect timeout; on
+    /// a failure or a reply of another shape the last map stays.
+    pub(super) async fn refresh(&self, pool: &Pool) {
+        let Some(picked) = pool.pick() else {
+            return;
+        };
+        let Conn::Cluster(mut c) = (*picked.conn).clone() else {
+            return;
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let reply = tokio::time::timeout(
+            pool.connect_timeout(),
+            c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random)),
+        )
+        .await;
+        if let Ok(Ok(reply)) = reply
+            && !self.update(&reply)
+        {
+            tracing::warn!("unexpected CLUSTER SLOTS reply; keeping the last slot map");
         }
     }
 
