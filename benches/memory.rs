@@ -156,6 +156,7 @@ fn memory_store(page: u64) {
                 window_ms: r.window_ms(),
             },
             cost: 1,
+            action: Default::default(),
         };
         assert!(store.apply(&op).allowed);
     }

@@ -109,6 +109,14 @@ settings! {
         "a fixed replica count for the local fallback's share (0: count live replicas)";
     fallback_min_replicas: u64 = 1,
         "the least the local fallback divides by (also the count of a replica that never reached the store)";
+    lease_max_batch: u64 = 0,
+        "most tokens one claim leases for a key, spent from memory until used or expired (0: leasing off; Redis store only)";
+    lease_ttl_ms: u64 = 1_000,
+        "how long leased tokens stay spendable before they are dropped";
+    over_limit_cache_max_keys: usize = 10_000,
+        "spent keys answered OVER_LIMIT from memory until they can fit a request again, per replica (0: off; Redis store only)";
+    shard_retry: bool = true,
+        "a request whose shard is empty tries one other shard before answering OVER_LIMIT";
     max_descriptors: usize = 64,
         "most descriptors in one request";
     max_entries: usize = 16,
@@ -368,10 +376,17 @@ impl Settings {
             ("breaker_probe_ms", self.breaker_probe_ms),
             ("membership_interval_ms", self.membership_interval_ms),
             ("fallback_min_replicas", self.fallback_min_replicas),
+            ("lease_ttl_ms", self.lease_ttl_ms),
         ] {
             if v == 0 {
                 return bad(key, "must be at least 1");
             }
+        }
+        if self.lease_max_batch > 1_000_000 {
+            return bad("lease_max_batch", "must be at most 1000000");
+        }
+        if self.lease_ttl_ms > 3_600_000 {
+            return bad("lease_ttl_ms", "must be at most 3600000 (an hour)");
         }
         let otlp = &self.otlp_endpoint;
         if !otlp.is_empty() && !otlp.starts_with("http://") {

@@ -14,14 +14,16 @@ mod common;
 use std::cell::{Cell, RefCell};
 
 use common::redis::TestRedis;
-use common::store::{DAY, HOUR, MAX_WAIT, fw, sw, tb};
+use common::store::{DAY, HOUR, MAX_WAIT, claim, fw, give_back, sw, tb};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseResult, TestRunner};
 use tollgate::limiter::bucket::{
     self, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
 };
-use tollgate::store::redis::{FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
-use tollgate::store::{Op, Outcome};
+use tollgate::store::redis::{
+    FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA,
+};
+use tollgate::store::{Action, Op, Outcome};
 
 /// Cases per test: each is a sequence of up to [`MAX_TAKES`] takes on one bucket.
 const CASES: u32 = 64;
@@ -165,12 +167,39 @@ fn eval_at(conn: &mut ::redis::Connection, source: &str, op: &Op, now_ms: u64) -
         .arg((now_ms % 1000) * 1000)
         .query(conn)
         .unwrap_or_else(|e| panic!("{op:?} at {now_ms}: {e}"));
+    // Takes answer `allowed`; `lease.lua` answers what it granted (see the scripts' headers
+    // and `store/redis/scripts.rs`, which reads them the same way).
+    let (allowed, granted) = match op.action {
+        Action::Take => (reply[0] == 1, if reply[0] == 1 { op.cost } else { 0 }),
+        Action::Claim(_) => (reply[0] > 0, reply[0] as u64),
+        Action::Return => (true, 0),
+    };
     Outcome {
-        allowed: reply[0] == 1,
+        allowed,
         remaining: reply[1] as u64,
         reset_ms: reply[2] as u64,
         retry_ms: u64::try_from(reply[3]).ok(),
+        granted,
     }
+}
+
+/// `with_test_clock` for `lease.lua`, which sets a TTL on several paths: every `PEXPIRE` of
+/// the bucket key writes its TTL into the `ttl` field instead.
+fn lease_with_test_clock() -> String {
+    let time = "redis.call('TIME')";
+    assert_eq!(
+        LEASE_LUA.matches(time).count(),
+        1,
+        "lease.lua reads TIME once"
+    );
+    let pexpire = "redis.call('PEXPIRE', KEYS[1], ";
+    assert!(
+        LEASE_LUA.matches(pexpire).count() >= 3,
+        "lease.lua's TTLs moved"
+    );
+    LEASE_LUA
+        .replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
+        .replace(pexpire, "redis.call('HSET', KEYS[1], 'ttl', ")
 }
 
 fn del(conn: &mut ::redis::Connection, key: &str) {
@@ -429,5 +458,160 @@ fn lua_sliding_window_mirrors_rust() {
         "{} {}",
         weighed.get(),
         refused.get()
+    );
+}
+
+/// One step of a lease sequence: a plain take (the algorithm's own script), a lease claim or a
+/// give-back, all on one bucket, so the test also holds the three to one shared state.
+#[derive(Clone, Copy, Debug)]
+enum LeaseStep {
+    Take(Cost),
+    /// need (as a [`Cost`] of the limit), extra wanted beyond it, share.
+    Claim(Cost, u64, u64),
+    GiveBack(u64),
+}
+
+fn lease_step() -> impl Strategy<Value = LeaseStep> {
+    prop_oneof![
+        2 => cost().prop_map(LeaseStep::Take),
+        4 => (cost(), prop_oneof![Just(0u64), 0..50u64, Just(u64::from(u32::MAX))], prop_oneof![Just(1u64), 1..5u64])
+            .prop_map(|(need, extra, share)| LeaseStep::Claim(need, extra, share)),
+        1 => prop_oneof![Just(1u64), 0..100u64, Just(u64::from(u32::MAX))].prop_map(LeaseStep::GiveBack),
+    ]
+}
+
+/// `lease.lua` mirrors `claim_token` / `return_token` / `claim_window` / `return_window`, and
+/// it shares its state with `token_bucket.lua` / `fixed_window.lua`: random interleavings of
+/// takes, claims and give-backs give the same outcomes, and the same stored state, as the Rust.
+#[test]
+fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
+    let redis = TestRedis::start();
+    let conn = RefCell::new(redis.conn());
+    let lease = lease_with_test_clock();
+    let token = with_test_clock(
+        TOKEN_BUCKET_LUA,
+        "redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))",
+        "math.max(reset_ms, 1)",
+    );
+    let window = with_test_clock(
+        FIXED_WINDOW_LUA,
+        "redis.call('PEXPIRE', KEYS[1], reset_ms)",
+        "reset_ms",
+    );
+    let params = (
+        any::<bool>(),
+        limit(&[0, 1, 2, 3, 10, 100, 1_000, u64::from(u32::MAX)]),
+        limit(&[0, 1, 3, 10, 1_000]),
+        window_ms(&[7, 1_000, 60_000, HOUR]),
+    );
+    let steps = (
+        0..DAY,
+        prop::collection::vec((step(), lease_step()), 1..=MAX_TAKES),
+    );
+    let (cases, granted_extra, returned) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    check(
+        (params, steps),
+        |((token_bucket, cap, refill, window_ms), (start, steps))| {
+            let conn = &mut *conn.borrow_mut();
+            let k = "mirror:{lease}";
+            del(conn, k);
+            let p = TokenBucketParams {
+                capacity: cap,
+                refill,
+                window_ms,
+            };
+            let mut now = BASE_MS + start;
+            let mut tb_state: Option<TokenBucketState> = None;
+            let mut fw_state: Option<WindowState> = None;
+            for (step, what) in steps {
+                now = step.apply(now, window_ms);
+                let base = if token_bucket {
+                    tb(k, cap, refill, window_ms, 0)
+                } else {
+                    fw(k, cap, window_ms, 0)
+                };
+                let (op, source) = match what {
+                    LeaseStep::Take(c) => (
+                        Op {
+                            cost: c.of(cap),
+                            ..base
+                        },
+                        if token_bucket { &token } else { &window },
+                    ),
+                    LeaseStep::Claim(need, extra, share) => {
+                        let need = need.of(cap).clamp(1, u64::from(u32::MAX));
+                        (claim(base, need, need + extra, share), &lease)
+                    }
+                    LeaseStep::GiveBack(n) => (give_back(base, n), &lease),
+                };
+                let mut want = if token_bucket {
+                    let (next, o) = match op.action {
+                        Action::Take => bucket::take_token(tb_state, now, p, op.cost),
+                        Action::Claim(ask) => bucket::claim_token(tb_state, now, p, ask),
+                        Action::Return => bucket::return_token(tb_state, now, p, op.cost),
+                    };
+                    tb_state = (next.tokens < cap as f64).then_some(next);
+                    o
+                } else {
+                    let (next, o) = match op.action {
+                        Action::Take => bucket::take_window(fw_state, now, cap, window_ms, op.cost),
+                        Action::Claim(ask) => {
+                            bucket::claim_window(fw_state, now, cap, window_ms, ask)
+                        }
+                        Action::Return => {
+                            bucket::return_window(fw_state, now, cap, window_ms, op.cost)
+                        }
+                    };
+                    fw_state = Some(next);
+                    o
+                };
+                want.reset_ms = want.reset_ms.min(MAX_WAIT);
+                want.retry_ms = want.retry_ms.map(|r| r.min(MAX_WAIT));
+                let got = eval_at(conn, source, &op, now);
+                let at = format!("{op:?} at {now}");
+                prop_assert_eq!(got, want, "{}", at);
+                if token_bucket {
+                    // The same two numbers, bit for bit, or no key for a full bucket.
+                    let stored: Vec<Option<String>> = ::redis::cmd("HMGET")
+                        .arg(k)
+                        .arg(&["t", "ts"])
+                        .query(conn)
+                        .unwrap();
+                    match tb_state {
+                        None => prop_assert!(stored[0].is_none(), "{}: full is not stored", at),
+                        Some(s) => {
+                            let t: f64 = stored[0].as_deref().expect("t").parse().unwrap();
+                            let ts: u64 = stored[1].as_deref().expect("ts").parse().unwrap();
+                            prop_assert_eq!(
+                                (t.to_bits(), ts),
+                                (s.tokens.to_bits(), s.ts_ms),
+                                "{}",
+                                at
+                            );
+                        }
+                    }
+                }
+                if let Action::Claim(ask) = op.action {
+                    granted_extra.set(granted_extra.get() + usize::from(got.granted > ask.need));
+                }
+                if matches!(op.action, Action::Return) {
+                    returned.set(returned.get() + 1);
+                }
+            }
+            cases.set(cases.get() + 1);
+            Ok(())
+        },
+    );
+    eprintln!(
+        "lease: {} cases, {} claims granted beyond their need, {} give-backs",
+        cases.get(),
+        granted_extra.get(),
+        returned.get()
+    );
+    assert!(cases.get() >= CASES, "{} cases ran", cases.get());
+    assert!(
+        granted_extra.get() > 50,
+        "{} claims took extra tokens",
+        granted_extra.get()
     );
 }

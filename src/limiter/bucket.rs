@@ -29,6 +29,9 @@ pub struct Outcome {
     /// Milliseconds until a refused take of the same cost would fit; `None` when it never
     /// can (the cost is above the capacity, or nothing refills). 0 when allowed.
     pub retry_ms: Option<u64>,
+    /// Tokens this op took for the caller: the cost of an allowed take, what a lease claim
+    /// was granted (its cost plus any extra), 0 when refused or for a give-back.
+    pub granted: u64,
 }
 
 /// The numbers of a token bucket.
@@ -101,6 +104,7 @@ pub fn take_token(
         // A bucket that never refills is reported to reset at its window, like the reference.
         reset_ms: p.wait_ms(capacity - tokens).unwrap_or(p.window_ms),
         retry_ms,
+        granted: if allowed { cost } else { 0 },
     };
     // A clock that steps back (a failover to a skewed host) must not refill twice later.
     (
@@ -160,6 +164,7 @@ pub fn take_window(
         remaining: limit.saturating_sub(count),
         reset_ms,
         retry_ms,
+        granted: if allowed { cost } else { 0 },
     };
     (WindowState { start_ms, count }, outcome)
 }
@@ -243,6 +248,7 @@ pub fn take_sliding(
         remaining: (lim - estimate).max(0.0).floor() as u64,
         reset_ms,
         retry_ms,
+        granted: if allowed { cost } else { 0 },
     };
     (
         SlidingWindowState {
@@ -276,6 +282,191 @@ fn sliding_wait(prev: u64, curr: u64, room: f64, w: f64, elapsed: f64) -> u64 {
         w - elapsed
     };
     (wait.ceil() as u64).max(1)
+}
+
+/// What a lease claim asks of a bucket (`lua/lease.lua`; the lease itself is `limiter/lease.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClaimAsk {
+    /// Tokens that must all be granted, or none: the part of a request's cost the lease does
+    /// not cover. At least 1.
+    pub need: u64,
+    /// Most tokens to take (at least `need`): the need plus what the lease would like to keep.
+    pub want: u64,
+    /// The extra beyond `need` is at most `(available - need) / share`: with `share` = live
+    /// replicas, a nearly spent bucket is split between replicas instead of hoarded by the
+    /// first one to claim. At least 1.
+    pub share: u64,
+}
+
+impl ClaimAsk {
+    /// What a bucket with `available` (>= need) tokens grants. In f64 like `lease.lua`; every
+    /// number here is at most the capacity, so exact.
+    fn grant(&self, available: f64) -> u64 {
+        let spare = ((available - self.need as f64) / self.share.max(1) as f64).floor();
+        let extra = (self.want.saturating_sub(self.need) as f64).min(spare.max(0.0));
+        self.need + extra as u64
+    }
+}
+
+/// The tokens of a token bucket at `now_ms` (refilled since it was stored, capped at the
+/// capacity) and the time they were last brought up to date.
+fn tokens_at(state: Option<TokenBucketState>, now_ms: u64, p: TokenBucketParams) -> (f64, u64) {
+    let capacity = p.capacity as f64;
+    match state {
+        None => (capacity, now_ms),
+        Some(s) => {
+            let elapsed = now_ms.saturating_sub(s.ts_ms) as f64;
+            (capacity.min(s.tokens + p.refilled(elapsed)), s.ts_ms)
+        }
+    }
+}
+
+/// A lease claim on a token bucket: all of `ask.need` and up to `ask.want` (see [`ClaimAsk`]),
+/// or nothing. `remaining` is what the shared bucket keeps after the grant; a refused claim's
+/// `retry_ms` is when `need` would fit, as for a take of that cost.
+pub fn claim_token(
+    state: Option<TokenBucketState>,
+    now_ms: u64,
+    p: TokenBucketParams,
+    ask: ClaimAsk,
+) -> (TokenBucketState, Outcome) {
+    let (mut tokens, last_ms) = tokens_at(state, now_ms, p);
+    let ask = ClaimAsk {
+        need: ask.need.max(1),
+        ..ask
+    };
+    let need = ask.need;
+    let allowed = p.capacity > 0 && tokens >= need as f64;
+    let granted = if allowed { ask.grant(tokens) } else { 0 };
+    tokens -= granted as f64;
+    let retry_ms = if allowed {
+        Some(0)
+    } else if need > p.capacity {
+        None
+    } else {
+        p.wait_ms(need as f64 - tokens)
+    };
+    let outcome = Outcome {
+        allowed,
+        remaining: tokens.max(0.0).floor() as u64,
+        reset_ms: p.wait_ms(p.capacity as f64 - tokens).unwrap_or(p.window_ms),
+        retry_ms,
+        granted,
+    };
+    (
+        TokenBucketState {
+            tokens,
+            ts_ms: now_ms.max(last_ms),
+        },
+        outcome,
+    )
+}
+
+/// Gives `n` unspent leased tokens back to a token bucket, capped at its capacity.
+pub fn return_token(
+    state: Option<TokenBucketState>,
+    now_ms: u64,
+    p: TokenBucketParams,
+    n: u64,
+) -> (TokenBucketState, Outcome) {
+    let (tokens, last_ms) = tokens_at(state, now_ms, p);
+    let tokens = (p.capacity as f64).min(tokens + n as f64);
+    let outcome = Outcome {
+        allowed: true,
+        remaining: tokens.max(0.0).floor() as u64,
+        reset_ms: p.wait_ms(p.capacity as f64 - tokens).unwrap_or(p.window_ms),
+        retry_ms: Some(0),
+        granted: 0,
+    };
+    (
+        TokenBucketState {
+            tokens,
+            ts_ms: now_ms.max(last_ms),
+        },
+        outcome,
+    )
+}
+
+/// A lease claim on a fixed window: all of `ask.need` and up to `ask.want` of what is left
+/// of the window's limit, or nothing. Unlike a take, a refused claim counts nothing (the
+/// window's count only ever holds granted tokens).
+pub fn claim_window(
+    state: Option<WindowState>,
+    now_ms: u64,
+    limit: u64,
+    window_ms: u64,
+    ask: ClaimAsk,
+) -> (WindowState, Outcome) {
+    let start_ms = now_ms - now_ms % window_ms;
+    let before = match state {
+        Some(s) if s.start_ms == start_ms => s.count,
+        _ => 0,
+    };
+    let reset_ms = start_ms + window_ms - now_ms;
+    let ask = ClaimAsk {
+        need: ask.need.max(1),
+        ..ask
+    };
+    let need = ask.need;
+    let available = limit.saturating_sub(before);
+    let allowed = need <= available;
+    let granted = if allowed {
+        ask.grant(available as f64)
+    } else {
+        0
+    };
+    let count = before + granted;
+    let retry_ms = if allowed {
+        Some(0)
+    } else if need > limit {
+        None
+    } else {
+        Some(reset_ms)
+    };
+    let outcome = Outcome {
+        allowed,
+        remaining: limit.saturating_sub(count),
+        reset_ms,
+        retry_ms,
+        granted,
+    };
+    // A refused claim changes nothing (`lease.lua` writes nothing either): a stored window that
+    // is not this one stays as it is, as after a clock step back into an earlier window.
+    let next = match state {
+        Some(s) if !allowed => s,
+        _ => WindowState { start_ms, count },
+    };
+    (next, outcome)
+}
+
+/// Gives `n` unspent leased hits back to a fixed window, if it is still the window they were
+/// claimed in (a past window's tokens are gone with it).
+pub fn return_window(
+    state: Option<WindowState>,
+    now_ms: u64,
+    limit: u64,
+    window_ms: u64,
+    n: u64,
+) -> (WindowState, Outcome) {
+    let start_ms = now_ms - now_ms % window_ms;
+    let (count, next) = match state {
+        // Refused takes count past the limit; the hits actually admitted are at most the limit.
+        Some(s) if s.start_ms == start_ms => {
+            let count = s.count.min(limit).saturating_sub(n);
+            (count, WindowState { start_ms, count })
+        }
+        // Another window's count is left as it is (`lease.lua` writes nothing either).
+        Some(s) => (0, s),
+        None => (0, WindowState { start_ms, count: 0 }),
+    };
+    let outcome = Outcome {
+        allowed: true,
+        remaining: limit.saturating_sub(count),
+        reset_ms: start_ms + window_ms - now_ms,
+        retry_ms: Some(0),
+        granted: 0,
+    };
+    (next, outcome)
 }
 
 #[cfg(test)]

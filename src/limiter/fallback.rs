@@ -147,22 +147,25 @@ impl Fallback {
                 remaining: 0,
                 reset_ms: 0,
                 retry_ms: Some(0),
+                granted: op.cost,
             }),
             FallbackMode::Closed => Some(Outcome {
                 allowed: false,
                 remaining: 0,
                 reset_ms: self.closed_retry_ms,
                 retry_ms: Some(self.closed_retry_ms),
+                granted: 0,
             }),
             FallbackMode::Local => {
                 self.generation.fetch_max(recoveries, Ordering::AcqRel);
                 let n = self.replicas.count();
                 let generation = self.generation.load(Ordering::Acquire);
-                let share = Op {
-                    key: format!("{}|n{n}|g{generation}", op.key),
-                    kind: share(op.kind, n),
-                    cost: op.cost,
-                };
+                // Always a take: a failed lease claim falls back for its request's cost.
+                let share = Op::take(
+                    format!("{}|n{n}|g{generation}", op.key),
+                    share(op.kind, n),
+                    op.cost,
+                );
                 Some(self.local.apply(&share))
             }
         }
@@ -223,6 +226,7 @@ mod tests {
                 window_ms: 1_000,
             },
             cost: 1,
+            action: Default::default(),
         }
     }
 

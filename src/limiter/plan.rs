@@ -148,11 +148,7 @@ pub(super) fn plan(
                 desc: i,
                 limit: limit.clone(),
             });
-            ops.push(Op {
-                key,
-                kind: OpKind::from(rate),
-                cost,
-            });
+            ops.push(Op::take(key, OpKind::from(rate), cost));
         }
     }
     Plan {
@@ -178,6 +174,8 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Ar
         detailed_metric: false,
         replaces: Vec::new(),
         fallback: None,
+        shards: 1,
+        lease: None,
         class,
         // Its own bucket, apart from the rules' limits on the same entries (keys.rs).
         index: keys::OVERRIDE_INDEX,

@@ -26,4 +26,6 @@ pub mod yaml;
 
 pub use error::{RuleError, RulesError};
 pub use load::{LoadOptions, load_path};
-pub use model::{Algorithm, Descriptor, Domain, Limit, Rate, RuleSet, RulesSummary, Unit};
+pub use model::{
+    Algorithm, Descriptor, Domain, LeaseRule, Limit, Rate, RuleSet, RulesSummary, Unit,
+};

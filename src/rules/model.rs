@@ -176,6 +176,11 @@ pub struct Limit {
     /// `fallback:` — what this limit does while the store cannot answer (else the global
     /// `fallback` setting).
     pub fallback: Option<crate::limiter::FallbackMode>,
+    /// `shards:` — how many sub-buckets the bucket is split into (1 = not sharded), so a hot
+    /// key's load spreads over several Redis Cluster slots (`limiter/shard.rs`).
+    pub shards: u32,
+    /// `lease:` — this limit's token-leasing override (else the global `lease_*` settings).
+    pub lease: Option<LeaseRule>,
     /// The metrics label for this limit: `class`, else `name`, else the key path. An `Arc`
     /// so each decision's metric labels share it instead of copying it.
     pub class: Arc<str>,
@@ -183,6 +188,14 @@ pub struct Limit {
     /// of the store key so several limits on one key keep separate buckets.
     pub index: usize,
     pub origin: Origin,
+}
+
+/// A limit's `lease: {max_batch, ttl_ms}`; a field left out takes the global setting
+/// (`lease_max_batch`, `lease_ttl_ms`). `max_batch: 0` turns leasing off for the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LeaseRule {
+    pub max_batch: Option<u64>,
+    pub ttl_ms: Option<u64>,
 }
 
 /// The numbers of a counted (not unlimited) limit.

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
-use super::{Op, OpKind, Outcome};
+use super::{Action, Op, OpKind, Outcome};
 use crate::clock::Clock;
 use crate::limiter::bucket::{
     self, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
@@ -81,7 +81,11 @@ impl MemoryStore {
                     Some(State::Token(s)) => Some(s),
                     _ => None,
                 };
-                let (s, o) = bucket::take_token(prev, mono, p, op.cost);
+                let (s, o) = match op.action {
+                    Action::Take => bucket::take_token(prev, mono, p, op.cost),
+                    Action::Claim(ask) => bucket::claim_token(prev, mono, p, ask),
+                    Action::Return => bucket::return_token(prev, mono, p, op.cost),
+                };
                 let idle_at_ms = mono.saturating_add(bucket::token_idle_after_ms(s, p));
                 (
                     Entry {
@@ -96,8 +100,12 @@ impl MemoryStore {
                     Some(State::Window(s)) => Some(s),
                     _ => None,
                 };
-                let (s, o) =
-                    bucket::take_window(prev, self.clock.wall_ms(), limit, window_ms, op.cost);
+                let now = self.clock.wall_ms();
+                let (s, o) = match op.action {
+                    Action::Take => bucket::take_window(prev, now, limit, window_ms, op.cost),
+                    Action::Claim(ask) => bucket::claim_window(prev, now, limit, window_ms, ask),
+                    Action::Return => bucket::return_window(prev, now, limit, window_ms, op.cost),
+                };
                 (
                     Entry {
                         state: State::Window(s),
@@ -111,8 +119,14 @@ impl MemoryStore {
                     Some(State::Sliding(s)) => Some(s),
                     _ => None,
                 };
+                // A sliding window has no leases (the rules refuse them): a claim is a take of
+                // its cost, a give-back a check.
+                let cost = match op.action {
+                    Action::Take | Action::Claim(_) => op.cost,
+                    Action::Return => 0,
+                };
                 let (s, o) =
-                    bucket::take_sliding(prev, self.clock.wall_ms(), limit, window_ms, op.cost);
+                    bucket::take_sliding(prev, self.clock.wall_ms(), limit, window_ms, cost);
                 // reset_ms is when the estimate has decayed to 0 (0 for an empty state).
                 (
                     Entry {
@@ -181,6 +195,7 @@ mod tests {
                 window_ms,
             },
             cost,
+            action: Default::default(),
         }
     }
 
@@ -230,6 +245,7 @@ mod tests {
                 window_ms: 60_000,
             },
             cost: 1,
+            action: Default::default(),
         };
         store.apply(&fw);
         assert_eq!(store.len(), 100_002);
@@ -248,6 +264,7 @@ mod tests {
             key: key.to_string(),
             kind: OpKind::SlidingWindow { limit, window_ms },
             cost,
+            action: Default::default(),
         }
     }
 

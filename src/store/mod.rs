@@ -16,15 +16,42 @@ use crate::clock::Clock;
 use crate::settings::Settings;
 use crate::telemetry::Metrics;
 
-pub use crate::limiter::bucket::Outcome;
+pub use crate::limiter::bucket::{ClaimAsk, Outcome};
 
 /// One bucket operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Op {
     pub key: String,
     pub kind: OpKind,
-    /// Tokens (hits) to take; 0 checks without consuming.
+    /// Tokens (hits) to take; 0 checks without consuming. For [`Action::Return`], the tokens
+    /// given back.
     pub cost: u64,
+    pub action: Action,
+}
+
+/// What an [`Op`] does to its bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Action {
+    /// Take `cost` (the algorithm's own script).
+    #[default]
+    Take,
+    /// Claim a lease: all of `need` and up to `want` tokens, or nothing (`lease.lua`). Token
+    /// bucket and fixed window only; on a sliding window it is a take of `cost`.
+    Claim(ClaimAsk),
+    /// Give `cost` unspent leased tokens back (`lease.lua`), capped at the capacity.
+    Return,
+}
+
+impl Op {
+    /// A take of `cost` from the bucket `key`.
+    pub fn take(key: String, kind: OpKind, cost: u64) -> Op {
+        Op {
+            key,
+            kind,
+            cost,
+            action: Action::Take,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tollgate::clock::Clock;
 use tollgate::settings::Settings;
-use tollgate::store::{Op, OpKind, Outcome, Store};
+use tollgate::store::{Action, ClaimAsk, Op, OpKind, Outcome, Store};
 use tollgate::telemetry::Metrics;
 
 pub const HOUR: u64 = 3_600_000;
@@ -42,30 +42,45 @@ pub async fn contract_store(url: &str) -> Arc<Store> {
 }
 
 pub fn tb(key: &str, capacity: u64, refill: u64, window_ms: u64, cost: u64) -> Op {
-    Op {
-        key: key.to_string(),
-        kind: OpKind::TokenBucket {
-            capacity,
-            refill,
-            window_ms,
-        },
-        cost,
-    }
+    let kind = OpKind::TokenBucket {
+        capacity,
+        refill,
+        window_ms,
+    };
+    Op::take(key.to_string(), kind, cost)
 }
 
 pub fn fw(key: &str, limit: u64, window_ms: u64, cost: u64) -> Op {
-    Op {
-        key: key.to_string(),
-        kind: OpKind::FixedWindow { limit, window_ms },
+    Op::take(
+        key.to_string(),
+        OpKind::FixedWindow { limit, window_ms },
         cost,
-    }
+    )
 }
 
 pub fn sw(key: &str, limit: u64, window_ms: u64, cost: u64) -> Op {
-    Op {
-        key: key.to_string(),
-        kind: OpKind::SlidingWindow { limit, window_ms },
+    Op::take(
+        key.to_string(),
+        OpKind::SlidingWindow { limit, window_ms },
         cost,
+    )
+}
+
+/// `op` as a lease claim of all of `need` and up to `want` tokens, split `share` ways.
+pub fn claim(op: Op, need: u64, want: u64, share: u64) -> Op {
+    Op {
+        cost: need,
+        action: Action::Claim(ClaimAsk { need, want, share }),
+        ..op
+    }
+}
+
+/// `op` as a give-back of `n` leased tokens.
+pub fn give_back(op: Op, n: u64) -> Op {
+    Op {
+        cost: n,
+        action: Action::Return,
+        ..op
     }
 }
 

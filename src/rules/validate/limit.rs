@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::FileWalk;
 use crate::limiter::FallbackMode;
-use crate::rules::model::{Algorithm, Limit, Rate, Unit};
+use crate::rules::model::{Algorithm, LeaseRule, Limit, Rate, Unit};
 use crate::rules::yaml::{self, Fields, Node, join};
 
 /// What a limit takes over from the descriptor that declares it.
@@ -90,6 +90,8 @@ impl FileWalk<'_> {
             "unit_multiplier",
             "class",
             "fallback",
+            "shards",
+            "lease",
             "quota_mode",
         ];
         let f = yaml::fields(self.problems, node, path, FIELDS)?;
@@ -150,6 +152,8 @@ impl FileWalk<'_> {
         } else {
             self.rate(node, path, &f)
         };
+        let shards = self.shards(&f, path, unlimited, rate);
+        let lease = self.lease(&f, path, unlimited, rate);
         if self.problems.errors.len() > errors_before {
             return None;
         }
@@ -164,9 +168,83 @@ impl FileWalk<'_> {
             detailed_metric: inherited.detailed_metric,
             replaces,
             fallback,
+            shards,
+            lease,
             index,
             origin: self.origin(node.pos),
         })
+    }
+
+    /// `shards: N`: at least 1, only on a token bucket or fixed window, and at most
+    /// min(burst, requests_per_unit): the capacity and the refill are split so the shards add
+    /// up to the limit, and a shard with no refill (or no capacity) would stay empty forever.
+    fn shards(&mut self, f: &Fields<'_>, path: &str, unlimited: bool, rate: Option<Rate>) -> u32 {
+        let Some(n) = f.get("shards") else { return 1 };
+        let field = join(path, "shards");
+        let AtLeastOne::Given(shards) = self.at_least_one(f, path, "shards", 1024) else {
+            return 1;
+        };
+        if unlimited {
+            self.error(n.pos, &field, "an unlimited limit has no bucket to shard");
+        }
+        match rate {
+            // Unlimited, or a rate already refused with its own error.
+            None => {}
+            Some(r) if r.algorithm == Algorithm::SlidingWindow => self.error(
+                n.pos,
+                &field,
+                "only applies to token_bucket and fixed_window (a sliding window's estimate cannot be split)",
+            ),
+            Some(r) => {
+                let most = match r.algorithm {
+                    Algorithm::TokenBucket => r.burst.min(u64::from(r.requests_per_unit)),
+                    _ => u64::from(r.requests_per_unit),
+                };
+                if shards > most {
+                    self.error(
+                        n.pos,
+                        &field,
+                        format!(
+                            "{shards} shards need at least one token of capacity and refill each; at most {most} here (min of burst and requests_per_unit)"
+                        ),
+                    );
+                }
+            }
+        }
+        shards as u32 // capped at 1024 by at_least_one
+    }
+
+    /// `lease: {max_batch, ttl_ms}`: only on a token bucket or fixed window (a sliding window
+    /// cannot hand out tokens ahead of time; an unlimited limit has none to hand out).
+    fn lease(
+        &mut self,
+        f: &Fields<'_>,
+        path: &str,
+        unlimited: bool,
+        rate: Option<Rate>,
+    ) -> Option<LeaseRule> {
+        let n = f.get("lease")?;
+        let field = join(path, "lease");
+        let lf = yaml::fields(self.problems, n, &field, &["max_batch", "ttl_ms"])?;
+        let max_batch = lf
+            .get("max_batch")
+            .and_then(|m| yaml::uint(self.problems, m, &join(&field, "max_batch"), 1_000_000));
+        let ttl_ms = match self.at_least_one(&lf, &field, "ttl_ms", 3_600_000) {
+            AtLeastOne::Given(v) => Some(v),
+            _ => None,
+        };
+        if unlimited {
+            self.error(n.pos, &field, "an unlimited limit has no tokens to lease");
+        }
+        match rate {
+            Some(r) if r.algorithm == Algorithm::SlidingWindow => self.error(
+                n.pos,
+                &field,
+                "only applies to token_bucket and fixed_window (a sliding window cannot hand out tokens ahead of time)",
+            ),
+            _ => {}
+        }
+        Some(LeaseRule { max_batch, ttl_ms })
     }
 
     /// A limit's `replaces: [{name: …}, …]`: the names of the limits it replaces (not its own).
@@ -462,5 +540,63 @@ mod tests {
         assert!(msg.contains("non-empty"), "{msg}");
         let (line, _, _) = refused(&format!("{base}        - {{}}\n"));
         assert_eq!(line, 9);
+    }
+
+    #[test]
+    fn shards_and_lease_are_read_and_checked() {
+        let set = load(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, shards: 4, lease: {max_batch: 20, ttl_ms: 500}}\n  - key: f\n    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window, lease: {max_batch: 0}}\n",
+        )
+        .unwrap();
+        let k = &set.domains["d"].root.bare["k"].limits[0];
+        assert_eq!(k.shards, 4);
+        assert_eq!(
+            k.lease,
+            Some(crate::rules::LeaseRule {
+                max_batch: Some(20),
+                ttl_ms: Some(500)
+            })
+        );
+        let f = &set.domains["d"].root.bare["f"].limits[0];
+        assert_eq!((f.shards, f.lease.unwrap().max_batch), (1, Some(0)));
+
+        let base = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n";
+        // More shards than tokens of refill or capacity: a shard would stay empty.
+        let (line, field, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 10\n      burst: 3\n      shards: 4\n"
+        ));
+        assert_eq!(
+            (line, field.as_str()),
+            (8, "descriptors[0].rate_limit.shards")
+        );
+        assert!(msg.contains("at most 3"), "{msg}");
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 1\n      shards: 0\n"
+        ));
+        assert_eq!(line, 7);
+        assert!(msg.contains("at least 1"), "{msg}");
+        for field in ["shards: 2", "lease: {max_batch: 5}"] {
+            let (line, _, msg) = refused(&format!(
+                "{base}      unit: second\n      requests_per_unit: 10\n      algorithm: sliding_window\n      {field}\n"
+            ));
+            assert_eq!(line, 8, "{field}");
+            assert!(msg.contains("token_bucket and fixed_window"), "{msg}");
+            let (line, _, msg) = refused(&format!("{base}      unlimited: true\n      {field}\n"));
+            assert_eq!(line, 6, "{field}");
+            assert!(msg.contains("unlimited"), "{msg}");
+        }
+        let (line, field, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 1\n      lease: {{max_batch: 5, size: 3}}\n"
+        ));
+        assert_eq!(
+            (line, field.as_str()),
+            (7, "descriptors[0].rate_limit.lease.size")
+        );
+        assert!(msg.contains("unknown field"), "{msg}");
+        let (line, _, msg) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 1\n      lease: {{ttl_ms: 0}}\n"
+        ));
+        assert_eq!(line, 7);
+        assert!(msg.contains("at least 1"), "{msg}");
     }
 }

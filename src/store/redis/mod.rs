@@ -44,7 +44,7 @@ mod pool;
 mod scripts;
 mod slots;
 
-pub use scripts::{FIXED_WINDOW_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
+pub use scripts::{FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -440,6 +440,7 @@ mod tests {
                 window_ms: 1000,
             },
             cost: 1,
+            action: Default::default(),
         };
         let started = Instant::now();
         let err = store.apply_each(&[op]).await.remove(0).unwrap_err();

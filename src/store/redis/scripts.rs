@@ -14,7 +14,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind, Value};
 
 use super::errors::CallError;
-use crate::store::{Op, OpKind, Outcome};
+use crate::store::{Action, Op, OpKind, Outcome};
 
 /// `lua/token_bucket.lua`, compiled into the binary.
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
@@ -22,6 +22,8 @@ pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua")
 pub const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
 /// `lua/sliding_window.lua`, compiled into the binary.
 pub const SLIDING_WINDOW_LUA: &str = include_str!("../../../lua/sliding_window.lua");
+/// `lua/lease.lua`, compiled into the binary.
+pub const LEASE_LUA: &str = include_str!("../../../lua/lease.lua");
 
 /// Which script an op runs and its `ARGV`, exactly as sent (see the scripts' headers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,10 +37,35 @@ pub enum ScriptCall {
     /// `sliding_window.lua`: limit, window_ms, cost (unclamped, as for the token bucket:
     /// refused takes count nothing, so the cost is only compared, never stored).
     SlidingWindow([u64; 3]),
+    /// `lease.lua`: algorithm (1 token bucket, 2 fixed window), action (1 claim, 2 give
+    /// back), capacity or limit, refill, window_ms, need, want, share.
+    Lease([u64; 8]),
 }
 
 impl ScriptCall {
     pub fn for_op(op: &Op) -> Self {
+        let lease = |algorithm, capacity, refill, window_ms| match op.action {
+            Action::Claim(ask) => Some(ScriptCall::Lease([
+                algorithm, 1, capacity, refill, window_ms, ask.need, ask.want, ask.share,
+            ])),
+            Action::Return => Some(ScriptCall::Lease([
+                algorithm, 2, capacity, refill, window_ms, op.cost, 0, 1,
+            ])),
+            Action::Take => None,
+        };
+        let leased = match op.kind {
+            OpKind::TokenBucket {
+                capacity,
+                refill,
+                window_ms,
+            } => lease(1, capacity, refill, window_ms),
+            OpKind::FixedWindow { limit, window_ms } => lease(2, limit, 0, window_ms),
+            // No leases on a sliding window (the rules refuse them): a take.
+            OpKind::SlidingWindow { .. } => None,
+        };
+        if let Some(call) = leased {
+            return call;
+        }
         match op.kind {
             OpKind::TokenBucket {
                 capacity,
@@ -59,6 +86,7 @@ impl ScriptCall {
             ScriptCall::TokenBucket(_) => TOKEN_BUCKET_LUA,
             ScriptCall::FixedWindow(_) => FIXED_WINDOW_LUA,
             ScriptCall::SlidingWindow(_) => SLIDING_WINDOW_LUA,
+            ScriptCall::Lease(_) => LEASE_LUA,
         }
     }
 
@@ -67,6 +95,7 @@ impl ScriptCall {
             ScriptCall::TokenBucket(a) => a,
             ScriptCall::FixedWindow(a) => a,
             ScriptCall::SlidingWindow(a) => a,
+            ScriptCall::Lease(a) => a,
         }
     }
 }
@@ -77,6 +106,7 @@ pub(super) struct Scripts {
     token_bucket: String,
     fixed_window: String,
     sliding_window: String,
+    lease: String,
 }
 
 impl Scripts {
@@ -87,6 +117,7 @@ impl Scripts {
             sliding_window: redis::Script::new(SLIDING_WINDOW_LUA)
                 .get_hash()
                 .to_string(),
+            lease: redis::Script::new(LEASE_LUA).get_hash().to_string(),
         }
     }
 
@@ -95,6 +126,7 @@ impl Scripts {
             ScriptCall::TokenBucket(_) => &self.token_bucket,
             ScriptCall::FixedWindow(_) => &self.fixed_window,
             ScriptCall::SlidingWindow(_) => &self.sliding_window,
+            ScriptCall::Lease(_) => &self.lease,
         }
     }
 
@@ -105,6 +137,7 @@ impl Scripts {
             (TOKEN_BUCKET_LUA, &self.token_bucket),
             (FIXED_WINDOW_LUA, &self.fixed_window),
             (SLIDING_WINDOW_LUA, &self.sliding_window),
+            (LEASE_LUA, &self.lease),
         ] {
             let load = redis::cmd("SCRIPT")
                 .arg("LOAD")
@@ -144,14 +177,14 @@ pub(super) async fn eval_ops<C: ConnectionLike>(
                 missing.push(i);
                 out.push(None);
             }
-            reply => out.push(Some(parse_outcome(reply)?)),
+            reply => out.push(Some(parse_outcome(reply, &calls[i])?)),
         }
     }
     if !missing.is_empty() {
         let retry: Vec<(&Op, ScriptCall)> = missing.iter().map(|&i| calls[i]).collect();
         let replies = pipeline(conn, &retry, |call| Script::Source(call.source())).await?;
         for (i, reply) in missing.into_iter().zip(replies) {
-            out[i] = Some(parse_outcome(reply)?);
+            out[i] = Some(parse_outcome(reply, &calls[i])?);
         }
     }
     out.into_iter()
@@ -192,8 +225,9 @@ async fn pipeline<'a, C: ConnectionLike>(
     Ok(replies)
 }
 
-/// `{allowed, remaining, reset_ms, retry_ms}` → [`Outcome`].
-fn parse_outcome(reply: Value) -> Result<Outcome, CallError> {
+/// `{allowed, remaining, reset_ms, retry_ms}` (a take) or `{granted, remaining, reset_ms,
+/// retry_ms}` (`lease.lua`) → [`Outcome`].
+fn parse_outcome(reply: Value, (op, call): &(&Op, ScriptCall)) -> Result<Outcome, CallError> {
     let items = match reply {
         Value::Array(items) => items,
         Value::ServerError(e) => return Err(CallError::Redis(e.into())),
@@ -205,16 +239,25 @@ fn parse_outcome(reply: Value) -> Result<Outcome, CallError> {
     };
     match items.as_slice() {
         [
-            Value::Int(allowed),
+            Value::Int(first),
             Value::Int(remaining),
             Value::Int(reset),
             Value::Int(retry),
-        ] => Ok(Outcome {
-            allowed: *allowed == 1,
-            remaining: u64::try_from(*remaining).unwrap_or(0),
-            reset_ms: u64::try_from(*reset).unwrap_or(0),
-            retry_ms: u64::try_from(*retry).ok(),
-        }),
+        ] => {
+            let first = u64::try_from(*first).unwrap_or(0);
+            let (allowed, granted) = match (call, op.action) {
+                (ScriptCall::Lease(_), Action::Return) => (true, 0),
+                (ScriptCall::Lease(_), _) => (first > 0, first),
+                _ => (first == 1, if first == 1 { op.cost } else { 0 }),
+            };
+            Ok(Outcome {
+                allowed,
+                remaining: u64::try_from(*remaining).unwrap_or(0),
+                reset_ms: u64::try_from(*reset).unwrap_or(0),
+                retry_ms: u64::try_from(*retry).ok(),
+                granted,
+            })
+        }
         _ => Err(CallError::Reply(format!(
             "expected 4 integers, got {items:?}"
         ))),
@@ -235,6 +278,7 @@ mod tests {
                 window_ms: 1000,
             },
             cost: u64::MAX,
+            action: Default::default(),
         };
         assert_eq!(
             ScriptCall::for_op(&tb).argv(),
@@ -248,6 +292,7 @@ mod tests {
                 window_ms: 60_000,
             },
             cost: u64::MAX,
+            action: Default::default(),
         };
         assert_eq!(
             ScriptCall::for_op(&fw).argv(),
@@ -269,6 +314,7 @@ mod tests {
                 window_ms: 60_000,
             },
             cost: u64::MAX,
+            action: Default::default(),
         };
         let call = ScriptCall::for_op(&sw);
         assert_eq!(call.argv(), [3, 60_000, u64::MAX], "sent unclamped");
@@ -280,13 +326,23 @@ mod tests {
 
     #[test]
     fn replies_parse_and_bad_ones_are_errors() {
+        let op = Op::take(
+            "k".into(),
+            OpKind::TokenBucket {
+                capacity: 10,
+                refill: 5,
+                window_ms: 1000,
+            },
+            3,
+        );
+        let take = (&op, ScriptCall::for_op(&op));
         let ok = Value::Array(vec![
             Value::Int(1),
             Value::Int(4),
             Value::Int(100),
             Value::Int(0),
         ]);
-        let o = parse_outcome(ok).unwrap();
+        let o = parse_outcome(ok, &take).unwrap();
         assert_eq!(
             (o.allowed, o.remaining, o.reset_ms, o.retry_ms),
             (true, 4, 100, Some(0))
@@ -297,8 +353,8 @@ mod tests {
             Value::Int(5),
             Value::Int(-1),
         ]);
-        assert_eq!(parse_outcome(never).unwrap().retry_ms, None);
-        assert!(parse_outcome(Value::Nil).is_err());
-        assert!(parse_outcome(Value::Array(vec![Value::Int(1)])).is_err());
+        assert_eq!(parse_outcome(never, &take).unwrap().retry_ms, None);
+        assert!(parse_outcome(Value::Nil, &take).is_err());
+        assert!(parse_outcome(Value::Array(vec![Value::Int(1)]), &take).is_err());
     }
 }

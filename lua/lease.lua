@@ -1,0 +1,143 @@
+-- lease.lua: claim a lease of tokens from a bucket, or give unspent leased tokens back; the
+-- Redis twin of `claim_token` / `return_token` / `claim_window` / `return_window` in
+-- src/limiter/bucket.rs (tests/lua_mirror.rs holds the two to the same answers).
+--
+-- A replica that leases a hot key claims several tokens in one call and spends them from memory
+-- (src/limiter/lease.rs). The tokens come out of the very state token_bucket.lua and
+-- fixed_window.lua keep (same key, same fields, same PEXPIRE rule), so a leased, an unleased and
+-- a returned token are all one accounting. The clock is Redis `TIME` (ms).
+--
+-- A claim grants all of `need` and up to `want` tokens, or nothing (no partial admits): with
+-- `available` tokens in the bucket (a token bucket's refilled tokens, a fixed window's
+-- limit - count), it is refused when available < need, else it grants
+--   need + min(want - need, floor((available - need) / share))
+-- so a nearly spent bucket is split between `share` replicas instead of hoarded by one. A
+-- refused claim changes nothing (unlike a fixed-window take, it is not counted).
+-- A give-back adds `need` tokens to a token bucket (capped at the capacity), or takes `need`
+-- hits off a fixed window's count if that window is still the current one.
+--
+-- KEYS[1]  the bucket key
+-- ARGV[1]  algorithm: 1 = token bucket, 2 = fixed window
+-- ARGV[2]  action: 1 = claim, 2 = give back
+-- ARGV[3]  capacity (token bucket: the burst) or limit (fixed window: hits per window)
+-- ARGV[4]  refill: tokens added per window (token bucket; 0 for a fixed window)
+-- ARGV[5]  window_ms, >= 1
+-- ARGV[6]  need: claim: tokens that must all be granted (>= 1); give back: tokens returned
+-- ARGV[7]  want: most tokens a claim takes (>= need; ignored by a give-back)
+-- ARGV[8]  share: the extra beyond `need` is split this many ways (>= 1; live replicas)
+--
+-- Returns {granted (0 = refused or a give-back), remaining (whole tokens left in the shared
+--          bucket, floored), reset_ms (until full again / the window ends),
+--          retry_ms (until `need` would fit; 0 if granted; -1 = never)}.
+
+local algorithm = tonumber(ARGV[1])
+local action = tonumber(ARGV[2])
+local capacity = tonumber(ARGV[3])
+local refill = tonumber(ARGV[4])
+local window_ms = tonumber(ARGV[5])
+local need = tonumber(ARGV[6])
+local want = tonumber(ARGV[7])
+local share = math.max(tonumber(ARGV[8]), 1)
+
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+local MAX_INT = 9007199254740992 -- 2^53
+
+-- ClaimAsk::grant: what `available` (>= need) tokens grant.
+local function grant(available)
+  local spare = math.floor((available - need) / share)
+  return need + math.min(math.max(want - need, 0), math.max(spare, 0))
+end
+
+if algorithm == 1 then
+  -- Token bucket: as token_bucket.lua (same refill arithmetic, same storage rule).
+  local function wait_ms(missing)
+    if missing <= 0 then
+      return 0
+    end
+    if refill > 0 then
+      return math.min(math.ceil(missing * window_ms / refill), MAX_INT)
+    end
+    return nil
+  end
+
+  local state = redis.call('HMGET', KEYS[1], 't', 'ts')
+  local stored = state[1] and state[2]
+  local tokens, last_ms
+  if stored then
+    last_ms = tonumber(state[2])
+    local elapsed = now_ms - last_ms
+    if elapsed < 0 then
+      elapsed = 0
+    end
+    tokens = math.min(capacity, tonumber(state[1]) + elapsed * refill / window_ms)
+  else
+    last_ms = now_ms
+    tokens = capacity
+  end
+
+  local granted = 0
+  local retry_ms = 0
+  if action == 1 then
+    need = math.max(need, 1)
+    if capacity > 0 and tokens >= need then
+      granted = grant(tokens)
+      tokens = tokens - granted
+    elseif need > capacity then
+      retry_ms = -1
+    else
+      retry_ms = wait_ms(need - tokens) or -1
+    end
+  else
+    tokens = math.min(capacity, tokens + need)
+  end
+
+  local reset_ms = wait_ms(capacity - tokens) or window_ms
+  if tokens >= capacity then
+    if stored then
+      redis.call('DEL', KEYS[1])
+    end
+  else
+    redis.call('HSET', KEYS[1], 't', tokens, 'ts', math.max(now_ms, last_ms))
+    redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))
+  end
+  return {granted, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}
+end
+
+-- Fixed window: as fixed_window.lua (epoch-aligned on TIME, the start stored in `w`).
+local limit = capacity
+local start_ms = now_ms - now_ms % window_ms
+local state = redis.call('HMGET', KEYS[1], 'w', 'c')
+local current = state[1] and state[2] and tonumber(state[1]) == start_ms
+local before = 0
+if current then
+  before = tonumber(state[2])
+end
+local reset_ms = start_ms + window_ms - now_ms
+
+if action ~= 1 then
+  local count = 0
+  if current then
+    -- Refused takes count past the limit; the hits actually admitted are at most the limit.
+    count = math.max(math.min(before, limit) - need, 0)
+    redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
+    redis.call('PEXPIRE', KEYS[1], reset_ms)
+  end
+  return {0, math.max(limit - count, 0), reset_ms, 0}
+end
+
+need = math.max(need, 1)
+local available = math.max(limit - before, 0)
+if need <= available then
+  local granted = grant(available)
+  local count = before + granted
+  redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
+  redis.call('PEXPIRE', KEYS[1], reset_ms)
+  return {granted, math.max(limit - count, 0), reset_ms, 0}
+end
+local retry_ms = reset_ms
+if need > limit then
+  retry_ms = -1
+end
+return {0, available, reset_ms, retry_ms}
