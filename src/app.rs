@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
 use crate::clock::Clock;
-use crate::limiter::{Limiter, LimiterConfig, Replicas};
+use crate::limiter::{HotKeyConfig, Limiter, LimiterConfig, Replicas};
 use crate::rules::{self, LoadOptions, RulesError};
 use crate::service::rls::Rls;
 use crate::service::{Bounds, Handler};
@@ -155,6 +155,7 @@ async fn serve_loaded(
         settings.fallback_min_replicas,
     ));
     metrics.replicas.set(replicas.count() as i64);
+    let shared_store = store.name() != "memory";
     let limiter = Limiter::new(
         store,
         LimiterConfig {
@@ -164,9 +165,22 @@ async fn serve_loaded(
             fallback: settings.fallback,
             replicas: replicas.clone(),
             closed_retry_ms: settings.breaker_probe_ms,
+            hot: HotKeyConfig {
+                shared_store,
+                lease_max_batch: settings.lease_max_batch,
+                lease_ttl_ms: settings.lease_ttl_ms,
+                over_limit_cache_max_keys: settings.over_limit_cache_max_keys,
+                shard_retry: settings.shard_retry,
+            },
+            clock: Clock::system(),
         },
         metrics.clone(),
     );
+    if !shared_store && settings.lease_max_batch > 0 {
+        tracing::info!(
+            "lease_max_batch is set, but leasing is off on the memory store: one process is already exact"
+        );
+    }
     let handler = Arc::new(Handler {
         rules: rules.clone(),
         limiter,
@@ -293,6 +307,15 @@ async fn serve_loaded(
             "connections still open {} s after shutdown began; stopping anyway",
             CLOSE_DEADLINE.as_secs()
         ),
+    }
+    // Give unspent leased tokens back, so the fleet can spend them (bounded: the store may be
+    // down, and then they expire with their leases).
+    match tokio::time::timeout(Duration::from_secs(2), handler.limiter.return_leases()).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(tokens = n, "gave unspent leased tokens back"),
+        Err(_) => {
+            tracing::warn!("giving leased tokens back timed out; they expire with their leases")
+        }
     }
     // Leave the membership set, so the others' share grows at once (bounded: the store may
     // be down).

@@ -30,10 +30,8 @@ pub const OVERRIDE_INDEX: usize = usize::MAX;
 /// `entries` are the descriptor's (key, value) pairs, with shared (`share_threshold`) values
 /// already replaced by their pattern; `index` is the limit's position on its descriptor.
 ///
-/// `shard` is reserved for the coming hot-key sharding (`limiter/shard.rs`): `Some(i)` names
-/// sub-bucket `i` of the bucket, inside the tag so shards spread over the cluster. No caller
-/// passes `Some` yet; the layout is fixed here (and tested) so the store keys will not change
-/// when it arrives.
+/// `shard`: `Some(i)` names sub-bucket `i` of a limit declared with `shards:`
+/// (`limiter/shard.rs`), inside the tag so shards spread over the cluster's slots.
 pub fn bucket_key<'a>(
     prefix: &str,
     domain: &str,
@@ -64,6 +62,25 @@ pub fn bucket_key<'a>(
     }
     key.push('}');
     key
+}
+
+/// The key of shard `to` of the same bucket as the shard key `key` (one [`bucket_key`] built
+/// with `Some(i)`): the shard part is always last in the tag, and `|` and `#` in a domain,
+/// key or value are escaped, so the last `|#` starts it.
+pub fn with_shard(key: &str, to: u32) -> String {
+    let mut out = String::with_capacity(key.len() + 4);
+    out.push_str(bucket_id(key));
+    let _ = write!(out, "|#{to}}}");
+    out
+}
+
+/// What names a bucket whichever of its shards a key is: a shard key without its shard part
+/// (and without the closing brace); any other key whole. Leases are kept per bucket by it.
+pub fn bucket_id(key: &str) -> &str {
+    match key.rfind("|#") {
+        Some(at) if key.ends_with('}') => &key[..at],
+        _ => key,
+    }
 }
 
 fn needs_escape(b: u8) -> bool {
@@ -121,6 +138,19 @@ mod tests {
             0,
             None,
         )
+    }
+
+    #[test]
+    fn shard_keys_differ_only_in_the_shard_part() {
+        let r = rate(Algorithm::TokenBucket);
+        let k2 = bucket_key("p|#:", "d|#x", [("k", "v#|")], &r, 0, Some(2));
+        let k5 = bucket_key("p|#:", "d|#x", [("k", "v#|")], &r, 0, Some(5));
+        assert_eq!(with_shard(&k2, 5), k5);
+        assert_eq!(bucket_id(&k2), bucket_id(&k5));
+        assert_eq!(format!("{}|#2}}", bucket_id(&k2)), k2);
+        let plain = bucket_key("p:", "d", [("k", "v")], &r, 0, None);
+        assert_eq!(bucket_id(&plain), plain);
+        assert_ne!(Slot::for_key(k2.as_bytes()), Slot::for_key(k5.as_bytes()));
     }
 
     #[test]

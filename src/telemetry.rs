@@ -30,6 +30,10 @@ pub const FALLBACK_ACTIVE: &str = "tollgate_fallback_active";
 pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions";
 pub const REPLICAS: &str = "tollgate_replicas";
 pub const REPLICAS_FROM_MEMBERSHIP: &str = "tollgate_replicas_from_membership";
+pub const LEASE_CLAIMS: &str = "tollgate_lease_claims";
+pub const LEASE_TOKENS: &str = "tollgate_lease_tokens";
+pub const LOCAL_DECISIONS: &str = "tollgate_local_decisions";
+pub const SHARD_RETRIES: &str = "tollgate_shard_retries";
 
 /// What happened to one descriptor.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -91,6 +95,27 @@ pub struct TransitionLabels {
     pub to: &'static str,
 }
 
+/// A limit's metrics class (the rule's `class`, never a raw value).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub class: Arc<str>,
+}
+
+/// Leased tokens by class and what happened to them: `granted` by a claim, `returned` at
+/// shutdown, `expired` unspent.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseTokenLabels {
+    pub class: Arc<str>,
+    pub event: &'static str,
+}
+
+/// A decision answered without a store call, by class and why: `lease` or `over_limit_cache`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LocalLabels {
+    pub class: Arc<str>,
+    pub reason: &'static str,
+}
+
 /// A count of store connections: `connected` or `total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -113,6 +138,17 @@ pub struct Metrics {
     /// 1 when `replicas` comes from the store's membership set, 0 when it is the fixed
     /// count or the floor (a replica that started while the store was down).
     pub replicas_from_membership: Gauge,
+    pub hot: HotKeyMetrics,
+}
+
+/// Leasing, the over-limit cache and shard retries (`limiter/lease.rs`, `overlimit.rs`,
+/// `shard.rs`).
+#[derive(Clone, Debug, Default)]
+pub struct HotKeyMetrics {
+    pub lease_claims: Family<ClassLabels, Counter>,
+    pub lease_tokens: Family<LeaseTokenLabels, Counter>,
+    pub local_decisions: Family<LocalLabels, Counter>,
+    pub shard_retries: Family<ClassLabels, Counter>,
 }
 
 /// The store's families (the Redis store records them; the memory store never fails).
@@ -233,7 +269,29 @@ impl Metrics {
             "1 when the replica count comes from the store's membership set, 0 when it is the fixed count or the floor",
             replicas_from_membership.clone(),
         );
+        let hot = HotKeyMetrics::default();
+        registry.register(
+            LEASE_CLAIMS,
+            "Lease claims sent to the store, by rule class",
+            hot.lease_claims.clone(),
+        );
+        registry.register(
+            LEASE_TOKENS,
+            "Leased tokens by rule class and event (granted by a claim, returned at shutdown, expired unspent)",
+            hot.lease_tokens.clone(),
+        );
+        registry.register(
+            LOCAL_DECISIONS,
+            "Descriptor decisions answered without a store call, by rule class and reason (lease, over_limit_cache)",
+            hot.local_decisions.clone(),
+        );
+        registry.register(
+            SHARD_RETRIES,
+            "Requests of a sharded limit that found their shard empty and tried one other, by rule class",
+            hot.shard_retries.clone(),
+        );
         Metrics {
+            hot,
             registry: Mutex::new(registry),
             decisions,
             requests,

@@ -19,7 +19,7 @@
 //! A cost of 0 checks without consuming: allowed while at least one unit is left.
 
 /// The result of one take, in the units the response needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     pub allowed: bool,
     /// Whole tokens (or requests) left after this take, floored.

@@ -7,29 +7,29 @@
 //!    are the matched ones minus those another matched limit `replaces` (or Envoy's per-request
 //!    override instead); every counted limit becomes one store [`Op`](crate::store::Op) with its
 //!    key (`keys.rs`) and cost. Unlimited limits get no op.
-//! 2. **Store**: all ops of the request go to the [`Store`] in one call (one round trip for
-//!    Redis), and every descriptor is charged, as in envoyproxy/ratelimit. The store answers
-//!    one [`Outcome`](bucket::Outcome) per op, in op order; the math is [`bucket`].
+//! 2. **Hot keys, then the store** (`hot.rs`): ops a lease covers (`lease.rs`) or the
+//!    over-limit cache refuses (`overlimit.rs`) are answered here; the rest (and lease claims)
+//!    go to the [`Store`] in one call (one round trip for Redis), and a sharded op refused by
+//!    its shard tries one other (`shard.rs`). Every descriptor is charged, as in
+//!    envoyproxy/ratelimit. One [`Outcome`](bucket::Outcome) per op, in op order; the math is
+//!    [`bucket`].
 //! 3. **Fallback** ([`fallback`]): an op the store could not answer (a failure, a timeout, an
 //!    open circuit of its node) is decided by its limit's fallback mode: a local share of the
 //!    quota, open, closed, or `error`, which fails the whole request (gRPC UNAVAILABLE).
 //! 4. **Fold** ([`status`]): the outcomes become one [`Status`] per descriptor, in request
 //!    order, and an overall [`Code`]; each descriptor's decision is counted in the metrics.
 //!
-//! # Where the coming pieces plug in
-//!
-//! - `shard.rs` (hot-key sub-buckets): at the end of step 1, a limit declared with `shards`
-//!   turns its op into an op on one sub-bucket (`keys::bucket_key`'s `shard`, a share of the
-//!   rate), so the op keeps its place and the fold does not change.
-//! - `lease.rs` (token leasing): between the plan and the store call; ops whose key has a live
-//!   lease in this replica are answered from memory, the rest (and the claims that refill a
-//!   lease) go to the store, and the outcomes are put back in op order before the fold.
-//! - Leased tokens and the fallback: while a node's circuit is open, tokens already leased
-//!   stay spendable until their TTL; the fallback applies to what the lease does not cover.
+//! Leased tokens and the fallback: while a node's circuit is open, tokens already leased stay
+//! spendable until their TTL; a claim that fails falls back like any op, for its request's
+//! cost, and a sharded limit falls back as a whole limit (not one shard's part).
 
 pub mod bucket;
 pub mod fallback;
+mod hot;
+mod lease;
+mod overlimit;
 mod plan;
+mod shard;
 mod status;
 
 #[cfg(test)]
@@ -38,10 +38,11 @@ mod fixture;
 use std::sync::Arc;
 
 pub use fallback::{FallbackMode, Replicas};
+pub use hot::HotKeyConfig;
 
 use crate::clock::Clock;
 use crate::rules::{Algorithm, RuleSet, Unit};
-use crate::store::{Outcome, Store, StoreError};
+use crate::store::{Op, Outcome, Store, StoreError};
 use crate::telemetry::Metrics;
 
 pub use plan::OVERRIDE_CLASS;
@@ -126,6 +127,10 @@ pub struct LimiterConfig {
     pub replicas: Arc<Replicas>,
     /// What the `closed` fallback tells a client to wait (one breaker probe interval).
     pub closed_retry_ms: u64,
+    /// Leasing, the over-limit cache and shard retries.
+    pub hot: HotKeyConfig,
+    /// The clock of leases and the over-limit cache (monotonic ms).
+    pub clock: Clock,
 }
 
 impl Default for LimiterConfig {
@@ -137,6 +142,8 @@ impl Default for LimiterConfig {
             fallback: FallbackMode::Local,
             replicas: Arc::new(Replicas::new(0, 1)),
             closed_retry_ms: 500,
+            hot: HotKeyConfig::default(),
+            clock: Clock::system(),
         }
     }
 }
@@ -149,6 +156,7 @@ pub struct Limiter {
     override_class: Arc<str>,
     tally: status::Tally,
     fallback: fallback::Fallback,
+    hot: hot::HotKeys,
 }
 
 impl Limiter {
@@ -159,20 +167,29 @@ impl Limiter {
             Clock::system(),
             config.closed_retry_ms,
         );
+        let hot = hot::HotKeys::new(config.hot, config.clock.clone(), metrics.hot.clone());
         Limiter {
             store,
             config,
             override_class: OVERRIDE_CLASS.into(),
             tally: status::Tally::new(metrics),
             fallback,
+            hot,
         }
     }
 
     /// Housekeeping, about once a second: idle buckets of the memory store and of the local
-    /// fallback are dropped.
+    /// fallback, ended over-limit cache entries and idle leases are dropped.
     pub fn maintain(&self) {
         self.store.maintain();
         self.fallback.sweep();
+        self.hot.sweep();
+    }
+
+    /// Graceful shutdown: gives the unspent tokens of this replica's leases back to their
+    /// buckets (capped at capacity). Returns how many were given back.
+    pub async fn return_leases(&self) -> u64 {
+        self.hot.return_leases(&self.store).await
     }
 
     /// The replica count the local fallback divides by, and where it comes from.
@@ -201,9 +218,13 @@ impl Limiter {
         // 1. Match → limits → one op per counted limit.
         let plan = plan::plan(domain, req, &self.config, &self.override_class);
 
-        // 2. One store call for the whole request (none when nothing is counted). The store
-        //    counts its own failures (tollgate_store_errors_total{kind}).
-        let results = self.store.apply_each(&plan.ops).await;
+        // 2. What this replica can answer from memory (leases, the over-limit cache), then one
+        //    store call for the rest (none when nothing is counted), and a second for shard
+        //    retries. The store counts its own failures (tollgate_store_errors_total{kind}).
+        let results = self
+            .hot
+            .apply(&self.store, &plan, self.config.replicas.count())
+            .await;
 
         // 3. What the store could not answer, the fallback decides.
         let (outcomes, from_fallback) = self.resolve(&plan, results)?;
@@ -240,6 +261,20 @@ impl Limiter {
                 }
                 Err(e) => {
                     let mode = planned.limit.fallback.unwrap_or(self.fallback.mode);
+                    // A sharded limit falls back as a whole: the local share is of the limit,
+                    // not of one shard.
+                    let whole;
+                    let op = match (planned.shard, planned.limit.rate) {
+                        (Some(_), Some(rate)) => {
+                            whole = Op::take(
+                                crate::keys::bucket_id(&op.key).to_string(),
+                                crate::store::OpKind::from(rate),
+                                op.cost,
+                            );
+                            &whole
+                        }
+                        _ => op,
+                    };
                     outcomes.push(self.fallback.decide(op, mode, recoveries).ok_or(e)?);
                     from_fallback.push(true);
                 }

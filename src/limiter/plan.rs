@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use super::{LimitOverride, LimiterConfig, Request};
+use super::{LimitOverride, LimiterConfig, Request, shard};
 use crate::keys;
 use crate::rules::matcher;
 use crate::rules::model::Origin;
@@ -39,6 +39,8 @@ pub(super) struct Plan {
 pub(super) struct Planned {
     pub(super) desc: usize,
     pub(super) limit: Arc<Limit>,
+    /// The shard picked for a sharded limit (`shards` > 1; see `shard.rs`).
+    pub(super) shard: Option<u32>,
 }
 
 /// The store operation that enforces a rate, by its algorithm.
@@ -136,19 +138,26 @@ pub(super) fn plan(
                 let pattern = shared.iter().find(|(at, _)| *at == j).map(|(_, p)| *p);
                 (k, pattern.unwrap_or(v))
             });
+            // A sharded limit: a random shard, holding its part of the limit.
+            let shard = (limit.shards > 1).then(|| shard::pick(limit.shards));
             let key = keys::bucket_key(
                 &config.key_prefix,
                 req.domain,
                 entries,
                 &rate,
                 limit.index,
-                None,
+                shard,
             );
+            let kind = match shard {
+                Some(i) => shard::kind(OpKind::from(rate), limit.shards, i),
+                None => OpKind::from(rate),
+            };
             planned.push(Planned {
                 desc: i,
                 limit: limit.clone(),
+                shard,
             });
-            ops.push(Op::take(key, OpKind::from(rate), cost));
+            ops.push(Op::take(key, kind, cost));
         }
     }
     Plan {

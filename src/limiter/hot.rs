@@ -1,0 +1,413 @@
+//! The hot-key path: what happens to a request's ops between the plan and the fold, so most
+//! decisions on a hot key never touch the store.
+//!
+//! Each op, in turn ([`HotKeys::look`]):
+//! 1. **Over-limit cache** ([`overlimit`](super::overlimit)): a key the store refused until `t`
+//!    is refused from memory until `t`. A sharded op whose shard is cached tries another shard
+//!    first.
+//! 2. **Lease** ([`lease`](super::lease)): a leased limit spends from this replica's lease, or
+//!    waits for the key's claim in flight, or becomes a claim.
+//! 3. Otherwise the op goes to the store as planned.
+//!
+//! Then one store call carries every op and claim that needs the store ([`HotKeys::round`]);
+//! refusals fill the over-limit cache; a sharded op that found its shard empty tries one other
+//! shard ([`shard`](super::shard)) in a second call. Outcomes come back one per op, in op order,
+//! as [`Store::apply_each`] gives them, so the fallback and the fold do not change.
+//!
+//! With no lease, no cache (the memory store) and no sharded limit in the request, the ops go
+//! straight to the store: the plain path allocates nothing more.
+
+use std::sync::Arc;
+
+use super::lease::{Claim, LeasePolicy, Leases, Take, TokenEvents};
+use super::overlimit::OverLimitCache;
+use super::plan::{Plan, Planned};
+use super::shard;
+use crate::clock::Clock;
+use crate::keys;
+use crate::rules::Limit;
+use crate::store::{Op, OpKind, Outcome, Store, StoreError};
+use crate::telemetry::{ClassLabels, HotKeyMetrics, LeaseTokenLabels, LocalLabels};
+
+/// The hot-key settings (see `settings.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct HotKeyConfig {
+    /// Leasing and the over-limit cache need a shared store: off on the memory store.
+    pub shared_store: bool,
+    /// `lease_max_batch` / `lease_ttl_ms`: the defaults of every limit's lease.
+    pub lease_max_batch: u64,
+    pub lease_ttl_ms: u64,
+    /// `over_limit_cache_max_keys` (0: off).
+    pub over_limit_cache_max_keys: usize,
+    pub shard_retry: bool,
+}
+
+impl Default for HotKeyConfig {
+    fn default() -> Self {
+        HotKeyConfig {
+            shared_store: false,
+            lease_max_batch: 0,
+            lease_ttl_ms: 1_000,
+            over_limit_cache_max_keys: 10_000,
+            shard_retry: true,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct HotKeys {
+    config: HotKeyConfig,
+    cache: Option<OverLimitCache>,
+    leases: Option<Arc<Leases>>,
+    clock: Clock,
+    metrics: HotKeyMetrics,
+}
+
+/// One op on its way: where it stands and what it has tried.
+struct Work<'p> {
+    planned: &'p Planned,
+    /// The op as planned (a sharded limit's first shard already picked).
+    planned_op: &'p Op,
+    /// The shard in use, for a sharded limit.
+    shard: Option<u32>,
+    retried: bool,
+    /// Why it was answered without the store (`lease`, `over_limit_cache`), for the metrics.
+    local: Option<&'static str>,
+    state: State,
+}
+
+enum State {
+    Done(Result<Outcome, StoreError>),
+    Send(Op),
+    Claim(Op, Claim, LeasePolicy),
+    /// The op, and the key's claim in flight to wait for.
+    Wait(Op, tokio::sync::futures::OwnedNotified),
+}
+
+/// A placeholder while a state is being moved out.
+fn taken() -> State {
+    State::Done(Ok(Outcome::default()))
+}
+
+impl HotKeys {
+    pub(super) fn new(config: HotKeyConfig, clock: Clock, metrics: HotKeyMetrics) -> Self {
+        let shared = config.shared_store;
+        HotKeys {
+            cache: (shared && config.over_limit_cache_max_keys > 0)
+                .then(|| OverLimitCache::new(config.over_limit_cache_max_keys)),
+            leases: shared.then(Leases::new),
+            config,
+            clock,
+            metrics,
+        }
+    }
+
+    /// One outcome (or store error) per op of `plan`, in op order. `share` is the live
+    /// replica count, which splits a nearly spent bucket between claims.
+    pub(super) async fn apply(
+        &self,
+        store: &Store,
+        plan: &Plan,
+        share: u64,
+    ) -> Vec<Result<Outcome, StoreError>> {
+        if self.cache.is_none()
+            && self.leases.is_none()
+            && plan.planned.iter().all(|p| p.shard.is_none())
+        {
+            return store.apply_each(&plan.ops).await;
+        }
+        let now = self.clock.mono_ms();
+        let mut work: Vec<Work<'_>> = plan
+            .planned
+            .iter()
+            .zip(&plan.ops)
+            .map(|(planned, op)| Work {
+                planned,
+                planned_op: op,
+                shard: planned.shard,
+                retried: false,
+                local: None,
+                state: State::Send(op.clone()),
+            })
+            .collect();
+        for w in &mut work {
+            self.look(w, share, now, true);
+        }
+
+        // Requests waiting on another request's claim for their key: once it settles, look
+        // again; this time a lease that is still short becomes this request's own claim.
+        if work.iter().any(|w| matches!(w.state, State::Wait(..))) {
+            for w in &mut work {
+                if matches!(w.state, State::Wait(..))
+                    && let State::Wait(op, wait) = std::mem::replace(&mut w.state, taken())
+                {
+                    wait.await;
+                    w.state = State::Send(op);
+                    let now = self.clock.mono_ms();
+                    self.look(w, share, now, false);
+                }
+            }
+        }
+
+        self.round(store, &mut work).await;
+
+        // A sharded op refused by its shard tries one other shard.
+        if self.config.shard_retry {
+            let mut again = false;
+            for w in &mut work {
+                let refused = matches!(&w.state, State::Done(Ok(o)) if !o.allowed);
+                if refused && w.local.is_none() && w.shard.is_some() && !w.retried {
+                    self.switch_shard(w);
+                    let now = self.clock.mono_ms();
+                    self.look(w, share, now, false);
+                    again = true;
+                }
+            }
+            if again {
+                self.round(store, &mut work).await;
+            }
+        }
+
+        work.into_iter()
+            .map(|w| {
+                let class = &w.planned.limit.class;
+                if let Some(reason) = w.local {
+                    self.metrics
+                        .local_decisions
+                        .get_or_create(&LocalLabels {
+                            class: class.clone(),
+                            reason,
+                        })
+                        .inc();
+                }
+                match w.state {
+                    State::Done(Ok(mut o)) => {
+                        if w.planned.limit.shards > 1 {
+                            o.remaining = shard::scale_remaining(
+                                o.remaining,
+                                w.planned.limit.shards,
+                                capacity(w.planned.limit.as_ref()),
+                            );
+                        }
+                        Ok(o)
+                    }
+                    State::Done(Err(e)) => Err(e),
+                    // `round` answers every op it was given.
+                    _ => Err(StoreError::new(
+                        crate::store::StoreErrorKind::Protocol,
+                        "an op got no answer",
+                    )),
+                }
+            })
+            .collect()
+    }
+
+    /// Decides what `w` needs: a cached refusal, a leased answer, a wait, a claim, or the
+    /// store (see the module doc).
+    fn look(&self, w: &mut Work<'_>, share: u64, now: u64, may_wait: bool) {
+        let mut op = match std::mem::replace(&mut w.state, taken()) {
+            State::Send(op) => op,
+            _ => w.planned_op.clone(),
+        };
+        if let Some(cache) = &self.cache {
+            let mut cached = cache.check(&op.key, op.cost, now);
+            if cached.is_some() && w.shard.is_some() && self.config.shard_retry && !w.retried {
+                self.switch_shard(w);
+                if let State::Send(o) = std::mem::replace(&mut w.state, taken()) {
+                    op = o;
+                }
+                cached = cache.check(&op.key, op.cost, now);
+            }
+            if let Some(o) = cached {
+                w.local = Some("over_limit_cache");
+                w.state = State::Done(Ok(o));
+                return;
+            }
+        }
+        let limit = &w.planned.limit;
+        if let (Some(leases), Some(policy)) = (&self.leases, self.policy(limit, op.kind))
+            && op.cost > 0
+        {
+            let id = if w.shard.is_some() {
+                keys::bucket_id(&op.key).to_string()
+            } else {
+                op.key.clone()
+            };
+            let (take, events) = leases.take(&id, &op, &limit.class, policy, share, now, may_wait);
+            self.count_tokens(&limit.class, events);
+            w.state = match take {
+                Take::Local(o) => {
+                    w.local = Some("lease");
+                    State::Done(Ok(o))
+                }
+                Take::Wait(wait) => State::Wait(op, wait),
+                Take::Claim(claim) => {
+                    self.metrics
+                        .lease_claims
+                        .get_or_create(&ClassLabels {
+                            class: limit.class.clone(),
+                        })
+                        .inc();
+                    State::Claim(op, claim, policy)
+                }
+            };
+            return;
+        }
+        w.state = State::Send(op);
+    }
+
+    /// Moves a sharded op to another shard (once) and counts the retry.
+    fn switch_shard(&self, w: &mut Work<'_>) {
+        let (Some(current), Some(rate)) = (w.shard, w.planned.limit.rate) else {
+            return;
+        };
+        let shards = w.planned.limit.shards;
+        let next = shard::other(shards, current);
+        w.shard = Some(next);
+        w.retried = true;
+        w.local = None;
+        w.state = State::Send(Op::take(
+            keys::with_shard(&w.planned_op.key, next),
+            shard::kind(OpKind::from(rate), shards, next),
+            w.planned_op.cost,
+        ));
+        self.metrics
+            .shard_retries
+            .get_or_create(&ClassLabels {
+                class: w.planned.limit.class.clone(),
+            })
+            .inc();
+    }
+
+    /// One store call for every op and claim that needs the store; their answers settle the
+    /// claims and fill the over-limit cache.
+    async fn round(&self, store: &Store, work: &mut [Work<'_>]) {
+        let mut at = Vec::new();
+        let mut ops = Vec::new();
+        for (i, w) in work.iter().enumerate() {
+            match &w.state {
+                State::Send(op) => {
+                    at.push(i);
+                    ops.push(op.clone());
+                }
+                State::Claim(op, claim, _) => {
+                    at.push(i);
+                    let mut op = op.clone();
+                    op.action = crate::store::Action::Claim(claim.ask);
+                    op.cost = claim.ask.need;
+                    ops.push(op);
+                }
+                State::Done(_) | State::Wait(..) => {}
+            }
+        }
+        if ops.is_empty() {
+            return;
+        }
+        let results = store.apply_each(&ops).await;
+        let now = self.clock.mono_ms();
+        for ((i, op), result) in at.into_iter().zip(&ops).zip(results) {
+            let w = &mut work[i];
+            let state = std::mem::replace(&mut w.state, taken());
+            let outcome = match (state, result) {
+                (State::Claim(_, claim, policy), Ok(answer)) => {
+                    let leases = self.leases.as_ref();
+                    match leases {
+                        Some(leases) => {
+                            let (o, events) = leases.settle(claim, op, &answer, policy, now);
+                            self.count_tokens(&w.planned.limit.class, events);
+                            Ok(o)
+                        }
+                        None => Ok(answer),
+                    }
+                }
+                // A failed claim's reserved tokens go back to the lease as the claim drops.
+                (_, result) => result,
+            };
+            if let (Some(cache), Ok(o)) = (&self.cache, &outcome) {
+                cache.record(&op.key, op.cost, o, now);
+            }
+            w.state = State::Done(outcome);
+        }
+    }
+
+    /// The lease of `limit` (its `lease:` over the global settings), if it is leased here.
+    fn policy(&self, limit: &Limit, kind: OpKind) -> Option<LeasePolicy> {
+        if matches!(kind, OpKind::SlidingWindow { .. }) {
+            return None;
+        }
+        let rule = limit.lease.unwrap_or(crate::rules::LeaseRule {
+            max_batch: None,
+            ttl_ms: None,
+        });
+        let max_batch = rule.max_batch.unwrap_or(self.config.lease_max_batch);
+        (max_batch > 0).then(|| LeasePolicy {
+            max_batch,
+            ttl_ms: rule.ttl_ms.unwrap_or(self.config.lease_ttl_ms),
+        })
+    }
+
+    fn count_tokens(&self, class: &Arc<str>, events: TokenEvents) {
+        for (event, n) in [("granted", events.granted), ("expired", events.expired)] {
+            self.count_token_event(class, event, n);
+        }
+    }
+
+    fn count_token_event(&self, class: &Arc<str>, event: &'static str, n: u64) {
+        if n > 0 {
+            self.metrics
+                .lease_tokens
+                .get_or_create(&LeaseTokenLabels {
+                    class: class.clone(),
+                    event,
+                })
+                .inc_by(n);
+        }
+    }
+
+    /// Housekeeping: ended cache entries and idle leases go; expired leased tokens are counted.
+    pub(super) fn sweep(&self) {
+        let now = self.clock.mono_ms();
+        if let Some(cache) = &self.cache {
+            cache.sweep(now);
+        }
+        if let Some(leases) = &self.leases {
+            for (class, n) in leases.sweep(now) {
+                self.count_token_event(&class, "expired", n);
+            }
+        }
+    }
+
+    /// Graceful shutdown: gives every live lease's unspent tokens back to its bucket. Returns
+    /// how many tokens were given back.
+    pub(super) async fn return_leases(&self, store: &Store) -> u64 {
+        let Some(leases) = &self.leases else {
+            return 0;
+        };
+        let back = leases.drain(self.clock.mono_ms());
+        if back.is_empty() {
+            return 0;
+        }
+        let ops: Vec<Op> = back.iter().map(|(op, _)| op.clone()).collect();
+        let mut returned = 0;
+        for (result, (op, class)) in store.apply_each(&ops).await.into_iter().zip(&back) {
+            match result {
+                Ok(_) => {
+                    returned += op.cost;
+                    self.count_token_event(class, "returned", op.cost);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, tokens = op.cost, "could not give leased tokens back; they expire with the lease")
+                }
+            }
+        }
+        returned
+    }
+}
+
+/// The most a limit's bucket holds: the token bucket's burst, a window's limit.
+fn capacity(limit: &Limit) -> u64 {
+    limit.rate.map_or(0, |r| match OpKind::from(r) {
+        OpKind::TokenBucket { capacity, .. } => capacity,
+        OpKind::FixedWindow { limit, .. } | OpKind::SlidingWindow { limit, .. } => limit,
+    })
+}

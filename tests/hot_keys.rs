@@ -1,0 +1,417 @@
+//! Hot keys on a real Redis and a real 3-primary cluster: token leasing (its over-admission
+//! bound, its script calls per decision, the give-back on SIGTERM), the over-limit cache, and
+//! sharded keys with and without the shard retry.
+//!
+//! The leasing tests run three real `tollgate` processes against one redis-server, each with
+//! its own leases, as replicas in a fleet would. Script calls are counted by Redis itself
+//! (`INFO commandstats`: `EVALSHA` plus the `EVAL` of a `NOSCRIPT` retry).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{TestCluster, TestRedis, unique_prefix};
+use common::{InProcess, TestServer, get, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tollgate::rules::{Algorithm, Rate, Unit};
+
+/// Script calls Redis has run so far (`EVALSHA` and `EVAL`).
+fn script_calls(redis: &TestRedis) -> u64 {
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    ["evalsha", "eval"]
+        .iter()
+        .filter_map(|name| {
+            stats.lines().find_map(|l| {
+                l.strip_prefix(&format!("cmdstat_{name}:calls="))?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+        })
+        .sum()
+}
+
+/// The sum of a metric's samples whose line contains every one of `parts`.
+fn metric(admin: std::net::SocketAddr, name: &str, parts: &[&str]) -> f64 {
+    let (_, text) = get(admin, "/metrics");
+    text.lines()
+        .filter(|l| l.starts_with(name) && parts.iter().all(|p| l.contains(p)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Three tollgate processes on `redis` with leasing on.
+fn three_leasing_servers(
+    rules: &str,
+    redis: &TestRedis,
+    prefix: &str,
+    max_batch: u64,
+    ttl_ms: u64,
+) -> Vec<TestServer> {
+    (0..3)
+        .map(|_| {
+            TestServer::builder(rules)
+                .arg("store", &redis.url())
+                .arg("key-prefix", prefix)
+                .arg("store-timeout-ms", "500")
+                .arg("lease-max-batch", &max_batch.to_string())
+                .arg("lease-ttl-ms", &ttl_ms.to_string())
+                .start()
+        })
+        .collect()
+}
+
+/// `tasks` clients per server send requests for `tenant` until `run` has passed; returns
+/// (admitted, sent, seconds from the first request to the last answer).
+async fn hammer(
+    servers: &[TestServer],
+    tasks: usize,
+    domain: &'static str,
+    tenant: &'static str,
+    run: Duration,
+) -> (u64, u64, f64) {
+    let mut clients = Vec::new();
+    for s in servers {
+        for _ in 0..tasks {
+            clients.push(s.client().await);
+        }
+    }
+    let started = Instant::now();
+    let handles: Vec<_> = clients
+        .into_iter()
+        .map(|mut client| {
+            tokio::spawn(async move {
+                let (mut admitted, mut sent) = (0u64, 0u64);
+                while started.elapsed() < run {
+                    let r = client
+                        .should_rate_limit(request(domain, &[&[("tenant", tenant)]]))
+                        .await
+                        .expect("every request answered");
+                    sent += 1;
+                    admitted += u64::from(r.get_ref().overall_code == Code::Ok as i32);
+                }
+                (admitted, sent)
+            })
+        })
+        .collect();
+    let (mut admitted, mut sent) = (0, 0);
+    for h in handles {
+        let (a, s) = h.await.unwrap();
+        admitted += a;
+        sent += s;
+    }
+    (admitted, sent, started.elapsed().as_secs_f64())
+}
+
+/// The README's bound: with R replicas leasing at most B tokens, over any span admissions
+/// exceed the unleased limit (capacity + refill over the span) by at most R × (B + cost); and
+/// leasing does not starve the key: it admits at least the capacity minus what the leases may
+/// strand when the run ends (R × (B + cost)).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leased_key_stays_within_the_documented_bound() {
+    const CAPACITY: f64 = 300.0;
+    const REFILL_PER_S: f64 = 5.0; // 300 per minute
+    const BATCH: u64 = 20;
+    let rules = "domain: lease\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 300}\n";
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("lease-bound");
+    let servers = three_leasing_servers(rules, &redis, &prefix, BATCH, 500);
+    // Two seconds: four lease TTLs.
+    let (admitted, sent, secs) = hammer(&servers, 4, "lease", "hot", Duration::from_secs(2)).await;
+    let limit = CAPACITY + REFILL_PER_S * secs;
+    let bound = 3.0 * (BATCH as f64 + 1.0);
+    eprintln!(
+        "leased: {admitted} admitted of {sent} in {secs:.2} s; limit {limit:.0}, bound +{bound}"
+    );
+    assert!(
+        sent as f64 >= 2.0 * limit,
+        "offered load {sent} is not twice the limit {limit:.0}: the test proves nothing"
+    );
+    assert!(
+        admitted as f64 <= limit.ceil() + bound,
+        "{admitted} admitted: over the limit {limit:.0} + bound {bound}"
+    );
+    assert!(
+        admitted as f64 >= CAPACITY - bound,
+        "{admitted} admitted: leasing starved the key (capacity {CAPACITY}, tolerance {bound})"
+    );
+    let local: f64 = servers
+        .iter()
+        .map(|s| {
+            metric(
+                s.admin,
+                "tollgate_local_decisions_total",
+                &["reason=\"lease\""],
+            )
+        })
+        .sum();
+    assert!(local > 0.0, "no decision was answered from a lease");
+}
+
+/// A hot key far below its limit (nothing refused, so the over-limit cache plays no part):
+/// with leasing, at most one script call per ten decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hot_key_costs_at_most_a_tenth_of_a_script_call_per_decision() {
+    let rules = "domain: lease\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n";
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("lease-calls");
+    let servers = three_leasing_servers(rules, &redis, &prefix, 100, 1_000);
+    let before = script_calls(&redis);
+    let (admitted, sent, secs) =
+        hammer(&servers, 4, "lease", "hot", Duration::from_millis(1_500)).await;
+    // Membership heartbeats (one script call per replica per second) are counted too.
+    let calls = script_calls(&redis) - before;
+    let per_decision = calls as f64 / sent as f64;
+    eprintln!(
+        "leased hot key: {calls} script calls for {sent} decisions in {secs:.2} s ({per_decision:.4} per decision)"
+    );
+    assert_eq!(admitted, sent, "nothing is refused far below the limit");
+    assert!(sent >= 300, "only {sent} decisions: too few to measure");
+    assert!(
+        per_decision <= 0.1,
+        "{calls} script calls for {sent} decisions"
+    );
+}
+
+/// SIGTERM gives the unspent tokens of live leases back: the bucket in Redis gains them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_gives_unspent_leased_tokens_back() {
+    let rules = "domain: lease\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("lease-back");
+    let mut server = TestServer::builder(rules)
+        .arg("store", &redis.url())
+        .arg("key-prefix", &prefix)
+        .arg("store-timeout-ms", "500")
+        .arg("lease-max-batch", "50")
+        .arg("lease-ttl-ms", "60000")
+        .start();
+    let mut client = server.client().await;
+    const SPENT: u64 = 5;
+    for _ in 0..SPENT {
+        let r = client
+            .should_rate_limit(request("lease", &[&[("tenant", "t")]]))
+            .await
+            .unwrap();
+        assert_eq!(r.get_ref().overall_code, Code::Ok as i32);
+    }
+    let granted = metric(
+        server.admin,
+        "tollgate_lease_tokens_total",
+        &["event=\"granted\""],
+    ) as u64;
+    assert!(
+        granted > SPENT,
+        "the lease holds unspent tokens ({granted} granted)"
+    );
+    let rate = Rate {
+        requests_per_unit: 1000,
+        unit: Unit::Hour,
+        unit_multiplier: 1,
+        burst: 1000,
+        algorithm: Algorithm::TokenBucket,
+    };
+    let key = tollgate::keys::bucket_key(&prefix, "lease", [("tenant", "t")], &rate, 0, None);
+    let tokens = |redis: &TestRedis| -> f64 {
+        let t: Option<String> = redis.cmd(&["HGET", &key, "t"]);
+        t.expect("the bucket is partly spent").parse().unwrap()
+    };
+    let before = tokens(&redis);
+    assert!(server.terminate().success(), "{}", server.log());
+    let after = tokens(&redis);
+    let unspent = (granted - SPENT) as f64;
+    eprintln!("bucket {before:.2} → {after:.2} after SIGTERM; {unspent} leased tokens unspent");
+    // Refill adds 1000/hour (0.28/s) on top: a second or two of it at most.
+    assert!(
+        after - before >= unspent && after - before <= unspent + 2.0,
+        "bucket went from {before} to {after}; {unspent} were unspent\n{}",
+        server.log()
+    );
+    assert!(
+        server.log().contains("gave unspent leased tokens back"),
+        "{}",
+        server.log()
+    );
+}
+
+/// A spent key under load: refused from memory, no script call, until the bucket can fit a
+/// request again; `Retry-After` counts down with the time the store gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_limit_cache_spares_the_store_until_the_key_refills() {
+    // One token per 2 s.
+    let rules = "domain: cache\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 2}\n";
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("ol-cache");
+    let server = InProcess::start(rules, |s| {
+        s.store = redis.url();
+        s.key_prefix = prefix.clone();
+        s.store_timeout_ms = 500;
+        s.response_headers = true;
+        // No heartbeat script call during the count.
+        s.membership_interval_ms = 60_000;
+    });
+    let mut client = server.client().await;
+    let ask = || request("cache", &[&[("tenant", "abuser")]]);
+    let retry_after = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.response_headers_to_add
+            .iter()
+            .find(|h| h.key == "Retry-After")
+            .map(|h| h.value.parse::<u64>().unwrap())
+    };
+    let first = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    let refused = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    let refused_at = Instant::now();
+    assert_eq!(refused.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        retry_after(&refused),
+        Some(2),
+        "the store's wait, rounded up"
+    );
+
+    let calls = script_calls(&redis);
+    let mut seen = Vec::new();
+    while refused_at.elapsed() < Duration::from_millis(1_500) {
+        let r = client.should_rate_limit(ask()).await.unwrap().into_inner();
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        seen.push((refused_at.elapsed(), retry_after(&r).expect("Retry-After")));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        script_calls(&redis),
+        calls,
+        "{} refusals came from memory",
+        seen.len()
+    );
+    // Counting down: 2 s at first, 1 s once more than a second has passed (the store said
+    // ~2000 ms at `refused_at`).
+    for (at, secs) in &seen {
+        let expected = if *at < Duration::from_millis(950) {
+            2
+        } else {
+            1
+        };
+        if at.abs_diff(Duration::from_secs(1)) > Duration::from_millis(60) {
+            assert_eq!(*secs, expected, "Retry-After at {at:?}: {seen:?}");
+        }
+    }
+    let cached = metric(
+        server.admin,
+        "tollgate_local_decisions_total",
+        &["reason=\"over_limit_cache\""],
+    );
+    assert_eq!(cached as usize, seen.len());
+
+    // Once the token is back, the store is asked again and admits.
+    let admitted = common::poll_async(Duration::from_secs(3), || {
+        let mut client = client.clone();
+        async move {
+            let r = client.should_rate_limit(ask()).await.unwrap().into_inner();
+            (r.overall_code == Code::Ok as i32).then_some(())
+        }
+    })
+    .await;
+    assert!(admitted.is_some(), "the key never refilled");
+    assert!(
+        refused_at.elapsed() >= Duration::from_millis(1_950),
+        "admitted after {:?}, before the store's wait",
+        refused_at.elapsed()
+    );
+    assert!(script_calls(&redis) > calls);
+}
+
+const SHARD_RULES: &str = "domain: shard\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100, shards: 4}\n  - key: plain\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+
+/// Sends `n` requests for `entry` one after another; returns how many were refused.
+async fn refused_of(server: &InProcess, entry: (&str, &str), n: usize) -> usize {
+    let mut client = server.client().await;
+    let mut refused = 0;
+    for _ in 0..n {
+        let r = client
+            .should_rate_limit(request("shard", &[&[entry]]))
+            .await
+            .unwrap();
+        refused += usize::from(r.get_ref().overall_code == Code::OverLimit as i32);
+    }
+    refused
+}
+
+/// A sharded key on the cluster: its shards live on several nodes; a full bucket of 100
+/// tokens receiving exactly 100 requests refuses some (a shard is empty while others are not)
+/// and the retry on a second shard refuses far fewer; an unsharded key refuses none. A long
+/// run admits the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_key_spreads_over_nodes_and_the_retry_cuts_false_refusals() {
+    const TRIALS: usize = 30;
+    let cluster: Arc<TestCluster> = TestCluster::shared();
+    let prefix = unique_prefix("shards");
+    let serve = |retry: bool| {
+        let prefix = prefix.clone();
+        let url = cluster.url();
+        InProcess::start(SHARD_RULES, move |s| {
+            s.store = url;
+            s.key_prefix = prefix;
+            s.store_timeout_ms = 1_000;
+            s.shard_retry = retry;
+        })
+    };
+    let (with_retry, without) = (serve(true), serve(false));
+
+    let rate = Rate {
+        requests_per_unit: 100,
+        unit: Unit::Hour,
+        unit_multiplier: 1,
+        burst: 100,
+        algorithm: Algorithm::TokenBucket,
+    };
+    let (mut refused_retry, mut refused_plain_shards, mut refused_unsharded) = (0, 0, 0);
+    for t in 0..TRIALS {
+        let (a, b) = (format!("r{t}"), format!("n{t}"));
+        refused_retry += refused_of(&with_retry, ("tenant", &a), 100).await;
+        refused_plain_shards += refused_of(&without, ("tenant", &b), 100).await;
+        refused_unsharded += refused_of(&with_retry, ("plain", &a), 100).await;
+    }
+    let total = (TRIALS * 100) as f64;
+    eprintln!(
+        "false refusals, 100 requests into a full 100-token bucket ({TRIALS} trials): unsharded {:.2}%, 4 shards {:.2}%, 4 shards with retry {:.2}%",
+        100.0 * refused_unsharded as f64 / total,
+        100.0 * refused_plain_shards as f64 / total,
+        100.0 * refused_retry as f64 / total
+    );
+    assert_eq!(refused_unsharded, 0);
+    assert!(
+        refused_plain_shards > 0,
+        "random shards leave some empty early"
+    );
+    assert!(
+        refused_retry * 10 <= refused_plain_shards * 7,
+        "the retry should cut false refusals well below {refused_plain_shards}: {refused_retry}"
+    );
+
+    // The shards are keys of their own on several nodes, and they hold the traffic's state.
+    let shard_keys: Vec<String> = (0..4)
+        .map(|i| {
+            tollgate::keys::bucket_key(&prefix, "shard", [("tenant", "r0")], &rate, 0, Some(i))
+        })
+        .collect();
+    let nodes: std::collections::HashSet<u16> =
+        shard_keys.iter().map(|k| cluster.port_of(k)).collect();
+    assert!(nodes.len() >= 2, "all shards on one node: {shard_keys:?}");
+    for k in &shard_keys {
+        let port = cluster.port_of(k);
+        let node = cluster.nodes().iter().find(|n| n.port() == port).unwrap();
+        let exists: i64 = node.cmd(&["EXISTS", k]);
+        assert_eq!(exists, 1, "{k} on {port}");
+    }
+
+    // A long run (twice the limit, with the retry) admits the limit: no more, and no token
+    // stranded in a shard the picks missed.
+    let refused = refused_of(&with_retry, ("tenant", "long"), 200).await;
+    let admitted = 200 - refused;
+    assert!(
+        (99..=101).contains(&admitted),
+        "{admitted} admitted of 200 for a limit of 100"
+    );
+}
