@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use common::poll_async;
 use common::redis::{TestCluster, TestRedis, unique_prefix};
 use common::store::{
-    DAY, HOUR, assert_near, clear_of_window_edge, contract_store, fw, key, one, settings, sw, tb,
-    wall_ms,
+    DAY, HOUR, assert_near, claim, clear_of_window_edge, contract_store, fw, give_back, key, one,
+    settings, sw, tb, wall_ms,
 };
 use tollgate::clock::Clock;
 use tollgate::store::{Op, Store};
@@ -362,6 +362,36 @@ async fn sliding_window_slides_over_time(store: Arc<Store>, p: String) {
     assert_eq!((empty.reset_ms, empty.retry_ms), (0, Some(0)));
 }
 
+async fn lease_claims_share_the_bucket_with_takes(store: Arc<Store>, p: String) {
+    let k = key(&p, "lease");
+    // A claim takes all of its need and up to its want.
+    let o = one(&store, claim(tb(&k, 10, 10, HOUR, 0), 2, 6, 1)).await;
+    assert_eq!((o.allowed, o.granted, o.remaining), (true, 6, 4));
+    // A plain take sees what the claim left.
+    assert_eq!(one(&store, tb(&k, 10, 10, HOUR, 1)).await.remaining, 3);
+    // With 3 left, a claim split 2 ways gets its need plus half the rest.
+    let o = one(&store, claim(tb(&k, 10, 10, HOUR, 0), 1, 10, 2)).await;
+    assert_eq!((o.granted, o.remaining), (2, 1));
+    // More than is there: nothing, and the wait for the need.
+    let o = one(&store, claim(tb(&k, 10, 10, HOUR, 0), 3, 3, 1)).await;
+    assert_eq!((o.allowed, o.granted, o.remaining), (false, 0, 1));
+    assert_near("retry", o.retry_ms.unwrap(), 720_000, 5_000);
+    // Giving back: capped at the capacity.
+    let o = one(&store, give_back(tb(&k, 10, 10, HOUR, 0), 4)).await;
+    assert_eq!((o.allowed, o.granted, o.remaining), (true, 0, 5));
+    let o = one(&store, give_back(tb(&k, 10, 10, HOUR, 0), 100)).await;
+    assert_eq!(o.remaining, 10);
+    // A fixed window: claims count, give-backs uncount, within the window.
+    clear_of_window_edge(DAY).await;
+    let w = key(&p, "lease-fw");
+    let o = one(&store, claim(fw(&w, 5, DAY, 0), 1, 4, 1)).await;
+    assert_eq!((o.granted, o.remaining), (4, 1));
+    assert!(!one(&store, claim(fw(&w, 5, DAY, 0), 2, 2, 1)).await.allowed);
+    let o = one(&store, give_back(fw(&w, 5, DAY, 0), 3)).await;
+    assert_eq!(o.remaining, 4);
+    assert_eq!(one(&store, fw(&w, 5, DAY, 4)).await.remaining, 0);
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -409,4 +439,5 @@ contract!(
     concurrent_takes_admit_exactly_the_limit,
     sliding_window_counts_allowed_takes_only,
     sliding_window_slides_over_time,
+    lease_claims_share_the_bucket_with_takes,
 );

@@ -41,6 +41,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
   - key: slide
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window}
+  - key: leased
+    rate_limit: {unit: hour, requests_per_unit: 100, lease: {max_batch: 10, ttl_ms: 1000}}
+  - key: sharded
+    rate_limit: {unit: hour, requests_per_unit: 8, shards: 4}
 "#;
 
 pub(super) struct Fixture {
@@ -53,6 +57,13 @@ pub(super) struct Fixture {
 
 /// The rules above, a memory store at 1.7e12 ms (20 s into a minute), key prefix `t:`.
 pub(super) fn fixture(shadow_mode: bool) -> Fixture {
+    with_hot_keys(shadow_mode, super::HotKeyConfig::default())
+}
+
+/// [`fixture`] with hot-key settings; `shared_store: true` turns leasing and the over-limit
+/// cache on over the memory store (which runs the same claim math as `lease.lua`), so their
+/// unit tests run on the manual clock.
+pub(super) fn with_hot_keys(shadow_mode: bool, hot: super::HotKeyConfig) -> Fixture {
     let rules = load_sources(
         &[(PathBuf::from("t.yaml"), RULES.to_string())],
         LoadOptions::default(),
@@ -64,6 +75,8 @@ pub(super) fn fixture(shadow_mode: bool) -> Fixture {
         key_prefix: "t:".into(),
         shadow_mode,
         default_algorithm: Algorithm::TokenBucket,
+        hot,
+        clock: clock.clone(),
         ..LimiterConfig::default()
     };
     let limiter = Limiter::new(

@@ -411,3 +411,106 @@ fn capacity(limit: &Limit) -> u64 {
         OpKind::FixedWindow { limit, .. } | OpKind::SlidingWindow { limit, .. } => limit,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::Code;
+    use super::super::fixture::{req, with_hot_keys};
+    use super::*;
+
+    fn hot() -> HotKeyConfig {
+        HotKeyConfig {
+            shared_store: true,
+            ..HotKeyConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_lease_answers_from_memory_and_the_bucket_counts_every_leased_token() {
+        let f = with_hot_keys(false, hot());
+        let r = req("edge", &[&[("leased", "a")]]);
+        for _ in 0..12 {
+            assert_eq!(f.codes(&r), [Code::Ok]);
+        }
+        let text = f.metrics.render();
+        // The first claim took 1 (no rate yet), the second 1 + a batch of 10: ten left, all
+        // spent from memory.
+        assert!(
+            text.contains(r#"tollgate_lease_claims_total{class="leased"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"tollgate_local_decisions_total{class="leased",reason="lease"} 10"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"tollgate_lease_tokens_total{class="leased",event="granted"} 12"#),
+            "{text}"
+        );
+        // The shared bucket gave exactly the 12 tokens: a plain take sees 88 left.
+        let d = f.decide(&r);
+        assert_eq!(
+            d.statuses[0].remaining, 87,
+            "88 in the bucket, one more leased now"
+        );
+        // Past the TTL the unspent tokens are dropped and counted.
+        f.clock.advance_ms(1_000);
+        f.limiter.maintain();
+        assert!(
+            f.metrics
+                .render()
+                .contains(r#"tollgate_lease_tokens_total{class="leased",event="expired"}"#)
+        );
+    }
+
+    #[test]
+    fn a_spent_key_is_refused_from_memory_with_the_wait_counting_down() {
+        let f = with_hot_keys(false, hot());
+        let r = req("edge", &[&[("tenant", "spent")]]);
+        f.decide(&r);
+        f.decide(&r);
+        let first = f.decide(&r).statuses[0].clone();
+        assert_eq!(
+            (first.code, first.retry_ms),
+            (Code::OverLimit, Some(1_800_000))
+        );
+        f.clock.advance_ms(600_000);
+        let cached = f.decide(&r).statuses[0].clone();
+        assert_eq!(
+            (cached.code, cached.retry_ms),
+            (Code::OverLimit, Some(1_200_000))
+        );
+        assert!(f.metrics.render().contains(
+            r#"tollgate_local_decisions_total{class="tenant",reason="over_limit_cache"} 1"#
+        ));
+        // Decisions are still counted as over_limit.
+        assert!(f.metrics.render().contains(
+            r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="over_limit"} 2"#
+        ));
+        // At the wait's end the store is asked again and admits.
+        f.clock.advance_ms(1_200_000);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+    }
+
+    #[test]
+    fn a_sharded_limit_admits_its_limit_and_no_more() {
+        for retry in [true, false] {
+            let f = with_hot_keys(
+                false,
+                HotKeyConfig {
+                    shard_retry: retry,
+                    ..HotKeyConfig::default()
+                },
+            );
+            let r = req("edge", &[&[("sharded", "s")]]);
+            let admitted = (0..200).filter(|_| f.codes(&r) == [Code::Ok]).count();
+            assert_eq!(admitted, 8, "retry {retry}");
+            let text = f.metrics.render();
+            assert_eq!(
+                text.contains(r#"tollgate_shard_retries_total{class="sharded"}"#),
+                retry,
+                "{text}"
+            );
+        }
+    }
+}
