@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make bench`: one run, side by side, on loopback:
 #   no-op RLS baseline (same tonic stack, no decision) | memory store | Redis | Redis Cluster
-# × { 1 hot key, 100,000 distinct keys }, with each row's ratio to the baseline and the
-# script calls (EVALSHA + EVAL from INFO commandstats) per descriptor decision; then the
-# memory store's bytes per key and Redis's MEMORY USAGE of one token bucket.
+# × { 1 hot key, 100,000 distinct keys }, plus the hot-key paths on one key: Redis with token
+# leasing (lease_max_batch 500) and a Redis Cluster key split into 8 shards; each row's ratio
+# to the baseline and the script calls (EVALSHA + EVAL from INFO commandstats) per descriptor
+# decision; then the memory store's bytes per key and Redis's MEMORY USAGE of one token bucket.
 # Bounded: BENCH_DURATION seconds per row (default 8) plus 2 s warm-up; about 2–3 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +69,9 @@ descriptors:
   - key: tenant
     # High enough that the run measures decisions, not rejections.
     rate_limit: {unit: second, requests_per_unit: 1000000000}
+  # The same, split into 8 sub-buckets (hash tags) over the cluster's nodes.
+  - key: shard
+    rate_limit: {unit: second, requests_per_unit: 1000000000, shards: 8}
   # For the MEMORY USAGE probe: an hour-long bucket that stays in Redis.
   - key: mem
     rate_limit: {unit: hour, requests_per_unit: 100}
@@ -75,10 +79,10 @@ YAML
 
 # Starts tollgate on store $2; sets GRPC to its gRPC port. (Not a $(…) function: a server
 # started inside a command substitution would hold its pipe open, and its PID would be lost.)
-start_tollgate() { # name store
-  local admin; GRPC=$(free_port); admin=$(free_port)
-  "$BIN" serve --rules "$TMP/rules" --store "$2" --grpc-addr 127.0.0.1:$GRPC --admin-addr 127.0.0.1:$admin \
-    --log-level warn --store-timeout-ms 100 >/dev/null 2>"$TMP/$1.log" &
+start_tollgate() { # name store [extra flags…]
+  local name=$1 store=$2 admin; shift 2; GRPC=$(free_port); admin=$(free_port)
+  "$BIN" serve --rules "$TMP/rules" --store "$store" --grpc-addr 127.0.0.1:$GRPC --admin-addr 127.0.0.1:$admin \
+    --log-level warn --store-timeout-ms 100 "$@" >/dev/null 2>"$TMP/$name.log" &
   PIDS+=($!)
   wait_for curl -sf "127.0.0.1:$admin/readyz"
 }
@@ -89,6 +93,7 @@ wait_for bash -c "exec 3<>/dev/tcp/127.0.0.1/$NOOP"
 start_tollgate memory memory; MEM=$GRPC
 start_tollgate redis "redis://127.0.0.1:$RP"; RED=$GRPC
 start_tollgate cluster "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; CLU=$GRPC
+start_tollgate leased "redis://127.0.0.1:$RP" --lease-max-batch 500 --key-prefix leased:; LEASED=$GRPC
 
 script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
   local total=0 n
@@ -101,29 +106,36 @@ script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
 
 RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
-run() { # label target keys redis-ports…
-  local label=$1 target=$2 keys=$3; shift 3
-  local before=0 after=0
+run() { # label target keys descriptor-key redis-ports…
+  local label=$1 target=$2 keys=$3 key=$4; shift 4
+  local before=0 after=0 p nodes_before=() nodes=""
   [ $# -gt 0 ] && before=$(script_calls "$@")
+  for p in "$@"; do nodes_before+=("$(script_calls "$p")"); done
   echo "bench: $label ($keys keys)…" >&2
   line=$("$BIN" bench --target "127.0.0.1:$target" --duration "$DURATION" --warmup "$WARMUP" \
-     --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" --keys "$keys" --label "$label" --quiet | tail -1)
+     --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" --keys "$keys" --key "$key" --label "$label" --quiet | tail -1)
   [ $# -gt 0 ] && after=$(script_calls "$@")
-  echo "$line" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["script_calls"]=int(sys.argv[1]); print(json.dumps(d))' \
-    "$((after - before))" >> "$RESULTS"
+  # Each node's share of the calls (a cluster: does one hot key load one node?).
+  local i=0
+  for p in "$@"; do nodes="$nodes $(( $(script_calls "$p") - ${nodes_before[$i]} ))"; i=$((i + 1)); done
+  echo "$line" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["script_calls"]=int(sys.argv[1]); d["node_calls"]=[int(n) for n in sys.argv[2].split()]; print(json.dumps(d))' \
+    "$((after - before))" "$nodes" >> "$RESULTS"
 }
 
 # Two passes in opposite orders; the table shows each row's better pass (the machine is shared
 # and noisy: the best of two is the steadier estimate of what each path can do).
 for pass in 1 2; do
   for keys in 1 100000; do
-    if [ $pass = 1 ]; then order="baseline memory redis cluster"; else order="cluster redis memory baseline"; fi
+    if [ $keys = 1 ]; then hot="redis-leased cluster-sharded"; else hot=""; fi
+    if [ $pass = 1 ]; then order="baseline memory redis $hot cluster"; else order="cluster $hot redis memory baseline"; fi
     for s in $order; do
       case $s in
-        baseline) run baseline "$NOOP" "$keys" ;;
-        memory) run memory "$MEM" "$keys" ;;
-        redis) run redis "$RED" "$keys" "$RP" ;;
-        cluster) run cluster "$CLU" "$keys" "$C1" "$C2" "$C3" ;;
+        baseline) run baseline "$NOOP" "$keys" tenant ;;
+        memory) run memory "$MEM" "$keys" tenant ;;
+        redis) run redis "$RED" "$keys" tenant "$RP" ;;
+        redis-leased) run redis-leased "$LEASED" "$keys" tenant "$RP" ;;
+        cluster) run cluster "$CLU" "$keys" tenant "$C1" "$C2" "$C3" ;;
+        cluster-sharded) run cluster-sharded "$CLU" "$keys" shard "$C1" "$C2" "$C3" ;;
       esac
     done
   done
@@ -152,11 +164,19 @@ print("| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | sc
 print("|---|---|---|---|---|---|---|---|")
 for keys in (1, 100000):
     base = best[("baseline", keys)]["rps"]
-    for label in ("baseline", "memory", "redis", "cluster"):
+    for label in ("baseline", "memory", "redis", "redis-leased", "cluster", "cluster-sharded"):
+        if (label, keys) not in best:
+            continue
         r = best[(label, keys)]
         decisions = r["total_requests"] * r["descriptors"]
-        calls = f'{r["script_calls"] / decisions:.2f}' if label in ("redis", "cluster") and decisions else "–"
+        calls = f'{r["script_calls"] / decisions:.3f}' if label not in ("baseline", "memory") and decisions else "–"
         print(f'| {label} | {keys:,} | {r["rps"]:,.0f} | {r["rps"] / base:.2f} | {r["p50_us"]} | {r["p99_us"]} | {r["errors"]} | {calls} |')
+print()
+for label in ("cluster", "cluster-sharded"):
+    r = best.get((label, 1))
+    if r and sum(r["node_calls"]):
+        shares = " / ".join(f'{100 * n / sum(r["node_calls"]):.0f} %' for n in r["node_calls"])
+        print(f"{label}, 1 key: script calls per cluster node {shares}")
 print()
 print(f"Redis MEMORY USAGE of one token bucket ({len(key)}-byte key {key}): {redis_bytes} bytes")
 for m in mem:

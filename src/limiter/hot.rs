@@ -17,6 +17,7 @@
 //! With no lease, no cache (the memory store) and no sharded limit in the request, the ops go
 //! straight to the store: the plain path allocates nothing more.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::lease::{Claim, LeasePolicy, Leases, Take, TokenEvents};
@@ -77,9 +78,13 @@ struct Work<'p> {
 }
 
 enum State {
+    /// To the store as planned (also the state before the first look): sent without a copy.
+    Planned,
     Done(Result<Outcome, StoreError>),
     Send(Op),
     Claim(Op, Claim, LeasePolicy),
+    /// Answered from the lease; a claim ahead goes to the store with the others.
+    Ahead(Outcome, Op, Claim, LeasePolicy),
     /// The op, and the key's claim in flight to wait for.
     Wait(Op, tokio::sync::futures::OwnedNotified),
 }
@@ -127,7 +132,7 @@ impl HotKeys {
                 shard: planned.shard,
                 retried: false,
                 local: None,
-                state: State::Send(op.clone()),
+                state: State::Planned,
             })
             .collect();
         for w in &mut work {
@@ -149,7 +154,7 @@ impl HotKeys {
             }
         }
 
-        self.round(store, &mut work).await;
+        self.round(store, &plan.ops, &mut work).await;
 
         // A sharded op refused by its shard tries one other shard.
         if self.config.shard_retry {
@@ -164,7 +169,7 @@ impl HotKeys {
                 }
             }
             if again {
-                self.round(store, &mut work).await;
+                self.round(store, &plan.ops, &mut work).await;
             }
         }
 
@@ -205,16 +210,17 @@ impl HotKeys {
     /// Decides what `w` needs: a cached refusal, a leased answer, a wait, a claim, or the
     /// store (see the module doc).
     fn look(&self, w: &mut Work<'_>, share: u64, now: u64, may_wait: bool) {
-        let mut op = match std::mem::replace(&mut w.state, taken()) {
-            State::Send(op) => op,
-            _ => w.planned_op.clone(),
+        // Borrowed until the op must be sent: a lease hit or a cached refusal copies nothing.
+        let mut op: Cow<'_, Op> = match std::mem::replace(&mut w.state, taken()) {
+            State::Send(op) => Cow::Owned(op),
+            _ => Cow::Borrowed(w.planned_op),
         };
         if let Some(cache) = &self.cache {
             let mut cached = cache.check(&op.key, op.cost, now);
             if cached.is_some() && w.shard.is_some() && self.config.shard_retry && !w.retried {
                 self.switch_shard(w);
                 if let State::Send(o) = std::mem::replace(&mut w.state, taken()) {
-                    op = o;
+                    op = Cow::Owned(o);
                 }
                 cached = cache.check(&op.key, op.cost, now);
             }
@@ -229,31 +235,34 @@ impl HotKeys {
             && op.cost > 0
         {
             let id = if w.shard.is_some() {
-                keys::bucket_id(&op.key).to_string()
+                keys::bucket_id(&op.key)
             } else {
-                op.key.clone()
+                &op.key
             };
-            let (take, events) = leases.take(&id, &op, &limit.class, policy, share, now, may_wait);
+            let (take, events) = leases.take(id, &op, &limit.class, policy, share, now, may_wait);
             self.count_tokens(&limit.class, events);
             w.state = match take {
                 Take::Local(o) => {
                     w.local = Some("lease");
                     State::Done(Ok(o))
                 }
-                Take::Wait(wait) => State::Wait(op, wait),
+                Take::LocalAndAhead(o, claim) => {
+                    w.local = Some("lease");
+                    self.count_claim(&limit.class);
+                    State::Ahead(o, op.into_owned(), claim, policy)
+                }
+                Take::Wait(wait) => State::Wait(op.into_owned(), wait),
                 Take::Claim(claim) => {
-                    self.metrics
-                        .lease_claims
-                        .get_or_create(&ClassLabels {
-                            class: limit.class.clone(),
-                        })
-                        .inc();
-                    State::Claim(op, claim, policy)
+                    self.count_claim(&limit.class);
+                    State::Claim(op.into_owned(), claim, policy)
                 }
             };
             return;
         }
-        w.state = State::Send(op);
+        w.state = match op {
+            Cow::Borrowed(_) => State::Planned,
+            Cow::Owned(op) => State::Send(op),
+        };
     }
 
     /// Moves a sharded op to another shard (once) and counts the retry.
@@ -280,48 +289,66 @@ impl HotKeys {
     }
 
     /// One store call for every op and claim that needs the store; their answers settle the
-    /// claims and fill the over-limit cache.
-    async fn round(&self, store: &Store, work: &mut [Work<'_>]) {
-        let mut at = Vec::new();
-        let mut ops = Vec::new();
-        for (i, w) in work.iter().enumerate() {
-            match &w.state {
-                State::Send(op) => {
-                    at.push(i);
-                    ops.push(op.clone());
+    /// claims and fill the over-limit cache. When every op goes as planned (nothing leased,
+    /// cached or moved to another shard), the plan's ops are sent as they are, uncopied.
+    async fn round(&self, store: &Store, planned_ops: &[Op], work: &mut [Work<'_>]) {
+        let as_planned = work.len() == planned_ops.len()
+            && work.iter().all(|w| matches!(w.state, State::Planned));
+        let mut pending: Vec<(usize, Pending)> = Vec::new();
+        let mut ops: Vec<Op> = Vec::new();
+        if as_planned {
+            pending.extend((0..work.len()).map(|i| (i, Pending::Op)));
+        } else {
+            for (i, w) in work.iter_mut().enumerate() {
+                match std::mem::replace(&mut w.state, taken()) {
+                    State::Planned => {
+                        ops.push(w.planned_op.clone());
+                        pending.push((i, Pending::Op));
+                    }
+                    State::Send(op) => {
+                        ops.push(op);
+                        pending.push((i, Pending::Op));
+                    }
+                    State::Claim(op, claim, policy) => {
+                        ops.push(claim_op(op, &claim));
+                        pending.push((i, Pending::Claim(claim, policy)));
+                    }
+                    State::Ahead(outcome, op, claim, policy) => {
+                        ops.push(claim_op(op, &claim));
+                        pending.push((i, Pending::Ahead(outcome, claim, policy)));
+                    }
+                    other => w.state = other,
                 }
-                State::Claim(op, claim, _) => {
-                    at.push(i);
-                    let mut op = op.clone();
-                    op.action = crate::store::Action::Claim(claim.ask);
-                    op.cost = claim.ask.need;
-                    ops.push(op);
-                }
-                State::Done(_) | State::Wait(..) => {}
             }
         }
-        if ops.is_empty() {
+        let sent: &[Op] = if as_planned { planned_ops } else { &ops };
+        if sent.is_empty() {
             return;
         }
-        let results = store.apply_each(&ops).await;
+        let results = store.apply_each(sent).await;
         let now = self.clock.mono_ms();
-        for ((i, op), result) in at.into_iter().zip(&ops).zip(results) {
+        for (((i, pending), op), result) in pending.into_iter().zip(sent).zip(results) {
             let w = &mut work[i];
-            let state = std::mem::replace(&mut w.state, taken());
-            let outcome = match (state, result) {
-                (State::Claim(_, claim, policy), Ok(answer)) => {
-                    let leases = self.leases.as_ref();
-                    match leases {
-                        Some(leases) => {
-                            let (o, events) = leases.settle(claim, op, &answer, policy, now);
-                            self.count_tokens(&w.planned.limit.class, events);
-                            Ok(o)
-                        }
-                        None => Ok(answer),
+            let class = &w.planned.limit.class;
+            let outcome = match (pending, result, &self.leases) {
+                (Pending::Claim(claim, policy), Ok(answer), Some(leases)) => {
+                    let (o, events) = leases.settle(claim, op, &answer, policy, now);
+                    self.count_tokens(class, events);
+                    Ok(o)
+                }
+                // The request was answered from the lease; the claim only refills it (and a
+                // refused one must not enter the over-limit cache: the lease may still hold
+                // tokens).
+                (Pending::Ahead(outcome, claim, policy), result, leases) => {
+                    if let (Ok(answer), Some(leases)) = (result, leases) {
+                        let (_, events) = leases.settle(claim, op, &answer, policy, now);
+                        self.count_tokens(class, events);
                     }
+                    w.state = State::Done(Ok(outcome));
+                    continue;
                 }
                 // A failed claim's reserved tokens go back to the lease as the claim drops.
-                (_, result) => result,
+                (_, result, _) => result,
             };
             if let (Some(cache), Ok(o)) = (&self.cache, &outcome) {
                 cache.record(&op.key, op.cost, o, now);
@@ -344,6 +371,15 @@ impl HotKeys {
             max_batch,
             ttl_ms: rule.ttl_ms.unwrap_or(self.config.lease_ttl_ms),
         })
+    }
+
+    fn count_claim(&self, class: &Arc<str>) {
+        self.metrics
+            .lease_claims
+            .get_or_create(&ClassLabels {
+                class: class.clone(),
+            })
+            .inc();
     }
 
     fn count_tokens(&self, class: &Arc<str>, events: TokenEvents) {
@@ -404,6 +440,20 @@ impl HotKeys {
     }
 }
 
+/// What [`HotKeys::round`] does with the answer of each op it sent.
+enum Pending {
+    Op,
+    Claim(Claim, LeasePolicy),
+    Ahead(Outcome, Claim, LeasePolicy),
+}
+
+/// The store op of a claim: the op's bucket, the claim's ask.
+fn claim_op(mut op: Op, claim: &Claim) -> Op {
+    op.action = crate::store::Action::Claim(claim.ask);
+    op.cost = claim.ask.need;
+    op
+}
+
 /// The most a limit's bucket holds: the token bucket's burst, a window's limit.
 fn capacity(limit: &Limit) -> u64 {
     limit.rate.map_or(0, |r| match OpKind::from(r) {
@@ -433,10 +483,11 @@ mod tests {
             assert_eq!(f.codes(&r), [Code::Ok]);
         }
         let text = f.metrics.render();
-        // The first claim took 1 (no rate yet), the second 1 + a batch of 10: ten left, all
-        // spent from memory.
+        // The first claim took 1 (no rate yet), the second 1 + a batch of 10; with 2 of those
+        // left, a claim ahead took 8 more while the lease kept answering: 20 granted, ten
+        // decisions answered from memory.
         assert!(
-            text.contains(r#"tollgate_lease_claims_total{class="leased"} 2"#),
+            text.contains(r#"tollgate_lease_claims_total{class="leased"} 3"#),
             "{text}"
         );
         assert!(
@@ -444,15 +495,13 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"tollgate_lease_tokens_total{class="leased",event="granted"} 12"#),
+            text.contains(r#"tollgate_lease_tokens_total{class="leased",event="granted"} 20"#),
             "{text}"
         );
-        // The shared bucket gave exactly the 12 tokens: a plain take sees 88 left.
+        // The shared bucket gave exactly the 20 tokens: the estimate is its 80 plus the 8 the
+        // lease still holds, less this request's.
         let d = f.decide(&r);
-        assert_eq!(
-            d.statuses[0].remaining, 87,
-            "88 in the bucket, one more leased now"
-        );
+        assert_eq!(d.statuses[0].remaining, 87);
         // Past the TTL the unspent tokens are dropped and counted.
         f.clock.advance_ms(1_000);
         f.limiter.maintain();

@@ -7,6 +7,9 @@
 //! - The lease covers the cost: spend it here; no store call (`Take::Local`).
 //! - It does not, and another request of this replica is already claiming for the key: wait
 //!   for that claim, then look again (`Take::Wait`): one claim in flight per key, no stampede.
+//! - The lease covers the cost but is down to a quarter of its last batch: spend it, and this
+//!   request also claims the next batch ahead (`Take::LocalAndAhead`), so the other requests
+//!   keep spending what is left instead of all waiting for a claim once the lease is empty.
 //! - Otherwise claim (`Take::Claim`): what the lease holds is reserved for this request and
 //!   the claim asks the store for the rest (`need`) plus a batch to keep (`want`). A claim is
 //!   all of `need` or nothing, so a request is admitted only when its whole cost is covered.
@@ -73,6 +76,8 @@ struct Lease {
     claimed_ms: u64,
     /// Tokens spent from this key since the last claim, for the batch size.
     spent_since_claim: u64,
+    /// What the last claim added to the lease: a quarter of it left triggers a claim ahead.
+    last_batch: u64,
     /// Set while a claim for this key is in flight; waiters are woken when it settles.
     claiming: Option<Arc<Notify>>,
     /// Where the last claim went (a shard key for a sharded limit), its kind and class: what a
@@ -86,6 +91,9 @@ struct Lease {
 pub(super) enum Take {
     /// Spent from the lease.
     Local(Outcome),
+    /// Spent from the lease, which is running low: also claim the next batch ahead (the
+    /// request's answer does not depend on it).
+    LocalAndAhead(Outcome, Claim),
     /// Another request is claiming for this key: wait for it, then take again.
     Wait(OwnedNotified),
     /// Claim `ask` from the store; settle the answer with the claim.
@@ -101,6 +109,8 @@ pub(super) struct Claim {
     /// Tokens of the lease set aside for this request (its cost minus `ask.need`).
     reserved: u64,
     cost: u64,
+    /// A claim ahead ([`Take::LocalAndAhead`]): everything granted joins the lease.
+    ahead: bool,
     /// Whether this claim is the key's single flight (waiters are woken when it settles).
     notify: Option<Arc<Notify>>,
     leases: Option<Arc<Leases>>,
@@ -143,18 +153,14 @@ impl Leases {
     ) -> (Take, TokenEvents) {
         let mut events = TokenEvents::default();
         let mut shard = self.shard(id);
-        let lease = shard.entry(id.to_string()).or_insert_with(|| Lease {
-            tokens: 0,
-            expires_ms: 0,
-            shared_remaining: 0,
-            shared_reset_ms: 0,
-            claimed_ms: now_ms,
-            spent_since_claim: 0,
-            claiming: None,
-            claim_key: op.key.clone(),
-            kind: op.kind,
-            class: class.clone(),
-        });
+        // The id is copied only for a key's first lease (`entry` would copy it every time).
+        if !shard.contains_key(id) {
+            shard.insert(id.to_string(), Lease::new(op, class, now_ms));
+        }
+        let Some(lease) = shard.get_mut(id) else {
+            // Inserted just above, under the same lock.
+            unreachable!("lease {id} vanished under its lock")
+        };
         if lease.tokens > 0 && now_ms >= lease.expires_ms {
             events.expired = lease.tokens;
             lease.tokens = 0;
@@ -162,7 +168,36 @@ impl Leases {
         if lease.tokens >= op.cost {
             lease.tokens -= op.cost;
             lease.spent_since_claim += op.cost;
-            return (Take::Local(lease.estimate(now_ms, op.cost)), events);
+            let outcome = lease.estimate(now_ms, op.cost);
+            // Claim ahead: at a quarter of the last batch left, this request also claims the
+            // next one, while the others keep spending what is left instead of all waiting
+            // for a claim once the lease is empty.
+            if lease.claiming.is_none()
+                && lease.last_batch >= 4
+                && lease.tokens * 4 <= lease.last_batch
+            {
+                let want = lease
+                    .batch(policy, now_ms)
+                    .saturating_sub(lease.tokens)
+                    .max(1);
+                let n = Arc::new(Notify::new());
+                lease.claiming = Some(n.clone());
+                let claim = Claim {
+                    ask: ClaimAsk {
+                        need: 1,
+                        want,
+                        share: share.max(1),
+                    },
+                    id: id.to_string(),
+                    reserved: 0,
+                    cost: 0,
+                    ahead: true,
+                    notify: Some(n),
+                    leases: Some(self.clone()),
+                };
+                return (Take::LocalAndAhead(outcome, claim), events);
+            }
+            return (Take::Local(outcome), events);
         }
         if may_wait && let Some(n) = &lease.claiming {
             // Registered now, under the lock: the settle that wakes it takes the lock too.
@@ -192,6 +227,7 @@ impl Leases {
             id: id.to_string(),
             reserved,
             cost: op.cost,
+            ahead: false,
             notify,
             leases: Some(self.clone()),
         };
@@ -216,7 +252,12 @@ impl Leases {
             None => *answer,
             Some(lease) if answer.allowed => {
                 events.granted = answer.granted;
-                let extra = answer.granted.saturating_sub(claim.ask.need);
+                // A request's claim keeps its need; a claim ahead keeps everything.
+                let extra = if claim.ahead {
+                    answer.granted
+                } else {
+                    answer.granted.saturating_sub(claim.ask.need)
+                };
                 if lease.tokens > 0 && now_ms >= lease.expires_ms {
                     events.expired = lease.tokens;
                     lease.tokens = 0;
@@ -232,6 +273,7 @@ impl Leases {
                 lease.shared_reset_ms = answer.reset_ms;
                 lease.claimed_ms = now_ms;
                 lease.spent_since_claim = claim.cost;
+                lease.last_batch = extra;
                 lease.claim_key.clone_from(&op.key);
                 lease.estimate(now_ms, 0)
             }
@@ -294,6 +336,23 @@ impl Leases {
 }
 
 impl Lease {
+    /// An empty lease for `op`'s bucket: its first take claims.
+    fn new(op: &Op, class: &Arc<str>, now_ms: u64) -> Self {
+        Lease {
+            tokens: 0,
+            expires_ms: 0,
+            shared_remaining: 0,
+            shared_reset_ms: 0,
+            claimed_ms: now_ms,
+            spent_since_claim: 0,
+            last_batch: 0,
+            claiming: None,
+            claim_key: op.key.clone(),
+            kind: op.kind,
+            class: class.clone(),
+        }
+    }
+
     /// The next batch: about half a TTL's worth of this key's recent rate, within 1..=max.
     fn batch(&self, policy: LeasePolicy, now_ms: u64) -> u64 {
         if self.expires_ms == 0 {
@@ -397,7 +456,7 @@ mod tests {
     fn claim(t: (Take, TokenEvents)) -> Claim {
         match t.0 {
             Take::Claim(c) => c,
-            Take::Local(_) => panic!("spent locally"),
+            Take::Local(_) | Take::LocalAndAhead(..) => panic!("spent locally"),
             Take::Wait(_) => panic!("waits"),
         }
     }
@@ -417,7 +476,9 @@ mod tests {
         l.settle(c, &op(1), &granted(51, 948), POLICY, 2);
         for now in 3..53 {
             let (t, _) = l.take("k", &op(1), &class, POLICY, 1, now, true);
-            let Take::Local(o) = t else { panic!("leased") };
+            let (Take::Local(o) | Take::LocalAndAhead(o, _)) = t else {
+                panic!("leased")
+            };
             assert!(o.allowed && o.remaining <= 1_000);
         }
         // Spent: the next claim again. 50 tokens over 51 ms is still the max.
