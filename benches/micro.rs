@@ -300,6 +300,17 @@ fn decide(c: &mut Criterion) {
             })
         });
     }
+    // The same hot key through the hot-key path with leasing on: spent from the lease (a
+    // claim every 1,000 decisions), plus the over-limit cache's lookup.
+    let leased = common::leased_memory_limiter();
+    let req = Request {
+        domain: "edge",
+        descriptors: descriptors(ONE),
+        hits_addend: 0,
+    };
+    g.bench_function(BenchmarkId::new("limiter", "1_descriptor_leased"), |b| {
+        b.iter(|| common::run(&rt, leased.decide(&rules, black_box(&req))))
+    });
     let tenants: Vec<String> = (0..100_000).map(|i| format!("tenant-{i:06}")).collect();
     let reqs: Vec<Request<'_>> = tenants
         .iter()

@@ -4,7 +4,9 @@
 # × { 1 hot key, 100,000 distinct keys }, plus the hot-key paths on one key: Redis with token
 # leasing (lease_max_batch 500) and a Redis Cluster key split into 8 shards; each row's ratio
 # to the baseline and the script calls (EVALSHA + EVAL from INFO commandstats) per descriptor
-# decision; then the memory store's bytes per key and Redis's MEMORY USAGE of one token bucket.
+# decision, and the server's own CPU time per request (utime + stime from /proc: steadier than
+# req/s on a shared machine); then the memory store's bytes per key and Redis's MEMORY USAGE of
+# one token bucket.
 # Bounded: BENCH_DURATION seconds per row (default 8) plus 2 s warm-up; about 2–3 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,17 +85,22 @@ start_tollgate() { # name store [extra flags…]
   local name=$1 store=$2 admin; shift 2; GRPC=$(free_port); admin=$(free_port)
   "$BIN" serve --rules "$TMP/rules" --store "$store" --grpc-addr 127.0.0.1:$GRPC --admin-addr 127.0.0.1:$admin \
     --log-level warn --store-timeout-ms 100 "$@" >/dev/null 2>"$TMP/$name.log" &
-  PIDS+=($!)
+  PIDS+=($!); PID=$!
   wait_for curl -sf "127.0.0.1:$admin/readyz"
 }
 NOOP=$(free_port)
 "$BIN" bench-baseline --grpc-addr 127.0.0.1:$NOOP >/dev/null 2>"$TMP/noop.log" &
-PIDS+=($!)
+PIDS+=($!); NOOP_PID=$!
 wait_for bash -c "exec 3<>/dev/tcp/127.0.0.1/$NOOP"
-start_tollgate memory memory; MEM=$GRPC
-start_tollgate redis "redis://127.0.0.1:$RP"; RED=$GRPC
-start_tollgate cluster "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; CLU=$GRPC
-start_tollgate leased "redis://127.0.0.1:$RP" --lease-max-batch 500 --key-prefix leased:; LEASED=$GRPC
+start_tollgate memory memory; MEM=$GRPC; MEM_PID=$PID
+start_tollgate redis "redis://127.0.0.1:$RP"; RED=$GRPC; RED_PID=$PID
+start_tollgate cluster "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; CLU=$GRPC; CLU_PID=$PID
+start_tollgate leased "redis://127.0.0.1:$RP" --lease-max-batch 500 --key-prefix leased:; LEASED=$GRPC; LEASED_PID=$PID
+
+# CPU time a process has used, in µs (utime + stime from /proc, in clock ticks).
+cpu_us() {
+  awk -v hz="$(getconf CLK_TCK)" '{ print int(($14 + $15) * 1000000 / hz) }' "/proc/$1/stat"
+}
 
 script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
   local total=0 n
@@ -106,8 +113,9 @@ script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
 
 RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
-run() { # label target keys descriptor-key redis-ports…
-  local label=$1 target=$2 keys=$3 key=$4; shift 4
+run() { # label target server-pid keys descriptor-key redis-ports…
+  local label=$1 target=$2 pid=$3 keys=$4 key=$5; shift 5
+  local cpu_before; cpu_before=$(cpu_us "$pid")
   local before=0 after=0 p nodes_before=() nodes=""
   [ $# -gt 0 ] && before=$(script_calls "$@")
   for p in "$@"; do nodes_before+=("$(script_calls "$p")"); done
@@ -118,8 +126,9 @@ run() { # label target keys descriptor-key redis-ports…
   # Each node's share of the calls (a cluster: does one hot key load one node?).
   local i=0
   for p in "$@"; do nodes="$nodes $(( $(script_calls "$p") - ${nodes_before[$i]} ))"; i=$((i + 1)); done
-  echo "$line" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["script_calls"]=int(sys.argv[1]); d["node_calls"]=[int(n) for n in sys.argv[2].split()]; print(json.dumps(d))' \
-    "$((after - before))" "$nodes" >> "$RESULTS"
+  local cpu=$(( $(cpu_us "$pid") - cpu_before ))
+  echo "$line" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["script_calls"]=int(sys.argv[1]); d["node_calls"]=[int(n) for n in sys.argv[2].split()]; d["server_cpu_us"]=int(sys.argv[3]); print(json.dumps(d))' \
+    "$((after - before))" "$nodes" "$cpu" >> "$RESULTS"
 }
 
 # Two passes in opposite orders; the table shows each row's better pass (the machine is shared
@@ -130,12 +139,12 @@ for pass in 1 2; do
     if [ $pass = 1 ]; then order="baseline memory redis $hot cluster"; else order="cluster $hot redis memory baseline"; fi
     for s in $order; do
       case $s in
-        baseline) run baseline "$NOOP" "$keys" tenant ;;
-        memory) run memory "$MEM" "$keys" tenant ;;
-        redis) run redis "$RED" "$keys" tenant "$RP" ;;
-        redis-leased) run redis-leased "$LEASED" "$keys" tenant "$RP" ;;
-        cluster) run cluster "$CLU" "$keys" tenant "$C1" "$C2" "$C3" ;;
-        cluster-sharded) run cluster-sharded "$CLU" "$keys" shard "$C1" "$C2" "$C3" ;;
+        baseline) run baseline "$NOOP" "$NOOP_PID" "$keys" tenant ;;
+        memory) run memory "$MEM" "$MEM_PID" "$keys" tenant ;;
+        redis) run redis "$RED" "$RED_PID" "$keys" tenant "$RP" ;;
+        redis-leased) run redis-leased "$LEASED" "$LEASED_PID" "$keys" tenant "$RP" ;;
+        cluster) run cluster "$CLU" "$CLU_PID" "$keys" tenant "$C1" "$C2" "$C3" ;;
+        cluster-sharded) run cluster-sharded "$CLU" "$CLU_PID" "$keys" shard "$C1" "$C2" "$C3" ;;
       esac
     done
   done
@@ -160,8 +169,8 @@ for r in rows:  # the better of the two passes of each scenario
     if k not in best or r["rps"] > best[k]["rps"]:
         best[k] = r
 print()
-print("| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | script calls / decision |")
-print("|---|---|---|---|---|---|---|---|")
+print("| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | script calls / decision | server CPU µs / request |")
+print("|---|---|---|---|---|---|---|---|---|")
 for keys in (1, 100000):
     base = best[("baseline", keys)]["rps"]
     for label in ("baseline", "memory", "redis", "redis-leased", "cluster", "cluster-sharded"):
@@ -170,7 +179,8 @@ for keys in (1, 100000):
         r = best[(label, keys)]
         decisions = r["total_requests"] * r["descriptors"]
         calls = f'{r["script_calls"] / decisions:.3f}' if label not in ("baseline", "memory") and decisions else "–"
-        print(f'| {label} | {keys:,} | {r["rps"]:,.0f} | {r["rps"] / base:.2f} | {r["p50_us"]} | {r["p99_us"]} | {r["errors"]} | {calls} |')
+        cpu = f'{r["server_cpu_us"] / r["total_requests"]:.1f}' if r["total_requests"] else "–"
+        print(f'| {label} | {keys:,} | {r["rps"]:,.0f} | {r["rps"] / base:.2f} | {r["p50_us"]} | {r["p99_us"]} | {r["errors"]} | {calls} | {cpu} |')
 print()
 for label in ("cluster", "cluster-sharded"):
     r = best.get((label, 1))

@@ -171,6 +171,8 @@ async fn serve_loaded(
                 lease_ttl_ms: settings.lease_ttl_ms,
                 over_limit_cache_max_keys: settings.over_limit_cache_max_keys,
                 shard_retry: settings.shard_retry,
+                // A claim is one store call; waiting a little longer covers its scheduling.
+                claim_wait_ms: settings.store_timeout_ms.saturating_mul(2).max(10),
             },
             clock: Clock::system(),
         },

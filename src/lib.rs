@@ -8,9 +8,11 @@
 //! 2. [`rules`] finds, per descriptor, the limits that apply (envoyproxy/ratelimit matching:
 //!    exact, wildcard, bare key; depth = number of entries).
 //! 3. [`limiter`] plans one store op per counted limit (`limiter::plan`), named by [`keys`]
-//!    (a hash-tagged store key that cannot collide or break the tag), sends all of them to
-//!    the [`store`] in one call and folds the answers into one status per descriptor
-//!    (`limiter::status`); the bucket math is [`limiter::bucket`], mirrored by `lua/*.lua`.
+//!    (a hash-tagged store key that cannot collide or break the tag; a sharded limit picks a
+//!    sub-bucket), answers what it can from memory (`limiter::hot`: token leases, the
+//!    over-limit cache), sends the rest to the [`store`] in one call and folds the answers
+//!    into one status per descriptor (`limiter::status`); the bucket math is
+//!    [`limiter::bucket`], mirrored by `lua/*.lua`.
 //!    Ops the store cannot answer (a failure, a timeout, a node whose circuit is open) are
 //!    decided by [`limiter::fallback`]: a local share of the quota, open, closed or error.
 //! 4. [`service::response`] turns the decision into Envoy's response (statuses, headers);
@@ -21,7 +23,8 @@
 //! - [`app`]: wiring, and `app::serve` on listeners the caller bound (tests bind port 0).
 //! - [`settings`]: every setting declared once; flags, `TOLLGATE_*` and file keys derive from it.
 //! - [`rules`]: YAML with positions, loading, validation with file:line, matching, reload.
-//! - [`keys`], [`limiter`] (plan, status, fallback), [`store`] (memory, and `store::redis`:
+//! - [`keys`], [`limiter`] (plan, hot keys: lease, over-limit cache, shard; status,
+//!   fallback), [`store`] (memory, and `store::redis`:
 //!   connect, pool, scripts, errors, outage, breaker, slots): the decision and where its state
 //!   lives.
 //! - [`service`], [`admin`], [`telemetry`]: the surfaces.

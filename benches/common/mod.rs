@@ -70,6 +70,24 @@ pub fn memory_limiter() -> Limiter {
     )
 }
 
+/// [`memory_limiter`] with token leasing on, as on Redis (the memory store runs the same claim
+/// math as `lease.lua`): the hot-key path's own cost, without a network.
+pub fn leased_memory_limiter() -> Limiter {
+    Limiter::new(
+        Store::Memory(MemoryStore::new(Clock::system())),
+        LimiterConfig {
+            key_prefix: "tg:".into(),
+            hot: tollgate::limiter::HotKeyConfig {
+                shared_store: true,
+                lease_max_batch: 1_000,
+                ..Default::default()
+            },
+            ..LimiterConfig::default()
+        },
+        Arc::new(Metrics::new()),
+    )
+}
+
 /// The default request bounds (settings.rs).
 pub fn bounds() -> Bounds {
     Bounds {

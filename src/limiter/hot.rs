@@ -2,23 +2,29 @@
 //! decisions on a hot key never touch the store.
 //!
 //! Each op, in turn ([`HotKeys::look`]):
-//! 1. **Over-limit cache** ([`overlimit`](super::overlimit)): a key the store refused until `t`
-//!    is refused from memory until `t`. A sharded op whose shard is cached tries another shard
-//!    first.
-//! 2. **Lease** ([`lease`](super::lease)): a leased limit spends from this replica's lease, or
-//!    waits for the key's claim in flight, or becomes a claim.
+//! 1. **Lease** ([`lease`](super::lease)), for a leased limit: spend from this replica's lease
+//!    (and, when it runs low, claim the next batch ahead), or wait for the key's claim in
+//!    flight, or claim.
+//! 2. **Over-limit cache** ([`overlimit`](super::overlimit)), before anything goes to the
+//!    store: a key the store refused until `t` is refused from memory until `t`. A sharded op
+//!    whose shard is cached tries another shard first.
 //! 3. Otherwise the op goes to the store as planned.
 //!
-//! Then one store call carries every op and claim that needs the store ([`HotKeys::round`]);
-//! refusals fill the over-limit cache; a sharded op that found its shard empty tries one other
-//! shard ([`shard`](super::shard)) in a second call. Outcomes come back one per op, in op order,
-//! as [`Store::apply_each`] gives them, so the fallback and the fold do not change.
+//! Then one store call carries every op and claim that needs the store ([`HotKeys::round`]),
+//! *before* any op waits for another request's claim: an op never waits for a claim that is
+//! not on its way. Waiters (bounded by `claim_wait_ms`) look again and, if their lease is still
+//! short, claim in a second call. Refusals fill the over-limit cache; a sharded op that found
+//! its shard empty tries one other shard ([`shard`](super::shard)) in one more call. Outcomes
+//! come back one per op, in op order, as [`Store::apply_each`] gives them, so the fallback and
+//! the fold do not change.
 //!
 //! With no lease, no cache (the memory store) and no sharded limit in the request, the ops go
-//! straight to the store: the plain path allocates nothing more.
+//! straight to the store. On Redis, ops that go to the store as planned are sent from the plan
+//! itself, uncopied.
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::lease::{Claim, LeasePolicy, Leases, Take, TokenEvents};
 use super::overlimit::OverLimitCache;
@@ -41,6 +47,9 @@ pub struct HotKeyConfig {
     /// `over_limit_cache_max_keys` (0: off).
     pub over_limit_cache_max_keys: usize,
     pub shard_retry: bool,
+    /// How long an op waits for another request's claim of its key before claiming itself
+    /// (a claim is one store call: about `store_timeout_ms`).
+    pub claim_wait_ms: u64,
 }
 
 impl Default for HotKeyConfig {
@@ -51,6 +60,7 @@ impl Default for HotKeyConfig {
             lease_ttl_ms: 1_000,
             over_limit_cache_max_keys: 10_000,
             shard_retry: true,
+            claim_wait_ms: 50,
         }
     }
 }
@@ -87,11 +97,8 @@ enum State {
     Ahead(Outcome, Op, Claim, LeasePolicy),
     /// The op, and the key's claim in flight to wait for.
     Wait(Op, tokio::sync::futures::OwnedNotified),
-}
-
-/// A placeholder while a state is being moved out.
-fn taken() -> State {
-    State::Done(Ok(Outcome::default()))
+    /// Moved out while being worked on; never left behind (an op left so has no answer).
+    Taken,
 }
 
 impl HotKeys {
@@ -111,7 +118,7 @@ impl HotKeys {
     /// replica count, which splits a nearly spent bucket between claims.
     pub(super) async fn apply(
         &self,
-        store: &Store,
+        store: &Arc<Store>,
         plan: &Plan,
         share: u64,
     ) -> Vec<Result<Outcome, StoreError>> {
@@ -139,22 +146,27 @@ impl HotKeys {
             self.look(w, share, now, true);
         }
 
-        // Requests waiting on another request's claim for their key: once it settles, look
-        // again; this time a lease that is still short becomes this request's own claim.
+        // Everything that can go to the store goes now, this request's own claims included,
+        // before any wait: a request must never wait for a claim it has not sent (two of its
+        // descriptors on one lease), nor two requests for each other's.
+        self.round(store, &plan.ops, &mut work).await;
+
+        // Ops that waited for another request's claim of their key: once it settles (or the
+        // wait runs out), look again; a lease still short becomes this op's own claim.
         if work.iter().any(|w| matches!(w.state, State::Wait(..))) {
+            let bound = Duration::from_millis(self.config.claim_wait_ms);
             for w in &mut work {
                 if matches!(w.state, State::Wait(..))
-                    && let State::Wait(op, wait) = std::mem::replace(&mut w.state, taken())
+                    && let State::Wait(op, wait) = std::mem::replace(&mut w.state, State::Taken)
                 {
-                    wait.await;
+                    let _ = tokio::time::timeout(bound, wait).await;
                     w.state = State::Send(op);
                     let now = self.clock.mono_ms();
                     self.look(w, share, now, false);
                 }
             }
+            self.round(store, &plan.ops, &mut work).await;
         }
-
-        self.round(store, &plan.ops, &mut work).await;
 
         // A sharded op refused by its shard tries one other shard.
         if self.config.shard_retry {
@@ -207,62 +219,97 @@ impl HotKeys {
             .collect()
     }
 
-    /// Decides what `w` needs: a cached refusal, a leased answer, a wait, a claim, or the
-    /// store (see the module doc).
+    /// Decides what `w` needs: a leased answer, a wait, a cached refusal, a claim, or the
+    /// store (see the module doc). The lease comes first: tokens this replica already holds
+    /// are spent even while the over-limit cache holds a refusal of a larger claim.
     fn look(&self, w: &mut Work<'_>, share: u64, now: u64, may_wait: bool) {
         // Borrowed until the op must be sent: a lease hit or a cached refusal copies nothing.
-        let mut op: Cow<'_, Op> = match std::mem::replace(&mut w.state, taken()) {
+        let op: Cow<'_, Op> = match std::mem::replace(&mut w.state, State::Taken) {
             State::Send(op) => Cow::Owned(op),
             _ => Cow::Borrowed(w.planned_op),
         };
-        if let Some(cache) = &self.cache {
-            let mut cached = cache.check(&op.key, op.cost, now);
-            if cached.is_some() && w.shard.is_some() && self.config.shard_retry && !w.retried {
-                self.switch_shard(w);
-                if let State::Send(o) = std::mem::replace(&mut w.state, taken()) {
-                    op = Cow::Owned(o);
-                }
-                cached = cache.check(&op.key, op.cost, now);
-            }
-            if let Some(o) = cached {
-                w.local = Some("over_limit_cache");
-                w.state = State::Done(Ok(o));
+        let limit = &w.planned.limit;
+        let leased = match (&self.leases, self.policy(limit, &op)) {
+            (Some(leases), Some(policy)) => Some((leases, policy)),
+            _ => None,
+        };
+        let Some((leases, policy)) = leased else {
+            // Not leased: a cached refusal, or the store.
+            if self.refused_from_cache(w, &op, now) {
                 return;
             }
-        }
-        let limit = &w.planned.limit;
-        if let (Some(leases), Some(policy)) = (&self.leases, self.policy(limit, op.kind))
-            && op.cost > 0
-        {
-            let id = if w.shard.is_some() {
-                keys::bucket_id(&op.key)
-            } else {
-                &op.key
-            };
-            let (take, events) = leases.take(id, &op, &limit.class, policy, share, now, may_wait);
-            self.count_tokens(&limit.class, events);
-            w.state = match take {
-                Take::Local(o) => {
-                    w.local = Some("lease");
-                    State::Done(Ok(o))
-                }
-                Take::LocalAndAhead(o, claim) => {
-                    w.local = Some("lease");
-                    self.count_claim(&limit.class);
-                    State::Ahead(o, op.into_owned(), claim, policy)
-                }
-                Take::Wait(wait) => State::Wait(op.into_owned(), wait),
-                Take::Claim(claim) => {
-                    self.count_claim(&limit.class);
-                    State::Claim(op.into_owned(), claim, policy)
-                }
+            if let State::Send(moved) = std::mem::replace(&mut w.state, State::Taken) {
+                // Moved to another shard by the cache check: look at that shard instead.
+                w.state = State::Send(moved);
+                return self.look(w, share, now, may_wait);
+            }
+            w.state = match op {
+                Cow::Borrowed(_) => State::Planned,
+                Cow::Owned(op) => State::Send(op),
             };
             return;
-        }
-        w.state = match op {
-            Cow::Borrowed(_) => State::Planned,
-            Cow::Owned(op) => State::Send(op),
         };
+        let id = if w.shard.is_some() {
+            keys::bucket_id(&op.key)
+        } else {
+            &op.key
+        };
+        let (take, events) = leases.take(id, &op, &limit.class, policy, share, now, may_wait);
+        self.count_tokens(&limit.class, events);
+        w.state = match take {
+            Take::Local(o) => {
+                w.local = Some("lease");
+                State::Done(Ok(o))
+            }
+            Take::LocalAndAhead(o, claim) => {
+                w.local = Some("lease");
+                self.count_claim(&limit.class);
+                State::Ahead(o, op.into_owned(), claim, policy)
+            }
+            Take::Wait(wait) => State::Wait(op.into_owned(), wait),
+            Take::Claim(claim) => {
+                // The lease is short: before claiming, a refusal the store gave this key.
+                // Dropping the claim gives its reservation back and wakes the key's waiters.
+                let cached = self
+                    .cache
+                    .as_ref()
+                    .is_some_and(|c| c.check(&op.key, op.kind, claim.cost(), now).is_some());
+                if cached {
+                    drop(claim);
+                    if self.refused_from_cache(w, &op, now) {
+                        return;
+                    }
+                    if let State::Send(moved) = std::mem::replace(&mut w.state, State::Taken) {
+                        w.state = State::Send(moved);
+                        return self.look(w, share, now, false);
+                    }
+                    // The entry ended in between: claim after all.
+                    w.state = State::Send(op.into_owned());
+                    return self.look(w, share, now, false);
+                }
+                self.count_claim(&limit.class);
+                State::Claim(op.into_owned(), claim, policy)
+            }
+        };
+    }
+
+    /// Whether the over-limit cache refuses `op`: then `w` is done (its shard retry used
+    /// first: a sharded op whose shard is cached moves to another shard, left in `w` as
+    /// `State::Send` for the caller to look at).
+    fn refused_from_cache(&self, w: &mut Work<'_>, op: &Op, now: u64) -> bool {
+        let Some(cache) = &self.cache else {
+            return false;
+        };
+        let Some(o) = cache.check(&op.key, op.kind, op.cost, now) else {
+            return false;
+        };
+        if w.shard.is_some() && self.config.shard_retry && !w.retried {
+            self.switch_shard(w);
+            return false;
+        }
+        w.local = Some("over_limit_cache");
+        w.state = State::Done(Ok(o));
+        true
     }
 
     /// Moves a sharded op to another shard (once) and counts the retry.
@@ -291,7 +338,7 @@ impl HotKeys {
     /// One store call for every op and claim that needs the store; their answers settle the
     /// claims and fill the over-limit cache. When every op goes as planned (nothing leased,
     /// cached or moved to another shard), the plan's ops are sent as they are, uncopied.
-    async fn round(&self, store: &Store, planned_ops: &[Op], work: &mut [Work<'_>]) {
+    async fn round(&self, store: &Arc<Store>, planned_ops: &[Op], work: &mut [Work<'_>]) {
         let as_planned = work.len() == planned_ops.len()
             && work.iter().all(|w| matches!(w.state, State::Planned));
         let mut pending: Vec<(usize, Pending)> = Vec::new();
@@ -300,7 +347,7 @@ impl HotKeys {
             pending.extend((0..work.len()).map(|i| (i, Pending::Op)));
         } else {
             for (i, w) in work.iter_mut().enumerate() {
-                match std::mem::replace(&mut w.state, taken()) {
+                match std::mem::replace(&mut w.state, State::Taken) {
                     State::Planned => {
                         ops.push(w.planned_op.clone());
                         pending.push((i, Pending::Op));
@@ -313,9 +360,23 @@ impl HotKeys {
                         ops.push(claim_op(op, &claim));
                         pending.push((i, Pending::Claim(claim, policy)));
                     }
+                    // The memory store answers at once (no I/O): inline. Redis: in the
+                    // background, so the request is answered without waiting for it.
                     State::Ahead(outcome, op, claim, policy) => {
-                        ops.push(claim_op(op, &claim));
-                        pending.push((i, Pending::Ahead(outcome, claim, policy)));
+                        if matches!(**store, Store::Memory(_)) {
+                            ops.push(claim_op(op, &claim));
+                            pending.push((i, Pending::Ahead(outcome, claim, policy)));
+                        } else {
+                            let class = w.planned.limit.class.clone();
+                            self.spawn_ahead(
+                                store.clone(),
+                                claim_op(op, &claim),
+                                claim,
+                                policy,
+                                class,
+                            );
+                            w.state = State::Done(Ok(outcome));
+                        }
                     }
                     other => w.state = other,
                 }
@@ -330,6 +391,12 @@ impl HotKeys {
         for (((i, pending), op), result) in pending.into_iter().zip(sent).zip(results) {
             let w = &mut work[i];
             let class = &w.planned.limit.class;
+            // A refused claim is cached for its request's whole cost: a smaller request may
+            // still be covered by what the lease holds.
+            let cost = match &pending {
+                Pending::Claim(claim, _) => claim.cost(),
+                _ => op.cost,
+            };
             let outcome = match (pending, result, &self.leases) {
                 (Pending::Claim(claim, policy), Ok(answer), Some(leases)) => {
                     let (o, events) = leases.settle(claim, op, &answer, policy, now);
@@ -351,15 +418,22 @@ impl HotKeys {
                 (_, result, _) => result,
             };
             if let (Some(cache), Ok(o)) = (&self.cache, &outcome) {
-                cache.record(&op.key, op.cost, o, now);
+                cache.record(&op.key, op.kind, cost, o, now);
             }
             w.state = State::Done(outcome);
         }
     }
 
-    /// The lease of `limit` (its `lease:` over the global settings), if it is leased here.
-    fn policy(&self, limit: &Limit, kind: OpKind) -> Option<LeasePolicy> {
-        if matches!(kind, OpKind::SlidingWindow { .. }) {
+    /// The lease of `limit` (its `lease:` over the global settings), if `op` is leased here:
+    /// a token bucket or fixed window, and a cost that can fit at all (a cost above the
+    /// capacity goes to the store, which refuses it for good, instead of tying up the lease).
+    fn policy(&self, limit: &Limit, op: &Op) -> Option<LeasePolicy> {
+        let capacity = match op.kind {
+            OpKind::TokenBucket { capacity, .. } => capacity,
+            OpKind::FixedWindow { limit, .. } => limit,
+            OpKind::SlidingWindow { .. } => return None,
+        };
+        if op.cost == 0 || op.cost > capacity {
             return None;
         }
         let rule = limit.lease.unwrap_or(crate::rules::LeaseRule {
@@ -383,21 +457,35 @@ impl HotKeys {
     }
 
     fn count_tokens(&self, class: &Arc<str>, events: TokenEvents) {
-        for (event, n) in [("granted", events.granted), ("expired", events.expired)] {
-            self.count_token_event(class, event, n);
-        }
+        count_tokens(&self.metrics, class, events);
     }
 
     fn count_token_event(&self, class: &Arc<str>, event: &'static str, n: u64) {
-        if n > 0 {
-            self.metrics
-                .lease_tokens
-                .get_or_create(&LeaseTokenLabels {
-                    class: class.clone(),
-                    event,
-                })
-                .inc_by(n);
-        }
+        count_token_event(&self.metrics, class, event, n);
+    }
+
+    /// Sends a claim ahead in a task of its own: the request that triggered it has its
+    /// answer already. Its result refills the lease; a failure (or a runtime shutting down)
+    /// drops the claim, which wakes the key's waiters.
+    fn spawn_ahead(
+        &self,
+        store: Arc<Store>,
+        op: Op,
+        claim: Claim,
+        policy: LeasePolicy,
+        class: Arc<str>,
+    ) {
+        let Some(leases) = self.leases.clone() else {
+            return;
+        };
+        let (metrics, clock) = (self.metrics.clone(), self.clock.clone());
+        tokio::spawn(async move {
+            let answer = store.apply_each(std::slice::from_ref(&op)).await.pop();
+            if let Some(Ok(answer)) = answer {
+                let (_, events) = leases.settle(claim, &op, &answer, policy, clock.mono_ms());
+                count_tokens(&metrics, &class, events);
+            }
+        });
     }
 
     /// Housekeeping: ended cache entries and idle leases go; expired leased tokens are counted.
@@ -437,6 +525,24 @@ impl HotKeys {
             }
         }
         returned
+    }
+}
+
+fn count_tokens(metrics: &HotKeyMetrics, class: &Arc<str>, events: TokenEvents) {
+    for (event, n) in [("granted", events.granted), ("expired", events.expired)] {
+        count_token_event(metrics, class, event, n);
+    }
+}
+
+fn count_token_event(metrics: &HotKeyMetrics, class: &Arc<str>, event: &'static str, n: u64) {
+    if n > 0 {
+        metrics
+            .lease_tokens
+            .get_or_create(&LeaseTokenLabels {
+                class: class.clone(),
+                event,
+            })
+            .inc_by(n);
     }
 }
 
@@ -510,6 +616,31 @@ mod tests {
                 .render()
                 .contains(r#"tollgate_lease_tokens_total{class="leased",event="expired"}"#)
         );
+    }
+
+    #[test]
+    fn two_descriptors_on_one_lease_never_wait_for_each_other() {
+        // The first op's claim is in flight when the second finds the lease short: the claim
+        // must be sent before the second op waits for it (it used to wait for ever).
+        let f = with_hot_keys(false, hot());
+        let r = req("edge", &[&[("leased", "twice")], &[("leased", "twice")]]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        for _ in 0..3 {
+            let d = rt
+                .block_on(async {
+                    tokio::time::timeout(
+                        std::time::Duration::from_secs(5),
+                        f.limiter.decide(&f.rules, &r),
+                    )
+                    .await
+                })
+                .expect("decided without waiting for itself")
+                .unwrap();
+            assert_eq!(d.overall, Code::Ok);
+        }
     }
 
     #[test]

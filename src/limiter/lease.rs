@@ -7,9 +7,10 @@
 //! - The lease covers the cost: spend it here; no store call (`Take::Local`).
 //! - It does not, and another request of this replica is already claiming for the key: wait
 //!   for that claim, then look again (`Take::Wait`): one claim in flight per key, no stampede.
-//! - The lease covers the cost but is down to a quarter of its last batch: spend it, and this
-//!   request also claims the next batch ahead (`Take::LocalAndAhead`), so the other requests
-//!   keep spending what is left instead of all waiting for a claim once the lease is empty.
+//! - The lease covers the cost but is down to a quarter of its last batch: spend it, and claim
+//!   the next batch ahead (`Take::LocalAndAhead`; on Redis in a task of its own, so nobody
+//!   waits for it), so requests keep spending what is left instead of all waiting for a claim
+//!   once the lease is empty.
 //! - Otherwise claim (`Take::Claim`): what the lease holds is reserved for this request and
 //!   the claim asks the store for the rest (`need`) plus a batch to keep (`want`). A claim is
 //!   all of `need` or nothing, so a request is admitted only when its whole cost is covered.
@@ -26,9 +27,10 @@
 //! # Bounds
 //!
 //! A leased token is taken from the shared bucket before it is spent, so leasing never admits
-//! more tokens than the bucket gave; it only moves *when* they are spent, by at most the TTL.
-//! Over any span, admissions exceed the unleased limit by at most the tokens held in leases at
-//! its start: replicas × (max_batch + cost). A fixed window's lease also ends with its window.
+//! more tokens than the bucket gave; it only moves *when* they are spent. Over any span,
+//! admissions exceed the unleased limit by at most the tokens held in leases at its start:
+//! replicas × (max_batch + cost). Tokens left when a new batch arrives join it and its TTL; a
+//! fixed window's tokens end with their window.
 //! Unspent tokens expire with the lease (they are lost to the bucket), and on graceful
 //! shutdown they are given back ([`Leases::drain`]).
 //!
@@ -70,14 +72,16 @@ struct Lease {
     tokens: u64,
     /// Monotonic ms after which `tokens` are no longer spendable.
     expires_ms: u64,
-    /// The shared bucket's remaining tokens after the last claim, and its reset then.
+    /// The shared bucket's remaining tokens after the last claim.
     shared_remaining: u64,
-    shared_reset_ms: u64,
+    /// When the last single-flight claim settled (the start of the rate measurement).
     claimed_ms: u64,
     /// Tokens spent from this key since the last claim, for the batch size.
     spent_since_claim: u64,
     /// What the last claim added to the lease: a quarter of it left triggers a claim ahead.
     last_batch: u64,
+    /// A fixed window's end as of the last claim (monotonic ms).
+    window_end_ms: u64,
     /// Set while a claim for this key is in flight; waiters are woken when it settles.
     claiming: Option<Arc<Notify>>,
     /// Where the last claim went (a shard key for a sharded limit), its kind and class: what a
@@ -122,6 +126,13 @@ pub(super) struct Claim {
 pub(super) struct TokenEvents {
     pub(super) granted: u64,
     pub(super) expired: u64,
+}
+
+impl Claim {
+    /// The cost of the request this claim is for (0 for a claim ahead).
+    pub(super) fn cost(&self) -> u64 {
+        self.cost
+    }
 }
 
 impl Leases {
@@ -258,7 +269,17 @@ impl Leases {
                 } else {
                     answer.granted.saturating_sub(claim.ask.need)
                 };
-                if lease.tokens > 0 && now_ms >= lease.expires_ms {
+                // What the lease still holds joins the new batch and its TTL (a token
+                // bucket's tokens are the same whenever they were taken), except a fixed
+                // window's tokens from a window that has ended: those end with it.
+                let expired = now_ms >= lease.expires_ms
+                    || match op.kind {
+                        OpKind::FixedWindow { window_ms, .. } => {
+                            now_ms + answer.reset_ms > lease.window_end_ms + window_ms / 2
+                        }
+                        _ => false,
+                    };
+                if lease.tokens > 0 && expired {
                     events.expired = lease.tokens;
                     lease.tokens = 0;
                 }
@@ -269,12 +290,17 @@ impl Leases {
                     _ => policy.ttl_ms,
                 };
                 lease.expires_ms = now_ms + ttl;
+                lease.window_end_ms = now_ms + answer.reset_ms;
                 lease.shared_remaining = answer.remaining;
-                lease.shared_reset_ms = answer.reset_ms;
-                lease.claimed_ms = now_ms;
-                lease.spent_since_claim = claim.cost;
-                lease.last_batch = extra;
+                lease.kind = op.kind;
                 lease.claim_key.clone_from(&op.key);
+                // The key's rate is measured between single-flight claims only: a waiter's
+                // own claim (no batch) must not reset it.
+                if claim.notify.is_some() {
+                    lease.claimed_ms = now_ms;
+                    lease.spent_since_claim = claim.cost;
+                    lease.last_batch = extra;
+                }
                 lease.estimate(now_ms, 0)
             }
             Some(lease) => {
@@ -342,10 +368,10 @@ impl Lease {
             tokens: 0,
             expires_ms: 0,
             shared_remaining: 0,
-            shared_reset_ms: 0,
             claimed_ms: now_ms,
             spent_since_claim: 0,
             last_batch: 0,
+            window_end_ms: 0,
             claiming: None,
             claim_key: op.key.clone(),
             kind: op.kind,
@@ -381,13 +407,10 @@ impl Lease {
                 };
                 (remaining, reset)
             }
-            OpKind::FixedWindow { limit, .. } | OpKind::SlidingWindow { limit, .. } => {
-                let elapsed = now_ms.saturating_sub(self.claimed_ms);
-                (
-                    (self.shared_remaining + self.tokens).min(limit),
-                    self.shared_reset_ms.saturating_sub(elapsed),
-                )
-            }
+            OpKind::FixedWindow { limit, .. } | OpKind::SlidingWindow { limit, .. } => (
+                (self.shared_remaining + self.tokens).min(limit),
+                self.window_end_ms.saturating_sub(now_ms),
+            ),
         };
         Outcome {
             allowed: true,

@@ -150,7 +150,8 @@ impl Default for LimiterConfig {
 
 #[derive(Debug)]
 pub struct Limiter {
-    store: Store,
+    /// Shared with the background claims of leases (`hot.rs`).
+    store: Arc<Store>,
     config: LimiterConfig,
     /// The metrics class of Envoy overrides, made once so no decision allocates it.
     override_class: Arc<str>,
@@ -169,7 +170,7 @@ impl Limiter {
         );
         let hot = hot::HotKeys::new(config.hot, config.clock.clone(), metrics.hot.clone());
         Limiter {
-            store,
+            store: Arc::new(store),
             config,
             override_class: OVERRIDE_CLASS.into(),
             tally: status::Tally::new(metrics),

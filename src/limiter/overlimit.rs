@@ -19,7 +19,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::store::Outcome;
+use crate::store::{OpKind, Outcome};
 
 const SHARDS: usize = 16;
 
@@ -35,6 +35,9 @@ pub(super) struct OverLimitCache {
 
 #[derive(Clone, Copy, Debug)]
 struct Refusal {
+    /// The bucket's numbers when it refused: a reload that changes the limit (same key)
+    /// must not keep refusing by the old numbers.
+    kind: OpKind,
     /// Monotonic ms when the refused cost fits again.
     until_ms: u64,
     /// The refused cost (at least 1: a check needs one token).
@@ -60,11 +63,12 @@ impl OverLimitCache {
         self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The refusal of a take of `cost` on `key` at `now_ms`, if the cache holds one.
-    pub(super) fn check(&self, key: &str, cost: u64, now_ms: u64) -> Option<Outcome> {
+    /// The refusal of a take of `cost` on `key` (a bucket of `kind`) at `now_ms`, if the
+    /// cache holds one.
+    pub(super) fn check(&self, key: &str, kind: OpKind, cost: u64, now_ms: u64) -> Option<Outcome> {
         let mut shard = self.shard(key);
         let r = *shard.get(key)?;
-        if now_ms >= r.until_ms {
+        if now_ms >= r.until_ms || r.kind != kind {
             shard.remove(key);
             self.len.fetch_sub(1, Ordering::Relaxed);
             return None;
@@ -80,7 +84,14 @@ impl OverLimitCache {
 
     /// Remembers a store refusal of `cost` on `key` that arrived at `now_ms`. Refusals that
     /// never fit (`retry_ms` None) or fit at once are not kept.
-    pub(super) fn record(&self, key: &str, cost: u64, outcome: &Outcome, now_ms: u64) {
+    pub(super) fn record(
+        &self,
+        key: &str,
+        kind: OpKind,
+        cost: u64,
+        outcome: &Outcome,
+        now_ms: u64,
+    ) {
         let Some(retry_ms) = outcome.retry_ms.filter(|&r| r > 0) else {
             return;
         };
@@ -88,6 +99,7 @@ impl OverLimitCache {
             return;
         }
         let refusal = Refusal {
+            kind,
             until_ms: now_ms.saturating_add(retry_ms),
             need: cost.max(1),
             reset_at_ms: now_ms.saturating_add(outcome.reset_ms),
@@ -134,6 +146,12 @@ impl OverLimitCache {
 mod tests {
     use super::*;
 
+    const K: OpKind = OpKind::TokenBucket {
+        capacity: 10,
+        refill: 1,
+        window_ms: 1_000,
+    };
+
     fn refused(retry_ms: Option<u64>) -> Outcome {
         Outcome {
             allowed: false,
@@ -147,44 +165,53 @@ mod tests {
     #[test]
     fn refuses_until_the_cost_fits_with_the_exact_wait() {
         let c = OverLimitCache::new(10);
-        c.record("k", 2, &refused(Some(1_000)), 100);
-        let o = c.check("k", 2, 400).expect("cached");
+        c.record("k", K, 2, &refused(Some(1_000)), 100);
+        let o = c.check("k", K, 2, 400).expect("cached");
         assert_eq!(
             (o.allowed, o.retry_ms, o.reset_ms),
             (false, Some(700), 8_700)
         );
         assert!(
-            c.check("k", 5, 400).is_some(),
+            c.check("k", K, 5, 400).is_some(),
             "a larger cost cannot fit sooner"
         );
         assert!(
-            c.check("k", 1, 400).is_none(),
+            c.check("k", K, 1, 400).is_none(),
             "a smaller cost may: ask the store"
         );
-        assert!(c.check("other", 2, 400).is_none());
-        assert!(c.check("k", 2, 1_100).is_none(), "fits at `until`");
+        assert!(c.check("other", K, 2, 400).is_none());
+        let raised = OpKind::TokenBucket {
+            capacity: 100,
+            refill: 1,
+            window_ms: 1_000,
+        };
+        assert!(
+            c.check("k", raised, 2, 400).is_none(),
+            "a reloaded limit asks the store"
+        );
+        assert!(c.check("k", K, 2, 1_100).is_none(), "fits at `until`");
         assert_eq!(c.sweep(1_100), 0);
     }
 
     #[test]
     fn keeps_only_refusals_that_can_end_and_stays_bounded() {
         let c = OverLimitCache::new(2);
-        c.record("never", 1, &refused(None), 0);
-        c.record("now", 1, &refused(Some(0)), 0);
+        c.record("never", K, 1, &refused(None), 0);
+        c.record("now", K, 1, &refused(Some(0)), 0);
         assert_eq!(c.sweep(0), 0);
-        c.record("a", 1, &refused(Some(100)), 0);
-        c.record("b", 1, &refused(Some(200)), 0);
-        c.record("c", 1, &refused(Some(200)), 0);
-        assert!(c.check("c", 1, 1).is_none(), "full: not kept");
-        c.record("a", 1, &refused(Some(500)), 0);
+        c.record("a", K, 1, &refused(Some(100)), 0);
+        c.record("b", K, 1, &refused(Some(200)), 0);
+        c.record("c", K, 1, &refused(Some(200)), 0);
+        assert!(c.check("c", K, 1, 1).is_none(), "full: not kept");
+        c.record("a", K, 1, &refused(Some(500)), 0);
         assert!(
-            c.check("a", 1, 300).is_some(),
+            c.check("a", K, 1, 300).is_some(),
             "an entry is renewed in place"
         );
         // Once `b` has ended, a new key takes its room.
-        c.record("c", 1, &refused(Some(400)), 250);
-        assert!(c.check("b", 1, 250).is_none(), "ended");
-        assert!(c.check("c", 1, 300).is_some());
+        c.record("c", K, 1, &refused(Some(400)), 250);
+        assert!(c.check("b", K, 1, 250).is_none(), "ended");
+        assert!(c.check("c", K, 1, 300).is_some());
         assert_eq!(c.sweep(10_000), 0);
     }
 }
