@@ -267,14 +267,15 @@ fn with_redis_killed_a_tenant_still_gets_429_once_its_local_share_is_spent() {
 }
 
 /// Leasing and sharding end to end: two tollgate replicas on the 3-primary cluster, each
-/// behind its own Envoy, one tenant limit split over 2 shards and leased 10 at a time. The
+/// behind its own Envoy, one tenant limit split over 2 shards and leased 10 at a time (a TTL
+/// of a minute, so a slow machine cannot expire leased tokens mid-test). The
 /// requests alternate between the two Envoys: together they admit exactly the limit, and the
 /// refusals are 429s with Retry-After.
 #[test]
 fn through_envoy_leased_and_sharded_limits_still_hold() {
     let cluster = common::redis::TestCluster::shared();
     let prefix = common::redis::unique_prefix("envoy-hot");
-    let rules = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 40, shards: 2, lease: {max_batch: 10}}\n";
+    let rules = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 40, shards: 2, lease: {max_batch: 10, ttl_ms: 60000}}\n";
     let start = || {
         TestServer::builder(rules)
             .arg("response-headers", "true")
