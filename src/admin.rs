@@ -54,7 +54,8 @@ pub fn router(state: Arc<AdminState>) -> Router {
 }
 
 /// 200 when ready, 503 before and while draining; the body says why, in JSON:
-/// `{"status", "rules": {"domains", "limits"}, "store": {"kind", "state"}}`. Later features
+/// `{"status", "rules": {"domains", "limits"}, "store": {"kind", "state", "error"?}}` (`error`:
+/// why the last connection attempt failed, while the store is not connected). Later features
 /// (fallback, fleet membership) add their own objects.
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let store = s.handler.limiter.store();
@@ -70,10 +71,14 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     // The store's state is information, not a condition: see the module doc.
     let limiter = &s.handler.limiter;
     let replicas = limiter.replicas();
+    let mut store_body = json!({ "kind": store.name(), "state": store.state() });
+    if let Some(error) = store.connect_error() {
+        store_body["error"] = json!(error);
+    }
     let body = json!({
         "status": status,
         "rules": { "domains": domains, "limits": limits },
-        "store": { "kind": store.name(), "state": store.state() },
+        "store": store_body,
         "fallback": {
             "mode": limiter.fallback_mode().name(),
             "open_circuits": store.open_circuits(),

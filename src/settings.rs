@@ -87,6 +87,12 @@ settings! {
         "add RateLimit-* and Retry-After to responses";
     key_prefix: String = "tollgate:".to_string(),
         "prefix of every store key";
+    store_tls_ca: String = String::new(),
+        "PEM file of the CA(s) that sign the Redis server's certificate (rediss://; empty: the system roots)";
+    store_tls_cert: String = String::new(),
+        "PEM client certificate for mutual TLS to Redis (with store_tls_key)";
+    store_tls_key: String = String::new(),
+        "PEM private key of store_tls_cert";
     store_pool_size: usize = 8,
         "connections to the store";
     store_connect_timeout_ms: u64 = 1_000,
@@ -355,6 +361,26 @@ impl Settings {
             return bad(
                 "store",
                 "expected `memory`, redis://…, rediss://…, redis+cluster://… or rediss+cluster://…",
+            );
+        }
+        let tls_url =
+            self.store.starts_with("rediss://") || self.store.starts_with("rediss+cluster://");
+        for (key, value) in [
+            ("store_tls_ca", &self.store_tls_ca),
+            ("store_tls_cert", &self.store_tls_cert),
+            ("store_tls_key", &self.store_tls_key),
+        ] {
+            if !value.is_empty() && !tls_url {
+                return bad(
+                    key,
+                    "is set, but the store is not a TLS URL (rediss://… or rediss+cluster://…)",
+                );
+            }
+        }
+        if self.store_tls_cert.is_empty() != self.store_tls_key.is_empty() {
+            return bad(
+                "store_tls_cert",
+                "store_tls_cert and store_tls_key go together (mutual TLS needs both)",
             );
         }
         if self.key_prefix.contains(['{', '}']) {

@@ -12,12 +12,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::redis::{TestCluster, TestRedis, unique_prefix};
-use common::store::{DAY, HOUR, clear_of_window_edge, connect, fw, key, one, settings, sw, tb};
+use common::store::{DAY, HOUR, clear_of_window_edge, connect, fw, key, one, sw, tb};
 use common::{InProcess, TestServer, free_port, get, poll_async, readyz, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use tollgate::clock::Clock;
 use tollgate::store::{Op, Store, StoreError, StoreErrorKind};
-use tollgate::telemetry::Metrics;
 use tonic::transport::Channel;
 
 const RULES: &str =
@@ -298,20 +296,6 @@ async fn cluster_noscript_is_recovered() {
 
 // ---------------------------------------------------------------------------------------------
 // A store URL that cannot work stops startup; a password is never shown.
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_urls_are_refused_with_a_clear_error() {
-    let err = Store::connect(
-        &settings("rediss://u:secret@127.0.0.1:1", 10),
-        Clock::system(),
-        &Metrics::new(),
-    )
-    .await
-    .unwrap_err();
-    assert!(!err.is_transient());
-    assert!(err.to_string().contains("TLS is not built"), "{err}");
-    assert!(!err.to_string().contains("secret"), "{err}");
-}
 
 #[test]
 fn a_malformed_store_url_stops_startup_with_a_clear_error() {

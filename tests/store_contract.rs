@@ -1,6 +1,7 @@
 //! The store contract: one set of cases run against every store — the memory store, a real
-//! `redis-server` and a real three-primary Redis Cluster — so the Lua scripts and the Rust
-//! bucket math give the same answers through `Store::apply`.
+//! `redis-server` (over plain TCP and over TLS, `rediss://` with a CA the test generates) and a
+//! real three-primary Redis Cluster — so the Lua scripts and the Rust bucket math give the same
+//! answers through `Store::apply`.
 //!
 //! Redis cannot be given a fake clock, so cases that read reset/retry times use hour- or
 //! day-long windows (refill during a test is negligible) and compare times with a tolerance;
@@ -20,6 +21,7 @@ use common::store::{
     DAY, HOUR, assert_near, claim, clear_of_window_edge, contract_store, fw, give_back, key, one,
     settings, sw, tb, wall_ms,
 };
+use common::tls::TestCerts;
 use tollgate::clock::Clock;
 use tollgate::store::{Op, Store};
 use tollgate::telemetry::Metrics;
@@ -392,6 +394,18 @@ async fn lease_claims_share_the_bucket_with_takes(store: Arc<Store>, p: String) 
     assert_eq!(one(&store, fw(&w, 5, DAY, 4)).await.remaining, 0);
 }
 
+/// A store over `rediss://`, trusting the test CA.
+async fn tls_store(url: &str, certs: &TestCerts) -> Arc<Store> {
+    let settings = tollgate::settings::Settings {
+        store_tls_ca: certs.file("ca.crt"),
+        ..settings(url, 2_000)
+    };
+    let store = Store::connect(&settings, Clock::system(), &Metrics::new())
+        .await
+        .unwrap_or_else(|e| panic!("store for {url}: {e}"));
+    Arc::new(store)
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -410,6 +424,17 @@ macro_rules! contract {
                     let redis = super::TestRedis::start();
                     let store = super::contract_store(&redis.url()).await;
                     super::$case(store, super::unique_prefix("redis")).await;
+                }
+            )*
+        }
+        mod tls {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let certs = super::TestCerts::generate();
+                    let redis = super::TestRedis::start_tls(&certs, false);
+                    let store = super::tls_store(&redis.tls_url(), &certs).await;
+                    super::$case(store, super::unique_prefix("tls")).await;
                 }
             )*
         }

@@ -86,6 +86,9 @@ pub enum StoreErrorKind {
     Script,
     /// Authentication or ACL refused.
     Auth,
+    /// The TLS handshake failed: an untrusted or mismatched server certificate, or a client
+    /// certificate the server refused.
+    Tls,
     /// A reply of the wrong shape.
     Protocol,
     /// A bad store configuration (only at startup).
@@ -104,6 +107,7 @@ impl StoreErrorKind {
             StoreErrorKind::Unavailable => "unavailable",
             StoreErrorKind::Script => "script",
             StoreErrorKind::Auth => "auth",
+            StoreErrorKind::Tls => "tls",
             StoreErrorKind::Protocol => "protocol",
             StoreErrorKind::Config => "config",
             StoreErrorKind::CircuitOpen => "circuit_open",
@@ -261,6 +265,16 @@ impl Store {
         match self {
             Store::Memory(_) => "memory",
             Store::Redis(r) => r.name(),
+        }
+    }
+
+    /// Why the store is not connected (the last failed connection attempt: an unreachable
+    /// host, a refused password, an untrusted certificate), for `/readyz`; `None` while
+    /// connected. The message never holds a password.
+    pub fn connect_error(&self) -> Option<String> {
+        match self {
+            Store::Memory(_) => None,
+            Store::Redis(r) => r.connect_error(),
         }
     }
 

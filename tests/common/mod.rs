@@ -19,6 +19,7 @@ pub mod envoy;
 pub mod inproc;
 pub mod redis;
 pub mod store;
+pub mod tls;
 
 // Not every test binary starts one.
 #[allow(unused_imports)]

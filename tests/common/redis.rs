@@ -52,8 +52,10 @@ pub fn command<T: ::redis::FromRedisValue>(port: u16, args: &[&str]) -> ::redis:
 pub struct TestRedis {
     port: u16,
     dir: PathBuf,
-    /// Extra arguments (cluster mode) kept for [`TestRedis::restart`].
+    /// Extra arguments (cluster mode, TLS) kept for [`TestRedis::restart`].
     extra: Vec<String>,
+    /// The TLS port of a server from [`TestRedis::start_tls`].
+    tls_port: Option<u16>,
     child: Option<Child>,
     /// The temp directory `dir` is, when this value owns it (a cluster owns its nodes'
     /// directories itself); removed on drop, after the server is killed.
@@ -74,6 +76,42 @@ impl TestRedis {
         panic!("redis-server did not start: {last}");
     }
 
+    /// Starts a standalone server that also listens with TLS (certificates from `certs`) on
+    /// [`TestRedis::tls_url`]; with `mutual`, a TLS client must show a certificate signed by
+    /// the test CA. The plain port stays open for the test's own inspection.
+    pub fn start_tls(certs: &super::tls::TestCerts, mutual: bool) -> TestRedis {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let tls_port = free_port();
+            let extra = vec![
+                "--tls-port".to_string(),
+                tls_port.to_string(),
+                "--tls-cert-file".to_string(),
+                certs.file("server.crt"),
+                "--tls-key-file".to_string(),
+                certs.file("server.key"),
+                "--tls-ca-cert-file".to_string(),
+                certs.file("ca.crt"),
+                "--tls-auth-clients".to_string(),
+                if mutual { "yes" } else { "no" }.to_string(),
+            ];
+            match TestRedis::try_start(free_port(), Owned(temp_dir("redis-tls")), extra) {
+                Ok(mut r) => {
+                    r.tls_port = Some(tls_port);
+                    return r;
+                }
+                Err(e) => last = e,
+            }
+        }
+        panic!("redis-server with TLS did not start: {last}");
+    }
+
+    /// `rediss://127.0.0.1:<tls port>` of a server from [`TestRedis::start_tls`].
+    pub fn tls_url(&self) -> String {
+        let port = self.tls_port.expect("started with start_tls");
+        format!("rediss://127.0.0.1:{port}")
+    }
+
     /// Starts a standalone server on `port` (which must be free).
     pub fn start_on(port: u16) -> TestRedis {
         TestRedis::try_start(port, Owned(temp_dir("redis")), Vec::new())
@@ -89,6 +127,7 @@ impl TestRedis {
             port,
             dir,
             extra,
+            tls_port: None,
             child: None,
             _owned: owned,
         };

@@ -5,8 +5,13 @@
 //! seeds a cluster client (credentials apply to every node; Redis Cluster has only database
 //! 0). Both kinds of connection are cheap handles onto a shared driver task: a standalone
 //! [`MultiplexedConnection`] pipelines concurrent requests, a [`ClusterConnection`] keeps one
-//! connection per node and follows the slot map. TLS (`rediss://`) is not built in: it would
-//! pull a TLS stack into every build, so such URLs are refused at startup with a clear error.
+//! connection per node and follows the slot map.
+//!
+//! `rediss://` and `rediss+cluster://` are the same over TLS (rustls with the ring provider;
+//! no OpenSSL): the server's certificate is checked against `store_tls_ca` (else the system
+//! roots) and the host name or IP of the URL; `store_tls_cert` + `store_tls_key` add a client
+//! certificate (mutual TLS). The files are read once, at startup: a missing or unreadable one
+//! is a startup error naming the setting and the path.
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
@@ -67,13 +72,13 @@ impl Connector {
     pub(super) fn parse(cfg: &RedisConfig) -> Result<Connector, StoreError> {
         let url = cfg.url.as_str();
         let shown = redact_url(url);
-        if url.starts_with("rediss://") || url.starts_with("rediss+cluster://") {
-            return Err(config_error(format!(
-                "{shown}: TLS is not built into this tollgate (it would add a TLS stack to every build); \
-                 use redis:// / redis+cluster:// on a trusted network or a TLS sidecar"
-            )));
-        }
-        if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        let tls = url.starts_with("rediss://") || url.starts_with("rediss+cluster://");
+        let certs = if tls { tls_certificates(cfg)? } else { None };
+        let cluster = url
+            .strip_prefix("redis+cluster://")
+            .or_else(|| url.strip_prefix("rediss+cluster://"));
+        if let Some(rest) = cluster {
+            let scheme = if tls { "rediss" } else { "redis" };
             let (auth, rest) = match rest.rsplit_once('@') {
                 Some((auth, hosts)) => (Some(auth), hosts),
                 None => (None, rest),
@@ -93,8 +98,8 @@ impl Connector {
                 .filter(|h| !h.is_empty())
                 .map(|h| match auth {
                     // Credentials apply to every node.
-                    Some(auth) => format!("redis://{auth}@{h}"),
-                    None => format!("redis://{h}"),
+                    Some(auth) => format!("{scheme}://{auth}@{h}"),
+                    None => format!("{scheme}://{h}"),
                 })
                 .collect();
             if nodes.is_empty() {
@@ -102,21 +107,29 @@ impl Connector {
                     "{shown}: no cluster nodes (expected host:port,host:port,…)"
                 )));
             }
-            let client = ClusterClient::builder(nodes)
+            let mut builder = ClusterClient::builder(nodes)
                 .connection_timeout(cfg.connect_timeout)
                 // Bounds the cluster client's internal work (slot refreshes, reconnects); each
                 // request is bounded by our own, shorter timeout.
-                .response_timeout(cfg.connect_timeout.max(cfg.timeout))
+                .response_timeout(cfg.connect_timeout.max(cfg.timeout));
+            if let Some(certs) = certs {
+                builder = builder.certs(certs);
+            }
+            let client = builder
                 .build()
                 .map_err(|e| config_error(format!("{shown}: {e}")))?;
             return Ok(Connector::Cluster(client));
         }
-        if !url.starts_with("redis://") {
+        if !url.starts_with("redis://") && !url.starts_with("rediss://") {
             return Err(config_error(format!(
                 "{shown}: expected redis://, rediss://, redis+cluster:// or rediss+cluster://"
             )));
         }
-        let client = redis::Client::open(url).map_err(|e| config_error(format!("{shown}: {e}")))?;
+        let client = match certs {
+            Some(certs) => redis::Client::build_with_tls(url, certs),
+            None => redis::Client::open(url),
+        }
+        .map_err(|e| config_error(format!("{shown}: {e}")))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(cfg.connect_timeout))
             // Every call is bounded by our own timeout (tokio::time::timeout) instead.
@@ -142,6 +155,45 @@ impl Connector {
     }
 }
 
+/// The TLS files of the settings, read now; `None` when none is set (the system roots, no
+/// client certificate). Installs rustls's ring provider for the process first: rustls needs
+/// exactly one, and only ring is compiled in.
+fn tls_certificates(cfg: &RedisConfig) -> Result<Option<redis::TlsCertificates>, StoreError> {
+    // Err only when a provider is installed already (by an earlier store): fine either way.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let read = |setting: &str, path: &str| -> Result<Option<Vec<u8>>, StoreError> {
+        if path.is_empty() {
+            return Ok(None);
+        }
+        std::fs::read(path)
+            .map(Some)
+            .map_err(|e| config_error(format!("{setting} {path}: {e}")))
+    };
+    let root_cert = read("store_tls_ca", &cfg.tls_ca)?;
+    let client_tls = match (
+        read("store_tls_cert", &cfg.tls_cert)?,
+        read("store_tls_key", &cfg.tls_key)?,
+    ) {
+        (Some(client_cert), Some(client_key)) => Some(redis::ClientTlsConfig {
+            client_cert,
+            client_key,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(config_error(
+                "store_tls_cert and store_tls_key go together (mutual TLS needs both)".into(),
+            ));
+        }
+    };
+    if root_cert.is_none() && client_tls.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +206,9 @@ mod tests {
             timeout: std::time::Duration::from_millis(20),
             breaker_failures: 3,
             breaker_probe: std::time::Duration::from_millis(500),
+            tls_ca: String::new(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
         }
     }
 
@@ -175,21 +230,33 @@ mod tests {
             Connector::parse(&cfg("redis+cluster://127.0.0.1:7000/0")),
             Ok(Connector::Cluster(_))
         ));
+        assert!(matches!(
+            Connector::parse(&cfg("rediss://u:p@127.0.0.1:6380")),
+            Ok(Connector::Standalone { .. })
+        ));
+        assert!(matches!(
+            Connector::parse(&cfg("rediss+cluster://127.0.0.1:7000,127.0.0.1:7001")),
+            Ok(Connector::Cluster(_))
+        ));
+    }
+
+    #[test]
+    fn unreadable_tls_files_are_config_errors_naming_the_setting() {
+        let mut c = cfg("rediss://u:hunter2@127.0.0.1:6380");
+        c.tls_ca = "/nonexistent/ca.pem".into();
+        let Err(e) = Connector::parse(&c) else {
+            panic!("a missing CA file was accepted")
+        };
+        assert!(!e.is_transient());
+        assert!(
+            e.message.contains("store_tls_ca /nonexistent/ca.pem"),
+            "{e}"
+        );
+        assert!(!e.message.contains("hunter2"), "{e}");
     }
 
     #[test]
     fn bad_urls_are_config_errors_without_secrets() {
-        for url in [
-            "rediss://u:hunter2@h:1",
-            "rediss+cluster://u:hunter2@h:1,h:2",
-        ] {
-            let Err(e) = Connector::parse(&cfg(url)) else {
-                panic!("{url} accepted")
-            };
-            assert!(!e.is_transient());
-            assert!(e.message.contains("TLS is not built"), "{e}");
-            assert!(!e.message.contains("hunter2"), "{e}");
-        }
         let Err(e) = Connector::parse(&cfg("redis+cluster://u:hunter2@a:1,b:2/3")) else {
             panic!()
         };

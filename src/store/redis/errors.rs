@@ -4,8 +4,8 @@
 //! `timeout` (no answer within `store_timeout_ms`; made by the caller, not here), `connection`
 //! (not connected, or the connection broke) and `unavailable` (`CLUSTERDOWN`, `TRYAGAIN`,
 //! `LOADING`, `BUSY`, a redirect that did not settle, …) are transient; `script` (a script or
-//! data error), `auth` and `protocol` (a reply of the wrong shape) are not; `config` (a bad
-//! URL) only comes from parsing the URL at startup.
+//! data error), `auth`, `tls` (a failed handshake) and `protocol` (a reply of the wrong shape)
+//! are not; `config` (a bad URL) only comes from parsing the URL at startup.
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
@@ -34,6 +34,9 @@ pub(super) fn kind_of(e: &RedisError) -> StoreErrorKind {
     if e.is_timeout() {
         return StoreErrorKind::Timeout;
     }
+    if is_tls(e) {
+        return StoreErrorKind::Tls;
+    }
     if e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -61,6 +64,43 @@ pub(super) fn kind_of(e: &RedisError) -> StoreErrorKind {
     }
 }
 
+/// Whether `e` is a failed TLS handshake: a `rustls::Error` somewhere in its source chain,
+/// directly or inside an `io::Error` as tokio-rustls reports it. The `redis` crate keeps the
+/// I/O error behind an `Arc<dyn Error>`, and `io::Error::source` skips the error it wraps, so
+/// each link is also looked into through those two wrappers.
+fn is_tls(e: &RedisError) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    fn rustls_inside(err: &(dyn std::error::Error + 'static)) -> bool {
+        if err.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(shared) = err.downcast_ref::<Shared>() {
+            return rustls_inside(shared.as_ref());
+        }
+        err.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .is_some_and(|inner| rustls_inside(inner))
+    }
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        if rustls_inside(err) {
+            return true;
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// The metrics `kind` of a failed connection attempt: `tls` (the handshake), `auth`
+/// (credentials or ACL), else `connect`.
+pub(super) fn connect_kind(e: &RedisError) -> &'static str {
+    match kind_of(e) {
+        StoreErrorKind::Tls => "tls",
+        StoreErrorKind::Auth => "auth",
+        _ => "connect",
+    }
+}
+
 /// A configuration error (a bad URL), with the password already removed from `message`.
 pub(super) fn config_error(message: String) -> StoreError {
     StoreError::new(StoreErrorKind::Config, message)
@@ -74,6 +114,13 @@ mod tests {
     fn kinds_keep_their_metric_labels_and_transience() {
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(kind_of(&io), StoreErrorKind::Connection);
+        let handshake = RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        ));
+        assert_eq!(kind_of(&handshake), StoreErrorKind::Tls);
+        assert_eq!(connect_kind(&handshake), "tls");
+        assert_eq!(connect_kind(&io), "connect");
         let reply = CallError::Reply("x".into()).into_store_error();
         assert_eq!(
             (reply.kind.label(), reply.is_transient()),
@@ -85,6 +132,7 @@ mod tests {
             (StoreErrorKind::Unavailable, "unavailable", true),
             (StoreErrorKind::Script, "script", false),
             (StoreErrorKind::Auth, "auth", false),
+            (StoreErrorKind::Tls, "tls", false),
             (StoreErrorKind::Protocol, "protocol", false),
             (StoreErrorKind::Config, "config", false),
         ] {

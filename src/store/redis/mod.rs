@@ -77,6 +77,11 @@ pub struct RedisConfig {
     pub breaker_failures: u32,
     /// How often an open circuit's node is probed.
     pub breaker_probe: Duration,
+    /// `rediss://`: the CA file (empty: the system roots), and the client certificate and key
+    /// for mutual TLS (both or neither).
+    pub tls_ca: String,
+    pub tls_cert: String,
+    pub tls_key: String,
 }
 
 impl RedisConfig {
@@ -88,6 +93,9 @@ impl RedisConfig {
             timeout: Duration::from_millis(s.store_timeout_ms),
             breaker_failures: s.breaker_failures,
             breaker_probe: Duration::from_millis(s.breaker_probe_ms),
+            tls_ca: s.store_tls_ca.clone(),
+            tls_cert: s.store_tls_cert.clone(),
+            tls_key: s.store_tls_key.clone(),
         }
     }
 }
@@ -363,6 +371,12 @@ impl RedisStore {
     pub fn state(&self) -> &'static str {
         self.pool.state()
     }
+
+    /// The last failed connection attempt's error while not fully connected (see
+    /// [`Store::connect_error`](crate::store::Store::connect_error)).
+    pub fn connect_error(&self) -> Option<String> {
+        (self.pool.state() != "connected").then(|| self.pool.last_connect_error())
+    }
 }
 
 impl Drop for RedisStore {
@@ -429,6 +443,9 @@ mod tests {
             timeout: Duration::from_millis(20),
             breaker_failures: 3,
             breaker_probe: Duration::from_millis(500),
+            tls_ca: String::new(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
         };
         let store = RedisStore::connect(cfg, &metrics).await.unwrap();
         assert_eq!(store.state(), "disconnected");

@@ -24,7 +24,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::Notify;
 
 use super::connect::{Conn, Connector};
-use super::errors::kind_of;
+use super::errors::{connect_kind, kind_of};
 use super::scripts::Scripts;
 use super::slots::SlotMap;
 use crate::store::StoreErrorKind;
@@ -267,9 +267,13 @@ impl Pool {
         };
         self.metrics.observe("connect", started);
         if let Err(e) = &result {
+            let kind = match e {
+                ConnectError::Redis(e) => connect_kind(e),
+                ConnectError::TimedOut(_) => "connect",
+            };
             self.metrics
                 .errors
-                .get_or_create(&KindLabels { kind: "connect" })
+                .get_or_create(&KindLabels { kind })
                 .inc();
             *self
                 .last_connect_error
