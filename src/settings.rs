@@ -93,6 +93,12 @@ settings! {
         "PEM client certificate for mutual TLS to Redis (with store_tls_key)";
     store_tls_key: String = String::new(),
         "PEM private key of store_tls_cert";
+    store_username: String = String::new(),
+        "ACL user for Redis (or in the store URL, not both)";
+    store_password: String = String::new(),
+        "password for Redis (or in the URL, or store_password_file); never logged or shown";
+    store_password_file: String = String::new(),
+        "file holding the Redis password, read at each new connection (a mounted Secret: a rotation applies on reconnect)";
     store_pool_size: usize = 8,
         "connections to the store";
     store_connect_timeout_ms: u64 = 1_000,
@@ -377,6 +383,26 @@ impl Settings {
                 );
             }
         }
+        if !self.store_password.is_empty() && !self.store_password_file.is_empty() {
+            return bad(
+                "store_password",
+                "give store_password or store_password_file, not both",
+            );
+        }
+        let (url_user, url_password) = url_credentials(&self.store);
+        if url_user && !self.store_username.is_empty() {
+            return bad(
+                "store_username",
+                "the store URL names a user too: give the credentials in one place",
+            );
+        }
+        if url_password && (!self.store_password.is_empty() || !self.store_password_file.is_empty())
+        {
+            return bad(
+                "store_password",
+                "the store URL has a password too: give the credentials in one place",
+            );
+        }
         if self.store_tls_cert.is_empty() != self.store_tls_key.is_empty() {
             return bad(
                 "store_tls_cert",
@@ -431,8 +457,27 @@ impl Settings {
     pub fn redacted(&self) -> Settings {
         Settings {
             store: redact_url(&self.store),
+            store_password: if self.store_password.is_empty() {
+                String::new()
+            } else {
+                "***".to_string()
+            },
             ..self.clone()
         }
+    }
+}
+
+/// Whether a store URL names a user and a password (`scheme://user:pass@host…`).
+fn url_credentials(url: &str) -> (bool, bool) {
+    let Some((_, rest)) = url.split_once("://") else {
+        return (false, false);
+    };
+    let Some((auth, _)) = rest.rsplit_once('@') else {
+        return (false, false);
+    };
+    match auth.split_once(':') {
+        Some((user, pass)) => (!user.is_empty(), !pass.is_empty()),
+        None => (!auth.is_empty(), false),
     }
 }
 
@@ -667,5 +712,42 @@ mod tests {
             ..Settings::default()
         };
         assert!(!format!("{:?}", s.redacted()).contains("pw"));
+        let s = Settings {
+            store: "redis://h:1".into(),
+            store_password: "hunter2".into(),
+            ..Settings::default()
+        };
+        assert!(!format!("{:?}", s.redacted()).contains("hunter2"));
+    }
+
+    #[test]
+    fn credentials_in_one_place_only() {
+        let with = |store: &str, user: &str, pw: &str, file: &str| Settings {
+            store: store.into(),
+            store_username: user.into(),
+            store_password: pw.into(),
+            store_password_file: file.into(),
+            ..Settings::default()
+        };
+        assert!(with("redis://h:1", "u", "p", "").validate().is_ok());
+        assert!(with("redis://u:p@h:1", "", "", "").validate().is_ok());
+        assert!(
+            with("redis://:p@h:1", "u", "", "").validate().is_ok(),
+            "user here, password there"
+        );
+        for (s, key) in [
+            (with("redis://h:1", "", "p", "/run/pw"), "store_password"),
+            (with("redis://u@h:1", "u", "", ""), "store_username"),
+            (with("redis://:p@h:1", "", "", "/run/pw"), "store_password"),
+            (
+                with("redis+cluster://u:p@a:1,b:2", "", "q", ""),
+                "store_password",
+            ),
+        ] {
+            let Err(SettingsError::Invalid { key: k, message }) = s.validate() else {
+                panic!("accepted")
+            };
+            assert_eq!(k, key, "{message}");
+        }
     }
 }

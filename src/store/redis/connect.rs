@@ -16,20 +16,57 @@
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, RedisError, Value};
+use redis::{AsyncConnectionConfig, ConnectionInfo, IntoConnectionInfo, RedisError, Value};
 
 use super::RedisConfig;
 use super::errors::config_error;
 use crate::settings::redact_url;
 use crate::store::StoreError;
 
-/// How connections are made: a parsed URL.
+/// How connections are made: a parsed URL, the TLS files and the credentials. A client is
+/// built at each new connection, so a password file is read again each time.
 pub(super) enum Connector {
+    /// Boxed: a connection config is several times the size of the cluster's parts.
     Standalone {
-        client: redis::Client,
-        config: AsyncConnectionConfig,
+        info: Box<ConnectionInfo>,
+        certs: Option<redis::TlsCertificates>,
+        config: Box<AsyncConnectionConfig>,
+        password_file: Option<String>,
     },
-    Cluster(ClusterClient),
+    Cluster {
+        spec: ClusterSpec,
+        password_file: Option<String>,
+    },
+}
+
+/// What a cluster client is built from.
+pub(super) struct ClusterSpec {
+    nodes: Vec<String>,
+    certs: Option<redis::TlsCertificates>,
+    connect_timeout: std::time::Duration,
+    response_timeout: std::time::Duration,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+impl ClusterSpec {
+    fn client(&self, password: Option<String>) -> Result<ClusterClient, RedisError> {
+        let mut builder = ClusterClient::builder(self.nodes.clone())
+            .connection_timeout(self.connect_timeout)
+            // Bounds the cluster client's internal work (slot refreshes, reconnects); each
+            // request is bounded by our own, shorter timeout.
+            .response_timeout(self.response_timeout);
+        if let Some(certs) = &self.certs {
+            builder = builder.certs(certs.clone());
+        }
+        if let Some(user) = &self.username {
+            builder = builder.username(user);
+        }
+        if let Some(pw) = password.as_ref().or(self.password.as_ref()) {
+            builder = builder.password(pw);
+        }
+        builder.build()
+    }
 }
 
 /// One live connection; both kinds are cheap handles onto a shared driver task.
@@ -74,6 +111,13 @@ impl Connector {
         let shown = redact_url(url);
         let tls = url.starts_with("rediss://") || url.starts_with("rediss+cluster://");
         let certs = if tls { tls_certificates(cfg)? } else { None };
+        let username = (!cfg.username.is_empty()).then(|| cfg.username.clone());
+        let password = (!cfg.password.is_empty()).then(|| cfg.password.clone());
+        let password_file = (!cfg.password_file.is_empty()).then(|| cfg.password_file.clone());
+        if let Some(file) = &password_file {
+            // Read once now, so a wrong path stops startup; again at each new connection.
+            read_password(file).map_err(|e| config_error(e.to_string()))?;
+        }
         let cluster = url
             .strip_prefix("redis+cluster://")
             .or_else(|| url.strip_prefix("rediss+cluster://"));
@@ -107,51 +151,118 @@ impl Connector {
                     "{shown}: no cluster nodes (expected host:port,host:port,…)"
                 )));
             }
-            let mut builder = ClusterClient::builder(nodes)
-                .connection_timeout(cfg.connect_timeout)
-                // Bounds the cluster client's internal work (slot refreshes, reconnects); each
-                // request is bounded by our own, shorter timeout.
-                .response_timeout(cfg.connect_timeout.max(cfg.timeout));
-            if let Some(certs) = certs {
-                builder = builder.certs(certs);
-            }
-            let client = builder
-                .build()
+            let spec = ClusterSpec {
+                nodes,
+                certs,
+                connect_timeout: cfg.connect_timeout,
+                response_timeout: cfg.connect_timeout.max(cfg.timeout),
+                username,
+                password,
+            };
+            // Built once now to check the URL.
+            spec.client(None)
                 .map_err(|e| config_error(format!("{shown}: {e}")))?;
-            return Ok(Connector::Cluster(client));
+            return Ok(Connector::Cluster {
+                spec,
+                password_file,
+            });
         }
         if !url.starts_with("redis://") && !url.starts_with("rediss://") {
             return Err(config_error(format!(
                 "{shown}: expected redis://, rediss://, redis+cluster:// or rediss+cluster://"
             )));
         }
-        let client = match certs {
-            Some(certs) => redis::Client::build_with_tls(url, certs),
-            None => redis::Client::open(url),
+        let mut info = url
+            .into_connection_info()
+            .map_err(|e| config_error(format!("{shown}: {e}")))?;
+        if username.is_some() || password.is_some() {
+            let mut settings = info.redis_settings().clone();
+            if let Some(user) = &username {
+                settings = settings.set_username(user);
+            }
+            if let Some(pw) = &password {
+                settings = settings.set_password(pw);
+            }
+            info = info.set_redis_settings(settings);
         }
-        .map_err(|e| config_error(format!("{shown}: {e}")))?;
+        // Built once now to check the URL and the TLS files.
+        standalone_client(&info, certs.as_ref())
+            .map_err(|e| config_error(format!("{shown}: {e}")))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(cfg.connect_timeout))
             // Every call is bounded by our own timeout (tokio::time::timeout) instead.
             .set_response_timeout(None);
-        Ok(Connector::Standalone { client, config })
+        Ok(Connector::Standalone {
+            info: Box::new(info),
+            certs,
+            config: Box::new(config),
+            password_file,
+        })
     }
 
     pub(super) async fn connect(&self) -> Result<Conn, RedisError> {
         match self {
-            Connector::Standalone { client, config } => client
-                .get_multiplexed_async_connection_with_config(config)
-                .await
-                .map(Conn::Standalone),
-            Connector::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            Connector::Standalone {
+                info,
+                certs,
+                config,
+                password_file,
+            } => {
+                let mut info = (**info).clone();
+                if let Some(file) = password_file {
+                    let settings = info
+                        .redis_settings()
+                        .clone()
+                        .set_password(read_password(file)?);
+                    info = info.set_redis_settings(settings);
+                }
+                standalone_client(&info, certs.as_ref())?
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+                    .map(Conn::Standalone)
+            }
+            Connector::Cluster {
+                spec,
+                password_file,
+            } => {
+                let password = password_file.as_deref().map(read_password).transpose()?;
+                spec.client(password)?
+                    .get_async_connection()
+                    .await
+                    .map(Conn::Cluster)
+            }
         }
     }
 
     pub(super) fn name(&self) -> &'static str {
         match self {
             Connector::Standalone { .. } => "redis",
-            Connector::Cluster(_) => "redis-cluster",
+            Connector::Cluster { .. } => "redis-cluster",
         }
+    }
+}
+
+/// A standalone client for `info`, over TLS with `certs` when given.
+fn standalone_client(
+    info: &ConnectionInfo,
+    certs: Option<&redis::TlsCertificates>,
+) -> Result<redis::Client, RedisError> {
+    match certs {
+        Some(certs) => redis::Client::build_with_tls(info.clone(), certs.clone()),
+        None => redis::Client::open(info.clone()),
+    }
+}
+
+/// The password in `file` (a mounted Secret: one line; a trailing newline is not part of it).
+/// An unreadable file is an authentication failure of the connection being made.
+fn read_password(file: &str) -> Result<String, RedisError> {
+    match std::fs::read_to_string(file) {
+        Ok(text) => Ok(text.trim_end_matches(['\n', '\r']).to_string()),
+        Err(e) => Err(RedisError::from((
+            redis::ErrorKind::AuthenticationFailed,
+            "cannot read store_password_file",
+            format!("{file}: {e}"),
+        ))),
     }
 }
 
@@ -209,6 +320,9 @@ mod tests {
             tls_ca: String::new(),
             tls_cert: String::new(),
             tls_key: String::new(),
+            username: String::new(),
+            password: String::new(),
+            password_file: String::new(),
         }
     }
 
@@ -224,11 +338,11 @@ mod tests {
         ));
         assert!(matches!(
             Connector::parse(&cfg("redis+cluster://u:p@127.0.0.1:7000,127.0.0.1:7001")),
-            Ok(Connector::Cluster(_))
+            Ok(Connector::Cluster { .. })
         ));
         assert!(matches!(
             Connector::parse(&cfg("redis+cluster://127.0.0.1:7000/0")),
-            Ok(Connector::Cluster(_))
+            Ok(Connector::Cluster { .. })
         ));
         assert!(matches!(
             Connector::parse(&cfg("rediss://u:p@127.0.0.1:6380")),
@@ -236,7 +350,7 @@ mod tests {
         ));
         assert!(matches!(
             Connector::parse(&cfg("rediss+cluster://127.0.0.1:7000,127.0.0.1:7001")),
-            Ok(Connector::Cluster(_))
+            Ok(Connector::Cluster { .. })
         ));
     }
 

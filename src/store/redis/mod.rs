@@ -82,6 +82,11 @@ pub struct RedisConfig {
     pub tls_ca: String,
     pub tls_cert: String,
     pub tls_key: String,
+    /// Credentials from the settings (else the URL's); `password_file` is read at each new
+    /// connection.
+    pub username: String,
+    pub password: String,
+    pub password_file: String,
 }
 
 impl RedisConfig {
@@ -96,6 +101,9 @@ impl RedisConfig {
             tls_ca: s.store_tls_ca.clone(),
             tls_cert: s.store_tls_cert.clone(),
             tls_key: s.store_tls_key.clone(),
+            username: s.store_username.clone(),
+            password: s.store_password.clone(),
+            password_file: s.store_password_file.clone(),
         }
     }
 }
@@ -446,6 +454,9 @@ mod tests {
             tls_ca: String::new(),
             tls_cert: String::new(),
             tls_key: String::new(),
+            username: String::new(),
+            password: String::new(),
+            password_file: String::new(),
         };
         let store = RedisStore::connect(cfg, &metrics).await.unwrap();
         assert_eq!(store.state(), "disconnected");

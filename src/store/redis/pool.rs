@@ -115,7 +115,7 @@ impl Pool {
             started: Instant::now(),
             metrics,
             display_url,
-            slots: matches!(connector, Connector::Cluster(_)).then(SlotMap::new),
+            slots: matches!(connector, Connector::Cluster { .. }).then(SlotMap::new),
             connector,
         }
     }
