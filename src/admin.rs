@@ -54,8 +54,9 @@ pub fn router(state: Arc<AdminState>) -> Router {
 }
 
 /// 200 when ready, 503 before and while draining; the body says why, in JSON:
-/// `{"status", "rules": {"domains", "limits"}, "store": {"kind", "state", "error"?}}` (`error`:
-/// why the last connection attempt failed, while the store is not connected). Later features
+/// `{"status", "rules": {"domains", "limits"}, "store": {"kind", "state", "error"?,
+/// "warnings"?}}` (`error`: why the last connection attempt failed, while the store is not
+/// connected; `warnings`: a Redis configuration that makes limits wrong). Later features
 /// (fallback, fleet membership) add their own objects.
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let store = s.handler.limiter.store();
@@ -74,6 +75,10 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let mut store_body = json!({ "kind": store.name(), "state": store.state() });
     if let Some(error) = store.connect_error() {
         store_body["error"] = json!(error);
+    }
+    let warnings = store.warnings();
+    if !warnings.is_empty() {
+        store_body["warnings"] = json!(warnings);
     }
     let body = json!({
         "status": status,

@@ -1,6 +1,7 @@
 //! Redis credentials outside the URL: an ACL user limited to the commands tollgate's scripts
 //! run and to its key prefix, its password in a file (as a mounted Kubernetes Secret), a
 //! rotated password picked up on reconnect, and a wrong password as a clear, secret-free error.
+//! Also the other production-Redis check: an evicting `maxmemory-policy` is a `/readyz` warning.
 
 mod common;
 
@@ -144,4 +145,44 @@ fn a_wrong_password_is_a_clear_error_without_the_secret() {
             "the password leaked: {text}"
         );
     }
+}
+
+#[test]
+fn an_evicting_maxmemory_policy_is_a_readyz_warning() {
+    let evicting =
+        TestRedis::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
+    let server = TestServer::builder(RULES)
+        .arg("store", &evicting.url())
+        .arg("key-prefix", &unique_prefix("evict"))
+        .start();
+    // Read on each new connection: poll until the first one is made.
+    let body = common::poll(std::time::Duration::from_secs(10), || {
+        let (_, body) = readyz(server.admin);
+        body["store"].get("warnings").is_some().then_some(body)
+    })
+    .expect("a warning in /readyz");
+    let warnings = body["store"]["warnings"].to_string();
+    assert!(
+        warnings.contains("allkeys-lru") && warnings.contains("volatile-ttl"),
+        "{body}"
+    );
+    assert!(
+        server.log().contains("maxmemory-policy is allkeys-lru"),
+        "{}",
+        server.log()
+    );
+
+    // The recommended policy: no warning.
+    let fine =
+        TestRedis::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "volatile-ttl"]);
+    let server = TestServer::builder(RULES)
+        .arg("store", &fine.url())
+        .arg("key-prefix", &unique_prefix("evict"))
+        .start();
+    let connected = common::poll(std::time::Duration::from_secs(10), || {
+        let (_, body) = readyz(server.admin);
+        (body["store"]["state"] == "connected").then_some(body)
+    })
+    .expect("connected");
+    assert!(connected["store"].get("warnings").is_none(), "{connected}");
 }

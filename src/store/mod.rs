@@ -268,6 +268,15 @@ impl Store {
         }
     }
 
+    /// Warnings about the store's configuration that make limits wrong (a Redis
+    /// `maxmemory-policy` that evicts live buckets), for `/readyz`.
+    pub fn warnings(&self) -> Vec<String> {
+        match self {
+            Store::Memory(_) => Vec::new(),
+            Store::Redis(r) => r.warnings(),
+        }
+    }
+
     /// Why the store is not connected (the last failed connection attempt: an unreachable
     /// host, a refused password, an untrusted certificate), for `/readyz`; `None` while
     /// connected. The message never holds a password.

@@ -112,6 +112,20 @@ impl TestRedis {
         format!("rediss://127.0.0.1:{port}")
     }
 
+    /// Starts a standalone server with extra `redis-server` arguments (e.g. a
+    /// `--maxmemory-policy`).
+    pub fn start_with(extra: &[&str]) -> TestRedis {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut last = String::new();
+        for _ in 0..5 {
+            match TestRedis::try_start(free_port(), Owned(temp_dir("redis")), extra.clone()) {
+                Ok(r) => return r,
+                Err(e) => last = e,
+            }
+        }
+        panic!("redis-server did not start: {last}");
+    }
+
     /// Starts a standalone server on `port` (which must be free).
     pub fn start_on(port: u16) -> TestRedis {
         TestRedis::try_start(port, Owned(temp_dir("redis")), Vec::new())

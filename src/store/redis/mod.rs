@@ -39,6 +39,7 @@
 mod breaker;
 mod connect;
 mod errors;
+mod eviction;
 mod outage;
 mod pool;
 mod scripts;
@@ -378,6 +379,11 @@ impl RedisStore {
     /// held but the last call failed) or `disconnected` (none held: calls fail fast).
     pub fn state(&self) -> &'static str {
         self.pool.state()
+    }
+
+    /// Warnings about the Redis configuration (an evicting `maxmemory-policy`).
+    pub fn warnings(&self) -> Vec<String> {
+        self.pool.warnings()
     }
 
     /// The last failed connection attempt's error while not fully connected (see

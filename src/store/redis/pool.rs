@@ -76,6 +76,8 @@ pub(super) struct Pool {
     healthy: AtomicBool,
     /// Why the last connection attempt failed, for the "not connected" error.
     last_connect_error: Mutex<String>,
+    /// Redis's eviction policies as of the last new connection (`eviction.rs`), if readable.
+    eviction_policies: Mutex<Option<Vec<String>>>,
     started: Instant,
     metrics: StoreMetrics,
     /// The URL with its password replaced, for logs.
@@ -112,6 +114,7 @@ impl Pool {
             wake: Arc::new(Notify::new()),
             healthy: AtomicBool::new(false),
             last_connect_error: Mutex::new("not connected yet".to_string()),
+            eviction_policies: Mutex::new(None),
             started: Instant::now(),
             metrics,
             display_url,
@@ -258,6 +261,7 @@ impl Pool {
         let attempt = async {
             let mut conn = self.connector.connect().await?;
             self.scripts.load(&mut conn).await?;
+            self.check_eviction(&mut conn).await;
             Ok::<Conn, RedisError>(conn)
         };
         let result = match tokio::time::timeout(self.connect_timeout, attempt).await {
@@ -281,6 +285,39 @@ impl Pool {
                 .unwrap_or_else(|p| p.into_inner()) = e.to_string();
         }
         result
+    }
+
+    /// Reads Redis's eviction policy on a new connection; logs a policy that evicts live
+    /// buckets when it is first seen.
+    async fn check_eviction(&self, conn: &mut Conn) {
+        let Some(found) = super::eviction::policies(conn).await else {
+            return;
+        };
+        let mut known = self
+            .eviction_policies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if known.as_ref() != Some(&found) {
+            for w in found.iter().filter_map(|p| super::eviction::warning(p)) {
+                tracing::warn!("{w}");
+            }
+            *known = Some(found);
+        }
+    }
+
+    /// Warnings about the store's configuration (an evicting `maxmemory-policy`), for `/readyz`.
+    pub(super) fn warnings(&self) -> Vec<String> {
+        let known = self
+            .eviction_policies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<String> = known
+            .iter()
+            .flatten()
+            .filter_map(|p| super::eviction::warning(p))
+            .collect();
+        out.dedup();
+        out
     }
 
     /// Whether `conn` answers a PING within the connect timeout; `Err` carries the error when
