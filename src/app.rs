@@ -41,6 +41,10 @@ pub enum AppError {
     Store(#[from] StoreError),
     #[error("gRPC server failed: {0}")]
     Grpc(#[source] tonic::transport::Error),
+    #[error("TLS of the gRPC port: {0}")]
+    GrpcTlsFile(#[from] crate::service::tls::TlsFileError),
+    #[error("TLS of the gRPC port: {0}")]
+    GrpcTls(#[source] tonic::transport::Error),
     #[error("admin server failed: {0}")]
     Admin(#[source] std::io::Error),
     #[error("{0}")]
@@ -271,6 +275,9 @@ async fn serve_loaded(
     let rls = RateLimitServiceServer::new(Rls(handler.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
     let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = crate::service::tls::server_config(&settings)? {
+        server = server.tls_config(tls).map_err(AppError::GrpcTls)?;
+    }
     if settings.grpc_max_connection_age_ms > 0 {
         // Envoy keeps its HTTP/2 connections for ever: without an age, replicas added by a
         // scale-out get no traffic. GOAWAY makes Envoy reconnect (and rebalance) while the

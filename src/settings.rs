@@ -105,6 +105,12 @@ settings! {
         "timeout to connect to the store";
     store_timeout_ms: u64 = 10,
         "timeout of one store call";
+    grpc_tls_cert: String = String::new(),
+        "PEM certificate chain for TLS on the gRPC port (with grpc_tls_key; empty: plain h2c)";
+    grpc_tls_key: String = String::new(),
+        "PEM private key of grpc_tls_cert";
+    grpc_tls_client_ca: String = String::new(),
+        "PEM CA that client certificates must chain to (mutual TLS; needs grpc_tls_cert)";
     grpc_max_connection_age_ms: u64 = 0,
         "close each gRPC connection gracefully (GOAWAY) after this long, so Envoy spreads over new replicas (0: never)";
     grpc_max_connection_age_grace_ms: u64 = 10_000,
@@ -401,6 +407,18 @@ impl Settings {
             return bad(
                 "store_password",
                 "the store URL has a password too: give the credentials in one place",
+            );
+        }
+        if self.grpc_tls_cert.is_empty() != self.grpc_tls_key.is_empty() {
+            return bad(
+                "grpc_tls_cert",
+                "grpc_tls_cert and grpc_tls_key go together",
+            );
+        }
+        if !self.grpc_tls_client_ca.is_empty() && self.grpc_tls_cert.is_empty() {
+            return bad(
+                "grpc_tls_client_ca",
+                "mutual TLS needs TLS: set grpc_tls_cert and grpc_tls_key too",
             );
         }
         if self.store_tls_cert.is_empty() != self.store_tls_key.is_empty() {

@@ -315,3 +315,49 @@ fn through_envoy_leased_and_sharded_limits_still_hold() {
         );
     }
 }
+
+/// Envoy → tollgate over mutual TLS: the rate-limit cluster of the example gets a TLS
+/// transport socket with a client certificate, tollgate serves its gRPC port with TLS and
+/// requires client certificates from the test CA; the limits apply as over plain HTTP/2.
+#[test]
+fn through_envoy_over_mutual_tls_the_limits_apply() {
+    let certs = common::tls::TestCerts::generate();
+    let server = TestServer::builder(&example_rules())
+        .arg("response-headers", "true")
+        .arg("grpc-tls-cert", &certs.file("server.crt"))
+        .arg("grpc-tls-key", &certs.file("server.key"))
+        .arg("grpc-tls-client-ca", &certs.file("ca.crt"))
+        .start();
+    let tls = format!(
+        r#"      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+          sni: localhost
+          common_tls_context:
+            alpn_protocols: [h2]
+            tls_certificates:
+              - certificate_chain: {{ filename: {cert} }}
+                private_key: {{ filename: {key} }}
+            validation_context:
+              trusted_ca: {{ filename: {ca} }}
+      # gRPC needs HTTP/2 to the rate-limit service.
+"#,
+        cert = certs.file("client.crt"),
+        key = certs.file("client.key"),
+        ca = certs.file("ca.crt"),
+    );
+    let envoy = TestEnvoy::start(
+        server.grpc,
+        &[(
+            "      # gRPC needs HTTP/2 to the rate-limit service.\n",
+            &tls,
+        )],
+    );
+    // (tenant, /export): 10/hour per tenant.
+    let (passed, limited) = until_limited(&envoy, "/export", "tls-tenant", 20);
+    assert_eq!(passed, 10, "{}\n{}", envoy.log(), server.log());
+    let limited = limited.unwrap();
+    assert_eq!(limited.status, 429, "{limited:?}");
+    assert!(limited.header("retry-after").is_some(), "{limited:?}");
+}

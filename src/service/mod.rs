@@ -8,6 +8,7 @@
 pub mod json;
 pub mod response;
 pub mod rls;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Instant;
