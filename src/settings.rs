@@ -99,6 +99,10 @@ settings! {
         "password for Redis (or in the URL, or store_password_file); never logged or shown";
     store_password_file: String = String::new(),
         "file holding the Redis password, read at each new connection (a mounted Secret: a rotation applies on reconnect)";
+    store_sentinel_username: String = String::new(),
+        "ACL user for the Sentinels themselves (redis+sentinel://; the URL's credentials are the data nodes')";
+    store_sentinel_password: String = String::new(),
+        "password for the Sentinels themselves; never logged or shown";
     store_pool_size: usize = 8,
         "connections to the store";
     store_connect_timeout_ms: u64 = 1_000,
@@ -366,13 +370,16 @@ impl Settings {
                 "rediss://",
                 "redis+cluster://",
                 "rediss+cluster://",
+                "redis+sentinel://",
+                // Refused by the store with its own message (not supported yet).
+                "rediss+sentinel://",
             ]
             .iter()
             .any(|s| self.store.starts_with(s))
         {
             return bad(
                 "store",
-                "expected `memory`, redis://…, rediss://…, redis+cluster://… or rediss+cluster://…",
+                "expected `memory`, redis://…, rediss://…, redis+cluster://…, rediss+cluster://… or redis+sentinel://…",
             );
         }
         let tls_url =
@@ -408,6 +415,15 @@ impl Settings {
                 "store_password",
                 "the store URL has a password too: give the credentials in one place",
             );
+        }
+        let sentinel = self.store.starts_with("redis+sentinel://");
+        for (key, value) in [
+            ("store_sentinel_username", &self.store_sentinel_username),
+            ("store_sentinel_password", &self.store_sentinel_password),
+        ] {
+            if !value.is_empty() && !sentinel {
+                return bad(key, "is set, but the store is not a redis+sentinel:// URL");
+            }
         }
         if self.grpc_tls_cert.is_empty() != self.grpc_tls_key.is_empty() {
             return bad(
@@ -476,6 +492,11 @@ impl Settings {
         Settings {
             store: redact_url(&self.store),
             store_password: if self.store_password.is_empty() {
+                String::new()
+            } else {
+                "***".to_string()
+            },
+            store_sentinel_password: if self.store_sentinel_password.is_empty() {
                 String::new()
             } else {
                 "***".to_string()

@@ -18,6 +18,7 @@
 pub mod envoy;
 pub mod inproc;
 pub mod redis;
+pub mod sentinel;
 pub mod store;
 pub mod tls;
 

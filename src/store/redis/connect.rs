@@ -7,6 +7,10 @@
 //! [`MultiplexedConnection`] pipelines concurrent requests, a [`ClusterConnection`] keeps one
 //! connection per node and follows the slot map.
 //!
+//! `redis+sentinel://[user:pass@]s1:p1,s2:p2/<master>[/db]` asks the Sentinels for the primary
+//! at each new connection, so a reconnect after a failover reaches the new one (the pool drops
+//! every connection when Redis answers READONLY: see `pool.rs`).
+//!
 //! `rediss://` and `rediss+cluster://` are the same over TLS (rustls with the ring provider;
 //! no OpenSSL): the server's certificate is checked against `store_tls_ca` (else the system
 //! roots) and the host name or IP of the URL; `store_tls_cert` + `store_tls_key` add a client
@@ -16,6 +20,7 @@
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, ConnectionInfo, IntoConnectionInfo, RedisError, Value};
 
 use super::RedisConfig;
@@ -35,6 +40,15 @@ pub(super) enum Connector {
     },
     Cluster {
         spec: ClusterSpec,
+        password_file: Option<String>,
+    },
+    /// Sentinels that name the primary of `master`. Each new connection asks them again, so
+    /// a reconnect after a failover reaches the new primary.
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+        node: Box<redis::RedisConnectionInfo>,
+        config: Box<AsyncConnectionConfig>,
         password_file: Option<String>,
     },
 }
@@ -117,6 +131,14 @@ impl Connector {
         if let Some(file) = &password_file {
             // Read once now, so a wrong path stops startup; again at each new connection.
             read_password(file).map_err(|e| config_error(e.to_string()))?;
+        }
+        if url.starts_with("rediss+sentinel://") {
+            return Err(config_error(format!(
+                "{shown}: Sentinel over TLS is not supported yet; use redis+sentinel:// on a trusted network"
+            )));
+        }
+        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            return sentinel(cfg, rest, &shown, username, password, password_file);
         }
         let cluster = url
             .strip_prefix("redis+cluster://")
@@ -231,6 +253,28 @@ impl Connector {
                     .await
                     .map(Conn::Cluster)
             }
+            Connector::Sentinel {
+                sentinels,
+                master,
+                node,
+                config,
+                password_file,
+            } => {
+                let mut node = (**node).clone();
+                if let Some(file) = password_file {
+                    node = node.set_password(read_password(file)?);
+                }
+                let mut client = SentinelClient::build(
+                    sentinels.clone(),
+                    master.clone(),
+                    Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
+                    SentinelServerType::Master,
+                )?;
+                client
+                    .get_async_connection_with_config(config)
+                    .await
+                    .map(Conn::Standalone)
+            }
         }
     }
 
@@ -238,8 +282,88 @@ impl Connector {
         match self {
             Connector::Standalone { .. } => "redis",
             Connector::Cluster { .. } => "redis-cluster",
+            Connector::Sentinel { .. } => "redis-sentinel",
         }
     }
+}
+
+/// `redis+sentinel://[user:pass@]s1:p1,s2:p2/<master>[/db]`: the sentinels, the primary's
+/// name, and how to talk to the data nodes (the URL's credentials, else the settings'; the
+/// database). The sentinels' own credentials are `store_sentinel_username` / `_password`.
+fn sentinel(
+    cfg: &RedisConfig,
+    rest: &str,
+    shown: &str,
+    username: Option<String>,
+    password: Option<String>,
+    password_file: Option<String>,
+) -> Result<Connector, StoreError> {
+    let usage = "expected redis+sentinel://[user:pass@]host:port,host:port/<master name>[/db]";
+    let (auth, rest) = match rest.rsplit_once('@') {
+        Some((auth, rest)) => (Some(auth), rest),
+        None => (None, rest),
+    };
+    let Some((hosts, path)) = rest.split_once('/') else {
+        return Err(config_error(format!("{shown}: no master name ({usage})")));
+    };
+    let (master, db) = match path.split_once('/') {
+        Some((master, db)) => (master, db),
+        None => (path, ""),
+    };
+    let db: i64 = match db {
+        "" => 0,
+        db => db.parse().map_err(|_| {
+            config_error(format!(
+                "{shown}: database '{db}' is not a number ({usage})"
+            ))
+        })?,
+    };
+    if master.is_empty() {
+        return Err(config_error(format!("{shown}: no master name ({usage})")));
+    }
+    let sentinel_auth = match (
+        cfg.sentinel_username.as_str(),
+        cfg.sentinel_password.as_str(),
+    ) {
+        ("", "") => String::new(),
+        (user, pass) => format!("{user}:{pass}@"),
+    };
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{sentinel_auth}{h}"))
+        .collect();
+    if sentinels.is_empty() {
+        return Err(config_error(format!("{shown}: no sentinels ({usage})")));
+    }
+    let (url_user, url_pass) = match auth.map(|a| a.split_once(':').unwrap_or((a, ""))) {
+        Some((u, p)) => (
+            (!u.is_empty()).then(|| u.to_string()),
+            (!p.is_empty()).then(|| p.to_string()),
+        ),
+        None => (None, None),
+    };
+    let mut node = redis::RedisConnectionInfo::default().set_db(db);
+    if let Some(user) = username.or(url_user) {
+        node = node.set_username(user);
+    }
+    if let Some(pw) = password.or(url_pass) {
+        node = node.set_password(pw);
+    }
+    // Built once now to check the sentinel addresses.
+    SentinelClient::build(sentinels.clone(), master, None, SentinelServerType::Master)
+        .map_err(|e| config_error(format!("{shown}: {e}")))?;
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(cfg.connect_timeout))
+        .set_response_timeout(None);
+    Ok(Connector::Sentinel {
+        sentinels,
+        master: master.to_string(),
+        node: Box::new(node),
+        config: Box::new(config),
+        password_file,
+    })
 }
 
 /// A standalone client for `info`, over TLS with `certs` when given.
@@ -323,6 +447,8 @@ mod tests {
             username: String::new(),
             password: String::new(),
             password_file: String::new(),
+            sentinel_username: String::new(),
+            sentinel_password: String::new(),
         }
     }
 
@@ -352,6 +478,46 @@ mod tests {
             Connector::parse(&cfg("rediss+cluster://127.0.0.1:7000,127.0.0.1:7001")),
             Ok(Connector::Cluster { .. })
         ));
+    }
+
+    #[test]
+    fn sentinel_urls_name_sentinels_a_master_and_a_database() {
+        let Ok(Connector::Sentinel {
+            sentinels,
+            master,
+            node,
+            ..
+        }) = Connector::parse(&cfg(
+            "redis+sentinel://u:pw@127.0.0.1:26379,127.0.0.1:26380/mymaster/2",
+        ))
+        else {
+            panic!("not a sentinel connector")
+        };
+        assert_eq!(
+            sentinels,
+            ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"]
+        );
+        assert_eq!((master.as_str(), node.db()), ("mymaster", 2));
+        assert_eq!((node.username(), node.password()), (Some("u"), Some("pw")));
+        for (url, says) in [
+            (
+                "redis+sentinel://u:hunter2@127.0.0.1:26379",
+                "no master name",
+            ),
+            ("redis+sentinel://127.0.0.1:26379/", "no master name"),
+            ("redis+sentinel://127.0.0.1:26379/m/x", "not a number"),
+            ("redis+sentinel:///m", "no sentinels"),
+            (
+                "rediss+sentinel://u:hunter2@127.0.0.1:26379/m",
+                "not supported yet",
+            ),
+        ] {
+            let Err(e) = Connector::parse(&cfg(url)) else {
+                panic!("{url} accepted")
+            };
+            assert!(e.message.contains(says), "{url}: {e}");
+            assert!(!e.message.contains("hunter2"), "{e}");
+        }
     }
 
     #[test]

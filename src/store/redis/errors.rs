@@ -101,6 +101,15 @@ pub(super) fn connect_kind(e: &RedisError) -> &'static str {
     }
 }
 
+/// Whether `e` is Redis's `READONLY`: the connection reaches a replica, as a primary demoted
+/// by a failover does. Reconnecting (through the Sentinels) reaches the new primary.
+pub(super) fn is_readonly(e: &StoreError) -> bool {
+    e.source
+        .as_deref()
+        .and_then(|s| s.downcast_ref::<RedisError>())
+        .is_some_and(|r| r.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly))
+}
+
 /// A configuration error (a bad URL), with the password already removed from `message`.
 pub(super) fn config_error(message: String) -> StoreError {
     StoreError::new(StoreErrorKind::Config, message)

@@ -88,6 +88,9 @@ pub struct RedisConfig {
     pub username: String,
     pub password: String,
     pub password_file: String,
+    /// The Sentinels' own credentials (`redis+sentinel://`).
+    pub sentinel_username: String,
+    pub sentinel_password: String,
 }
 
 impl RedisConfig {
@@ -105,6 +108,8 @@ impl RedisConfig {
             username: s.store_username.clone(),
             password: s.store_password.clone(),
             password_file: s.store_password_file.clone(),
+            sentinel_username: s.store_sentinel_username.clone(),
+            sentinel_password: s.store_sentinel_password.clone(),
         }
     }
 }
@@ -232,7 +237,8 @@ impl RedisStore {
                     match results.iter().find_map(|r| r.as_ref().err()) {
                         // The connection itself is judged by calls that all failed.
                         Some(e) if results.iter().all(|r| r.is_err()) => {
-                            self.pool.call_failed(&picked, e.kind)
+                            self.pool
+                                .call_failed(&picked, e.kind, errors::is_readonly(e))
                         }
                         _ => self.pool.call_succeeded(&picked),
                     }
@@ -463,6 +469,8 @@ mod tests {
             username: String::new(),
             password: String::new(),
             password_file: String::new(),
+            sentinel_username: String::new(),
+            sentinel_password: String::new(),
         };
         let store = RedisStore::connect(cfg, &metrics).await.unwrap();
         assert_eq!(store.state(), "disconnected");

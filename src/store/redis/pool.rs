@@ -220,14 +220,17 @@ impl Pool {
         }
     }
 
-    /// A call on `picked` failed with `kind` (a timeout included).
-    pub(super) fn call_failed(&self, picked: &Picked, kind: StoreErrorKind) {
+    /// A call on `picked` failed with `kind` (a timeout included); `readonly`: Redis answered
+    /// READONLY (the server is a replica now, after a failover).
+    pub(super) fn call_failed(&self, picked: &Picked, kind: StoreErrorKind, readonly: bool) {
         if kind.is_transient() {
             self.healthy.store(false, Ordering::Relaxed);
         }
         let entry = &self.entries[picked.entry];
         match kind {
-            StoreErrorKind::Connection => {
+            // A lost socket never recovers; a demoted primary will not take writes again:
+            // either way the connection is replaced (through the Sentinels, the new primary).
+            _ if readonly || kind == StoreErrorKind::Connection => {
                 // A standalone multiplexed connection that lost its socket never recovers:
                 // drop it so other requests skip it. A cluster connection reconnects to nodes
                 // by itself; the keeper checks it and replaces it if it must.
@@ -241,6 +244,12 @@ impl Pool {
                     for other in self.entries.iter() {
                         other.live.store(false, Ordering::Relaxed);
                         other.suspect.store(true, Ordering::Relaxed);
+                        // A replica answers PING like a primary: the keeper's check would keep
+                        // them. After READONLY every connection goes, and the reconnects ask
+                        // the Sentinels for the primary.
+                        if readonly {
+                            other.conn.store(None);
+                        }
                     }
                     self.update_gauge();
                 }
