@@ -20,7 +20,6 @@
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, ConnectionInfo, IntoConnectionInfo, RedisError, Value};
 
 use super::RedisConfig;
@@ -50,6 +49,10 @@ pub(super) enum Connector {
         node: Box<redis::RedisConnectionInfo>,
         config: Box<AsyncConnectionConfig>,
         password_file: Option<String>,
+        /// The primary the last connection was made to, `host:port`: the keeper asks the
+        /// Sentinels every round and drops the connections when they name another
+        /// ([`Connector::primary_moved`]).
+        primary: std::sync::Mutex<Option<String>>,
     },
 }
 
@@ -259,23 +262,53 @@ impl Connector {
                 node,
                 config,
                 password_file,
+                primary,
             } => {
                 let mut node = (**node).clone();
                 if let Some(file) = password_file {
                     node = node.set_password(read_password(file)?);
                 }
-                let mut client = SentinelClient::build(
-                    sentinels.clone(),
-                    master.clone(),
-                    Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(node)),
-                    SentinelServerType::Master,
-                )?;
-                client
-                    .get_async_connection_with_config(config)
-                    .await
-                    .map(Conn::Standalone)
+                // Ask the Sentinels, then connect to the primary they name.
+                let addr = primary_of(sentinels, master, config).await?;
+                let (host, port) = addr.rsplit_once(':').unwrap_or((addr.as_str(), "6379"));
+                let port: u16 = port.parse().map_err(|_| {
+                    RedisError::from((
+                        redis::ErrorKind::Io,
+                        "a Sentinel named a primary without a port",
+                        addr.clone(),
+                    ))
+                })?;
+                let info = (host, port)
+                    .into_connection_info()?
+                    .set_redis_settings(node);
+                let conn = redis::Client::open(info)?
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await?;
+                *primary.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
+                Ok(Conn::Standalone(conn))
             }
         }
+    }
+
+    /// For Sentinel: whether the Sentinels now name another primary than the one the last
+    /// connection was made to (a failover), so every connection must be replaced. Asked by the
+    /// keeper each round; `false` when the Sentinels cannot be asked.
+    pub(super) async fn primary_moved(&self) -> bool {
+        let Connector::Sentinel {
+            sentinels,
+            master,
+            config,
+            primary,
+            ..
+        } = self
+        else {
+            return false;
+        };
+        let Ok(now) = primary_of(sentinels, master, config).await else {
+            return false;
+        };
+        let known = primary.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        known.is_some_and(|known| known != now)
     }
 
     pub(super) fn name(&self) -> &'static str {
@@ -351,9 +384,11 @@ fn sentinel(
     if let Some(pw) = password.or(url_pass) {
         node = node.set_password(pw);
     }
-    // Built once now to check the sentinel addresses.
-    SentinelClient::build(sentinels.clone(), master, None, SentinelServerType::Master)
-        .map_err(|e| config_error(format!("{shown}: {e}")))?;
+    // Checked once now: every Sentinel address must parse.
+    for sentinel in &sentinels {
+        redis::Client::open(sentinel.as_str())
+            .map_err(|e| config_error(format!("{shown}: {e}")))?;
+    }
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(cfg.connect_timeout))
         .set_response_timeout(None);
@@ -363,7 +398,41 @@ fn sentinel(
         node: Box::new(node),
         config: Box::new(config),
         password_file,
+        primary: std::sync::Mutex::new(None),
     })
+}
+
+/// The primary of `master` as the first Sentinel that answers names it (`host:port`).
+async fn primary_of(
+    sentinels: &[String],
+    master: &str,
+    config: &AsyncConnectionConfig,
+) -> Result<String, RedisError> {
+    let mut last = None;
+    for sentinel in sentinels {
+        let asked = async {
+            let mut conn = redis::Client::open(sentinel.as_str())?
+                .get_multiplexed_async_connection_with_config(config)
+                .await?;
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(master)
+                .query_async::<Option<(String, u16)>>(&mut conn)
+                .await
+        };
+        match asked.await {
+            Ok(Some((host, port))) => return Ok(format!("{host}:{port}")),
+            Ok(None) => {
+                last = Some(RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the Sentinels know no such master",
+                    master.to_string(),
+                )))
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| RedisError::from((redis::ErrorKind::Io, "no Sentinels"))))
 }
 
 /// A standalone client for `info`, over TLS with `certs` when given.

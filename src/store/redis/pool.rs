@@ -361,6 +361,17 @@ impl Pool {
     /// Returns whether every entry holds a connection that answered.
     pub(super) async fn tend(&self) -> bool {
         let mut all_ok = true;
+        // Sentinel: a failover moved the primary. The old one keeps taking writes until the
+        // Sentinels demote it (seconds), and they would be lost then: move every connection
+        // now rather than at the first READONLY.
+        if self.connector.primary_moved().await {
+            tracing::warn!(url = %self.display_url, "the Sentinels name a new primary; reconnecting");
+            for entry in self.entries.iter() {
+                entry.conn.store(None);
+                entry.live.store(false, Ordering::Relaxed);
+            }
+            self.update_gauge();
+        }
         // After one failed connection attempt Redis is likely down: the other entries due for
         // a check are marked as not connected (so the gauge tells the truth) without another
         // attempt this round.
