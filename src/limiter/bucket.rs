@@ -132,6 +132,17 @@ pub struct WindowState {
     pub count: u64,
 }
 
+/// The fixed window at wall time `now_ms`: its start, the hits counted in it so far (0 when
+/// the stored window is another one) and the ms until it ends.
+fn window_at(state: Option<WindowState>, now_ms: u64, window_ms: u64) -> (u64, u64, u64) {
+    let start_ms = now_ms - now_ms % window_ms;
+    let before = match state {
+        Some(s) if s.start_ms == start_ms => s.count,
+        _ => 0,
+    };
+    (start_ms, before, start_ms + window_ms - now_ms)
+}
+
 /// One fixed-window hit of `cost` at wall time `now_ms`, with `limit` hits per `window_ms`.
 pub fn take_window(
     state: Option<WindowState>,
@@ -140,12 +151,7 @@ pub fn take_window(
     window_ms: u64,
     cost: u64,
 ) -> (WindowState, Outcome) {
-    let start_ms = now_ms - now_ms % window_ms;
-    let before = match state {
-        Some(s) if s.start_ms == start_ms => s.count,
-        _ => 0,
-    };
-    let reset_ms = start_ms + window_ms - now_ms;
+    let (start_ms, before, reset_ms) = window_at(state, now_ms, window_ms);
     let (count, allowed) = if cost == 0 {
         (before, before < limit)
     } else {
@@ -397,12 +403,7 @@ pub fn claim_window(
     window_ms: u64,
     ask: ClaimAsk,
 ) -> (WindowState, Outcome) {
-    let start_ms = now_ms - now_ms % window_ms;
-    let before = match state {
-        Some(s) if s.start_ms == start_ms => s.count,
-        _ => 0,
-    };
-    let reset_ms = start_ms + window_ms - now_ms;
+    let (start_ms, before, reset_ms) = window_at(state, now_ms, window_ms);
     let ask = ClaimAsk {
         need: ask.need.max(1),
         ..ask

@@ -503,22 +503,13 @@ mod tests {
     use super::*;
 
     fn cfg(url: &str) -> RedisConfig {
-        RedisConfig {
-            url: url.to_string(),
-            pool_size: 2,
-            connect_timeout: std::time::Duration::from_millis(200),
-            timeout: std::time::Duration::from_millis(20),
-            breaker_failures: 3,
-            breaker_probe: std::time::Duration::from_millis(500),
-            tls_ca: String::new(),
-            tls_cert: String::new(),
-            tls_key: String::new(),
-            username: String::new(),
-            password: String::new(),
-            password_file: String::new(),
-            sentinel_username: String::new(),
-            sentinel_password: String::new(),
-        }
+        RedisConfig::from_settings(&crate::settings::Settings {
+            store: url.to_string(),
+            store_pool_size: 2,
+            store_connect_timeout_ms: 200,
+            store_timeout_ms: 20,
+            ..Default::default()
+        })
     }
 
     #[test]

@@ -456,22 +456,13 @@ mod tests {
     async fn an_unreachable_redis_constructs_and_fails_fast_per_call() {
         // Port 1 on loopback: nothing listens, connections are refused at once.
         let metrics = Metrics::new();
-        let cfg = RedisConfig {
-            url: "redis://127.0.0.1:1".to_string(),
-            pool_size: 2,
-            connect_timeout: Duration::from_millis(200),
-            timeout: Duration::from_millis(20),
-            breaker_failures: 3,
-            breaker_probe: Duration::from_millis(500),
-            tls_ca: String::new(),
-            tls_cert: String::new(),
-            tls_key: String::new(),
-            username: String::new(),
-            password: String::new(),
-            password_file: String::new(),
-            sentinel_username: String::new(),
-            sentinel_password: String::new(),
-        };
+        let cfg = RedisConfig::from_settings(&crate::settings::Settings {
+            store: "redis://127.0.0.1:1".to_string(),
+            store_pool_size: 2,
+            store_connect_timeout_ms: 200,
+            store_timeout_ms: 20,
+            ..Default::default()
+        });
         let store = RedisStore::connect(cfg, &metrics).await.unwrap();
         assert_eq!(store.state(), "disconnected");
         let op = Op {
