@@ -1,5 +1,6 @@
 //! Test harness for Redis: [`TestRedis`] (one `redis-server`) and [`TestCluster`] (three
-//! primaries formed with `redis-cli --cluster create`), each on free loopback ports with a temp
+//! primaries formed with `redis-cli --cluster create`, with a replica each for
+//! [`TestCluster::start_replicated`]), each on free loopback ports with a temp
 //! directory of its own, polled (with a deadline, never a fixed sleep) until they answer, and
 //! killed on drop. `redis-server` and `redis-cli` must be on the PATH (`make test` brings them);
 //! when they are missing the tests fail with a message saying so, they do not skip.
@@ -256,7 +257,8 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(10)..].join("\n")
 }
 
-/// A Redis Cluster of three primaries (no replicas), all slots assigned.
+/// A Redis Cluster of three primaries (and a replica of each, when replicated), all slots
+/// assigned.
 pub struct TestCluster {
     nodes: Vec<TestRedis>,
     /// The nodes' directories; removed on drop, after the nodes are killed.
@@ -266,9 +268,20 @@ pub struct TestCluster {
 impl TestCluster {
     /// Starts three cluster-mode servers and joins them into one cluster.
     pub fn start() -> TestCluster {
+        TestCluster::start_nodes(0, 5000)
+    }
+
+    /// Starts 3 primaries + 3 replicas (one each), for failover tests: a node is considered
+    /// failed after 1 s (`cluster-node-timeout`), so a killed primary's replica takes over
+    /// within a few seconds. Returns once every replica has synced with its primary.
+    pub fn start_replicated() -> TestCluster {
+        TestCluster::start_nodes(1, 1000)
+    }
+
+    fn start_nodes(replicas: usize, node_timeout_ms: u32) -> TestCluster {
         let mut last = String::new();
         for _ in 0..5 {
-            match TestCluster::try_start() {
+            match TestCluster::try_start(replicas, node_timeout_ms) {
                 Ok(c) => return c,
                 Err(e) => last = e,
             }
@@ -290,13 +303,13 @@ impl TestCluster {
         c
     }
 
-    fn try_start() -> Result<TestCluster, String> {
+    fn try_start(replicas: usize, node_timeout_ms: u32) -> Result<TestCluster, String> {
         // Built first so that an early return drops (kills and removes) what was started.
         let mut cluster = TestCluster {
             nodes: Vec::new(),
             dir: temp_dir("cluster"),
         };
-        let ports = cluster_ports(3);
+        let ports = cluster_ports(3 * (1 + replicas));
         for &port in &ports {
             let node_dir = cluster.dir.path().join(port.to_string());
             std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
@@ -306,7 +319,7 @@ impl TestCluster {
                 "--cluster-config-file".to_string(),
                 node_dir.join("nodes.conf").display().to_string(),
                 "--cluster-node-timeout".to_string(),
-                "5000".to_string(),
+                node_timeout_ms.to_string(),
                 // Keep serving the other nodes' slots while one node is gone (what the README
                 // recommends, and what per-node fallback needs).
                 "--cluster-require-full-coverage".to_string(),
@@ -321,7 +334,7 @@ impl TestCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| {
@@ -334,16 +347,19 @@ impl TestCluster {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        // Every node must see the whole cluster before a client may trust any node's slot map.
+        // Every node must see the whole cluster before a client may trust any node's slot map,
+        // and every replica must have synced, so a failover has a replica to promote.
+        let known = format!("cluster_known_nodes:{}", ports.len());
         let formed = poll(START_DEADLINE, || {
             ports
                 .iter()
                 .all(|&p| {
-                    command::<String>(p, &["CLUSTER", "INFO"]).is_ok_and(|info| {
-                        info.contains("cluster_state:ok")
-                            && info.contains("cluster_slots_ok:16384")
-                            && info.contains("cluster_known_nodes:3")
-                    })
+                    let info = command::<String>(p, &["CLUSTER", "INFO"]).unwrap_or_default();
+                    let repl = command::<String>(p, &["INFO", "replication"]).unwrap_or_default();
+                    info.contains("cluster_state:ok")
+                        && info.contains("cluster_slots_ok:16384")
+                        && info.contains(&known)
+                        && (repl.contains("role:master") || repl.contains("master_link_status:up"))
                 })
                 .then_some(())
         });
@@ -375,9 +391,14 @@ impl TestCluster {
         &mut self.nodes
     }
 
-    /// The port of the node that holds `key` (`CLUSTER KEYSLOT`, then `CLUSTER SLOTS`).
+    /// The port of the primary that holds `key` (`CLUSTER KEYSLOT`, then `CLUSTER SLOTS`),
+    /// as the first live node sees it.
     pub fn port_of(&self, key: &str) -> u16 {
-        let node = &self.nodes[0];
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a live cluster node");
         let slot: i64 = node.cmd(&["CLUSTER", "KEYSLOT", key]);
         use ::redis::Value;
         let Value::Array(ranges) = node.cmd::<Value>(&["CLUSTER", "SLOTS"]) else {
@@ -400,6 +421,52 @@ impl TestCluster {
                 _ => None,
             })
             .unwrap_or_else(|| panic!("no node holds slot {slot}"))
+    }
+
+    /// The ports of the nodes that are primaries now (`INFO replication` says `role:master`),
+    /// among the live ones.
+    pub fn primary_ports(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .filter(|n| {
+                command::<String>(n.port, &["INFO", "replication"])
+                    .is_ok_and(|r| r.contains("role:master"))
+            })
+            .map(|n| n.port)
+            .collect()
+    }
+
+    /// Waits until every live node reports `cluster_state:ok` with all slots served and none
+    /// of them by `gone` (a killed primary whose replica must take over); the deadline is
+    /// `within`.
+    pub fn wait_failed_over(&self, gone: u16, within: Duration) -> Result<(), String> {
+        let live: Vec<u16> = self
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| n.port)
+            .collect();
+        let gone_marker = format!(":{gone}@");
+        poll(within, || {
+            live.iter()
+                .all(|&p| {
+                    let info = command::<String>(p, &["CLUSTER", "INFO"]).unwrap_or_default();
+                    let nodes = command::<String>(p, &["CLUSTER", "NODES"]).unwrap_or_default();
+                    // The killed node's line must no longer claim slots as a live master.
+                    let gone_serves = nodes.lines().any(|l| {
+                        l.contains(&gone_marker)
+                            && l.contains("master")
+                            && !l.contains("fail")
+                            && l.split(' ').count() > 8
+                    });
+                    info.contains("cluster_state:ok")
+                        && info.contains("cluster_slots_ok:16384")
+                        && !gone_serves
+                })
+                .then_some(())
+        })
+        .ok_or_else(|| format!("no replica took over from :{gone} within {within:?}"))
     }
 
     /// Runs one command on every node.
