@@ -78,7 +78,7 @@ settings! {
     admin_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8080)),
         "address of the admin HTTP port (/healthz /readyz /metrics /config /json)";
     store: String = "memory".to_string(),
-        "`memory`, or redis://… / redis+cluster://… (see README)";
+        "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS; see README)";
     default_algorithm: Algorithm = Algorithm::TokenBucket,
         "token_bucket, fixed_window or sliding_window, for limits that name none";
     shadow_mode: bool = false,
@@ -371,7 +371,6 @@ impl Settings {
                 "redis+cluster://",
                 "rediss+cluster://",
                 "redis+sentinel://",
-                // Refused by the store with its own message (not supported yet).
                 "rediss+sentinel://",
             ]
             .iter()
@@ -379,11 +378,10 @@ impl Settings {
         {
             return bad(
                 "store",
-                "expected `memory`, redis://…, rediss://…, redis+cluster://…, rediss+cluster://… or redis+sentinel://…",
+                "expected `memory`, redis://…, redis+cluster://…, redis+sentinel://…, or one of them over TLS (rediss://…, rediss+cluster://…, rediss+sentinel://…)",
             );
         }
-        let tls_url =
-            self.store.starts_with("rediss://") || self.store.starts_with("rediss+cluster://");
+        let tls_url = self.store.starts_with("rediss");
         for (key, value) in [
             ("store_tls_ca", &self.store_tls_ca),
             ("store_tls_cert", &self.store_tls_cert),
@@ -392,7 +390,7 @@ impl Settings {
             if !value.is_empty() && !tls_url {
                 return bad(
                     key,
-                    "is set, but the store is not a TLS URL (rediss://… or rediss+cluster://…)",
+                    "is set, but the store is not a TLS URL (rediss://…, rediss+cluster://… or rediss+sentinel://…)",
                 );
             }
         }
@@ -416,13 +414,17 @@ impl Settings {
                 "the store URL has a password too: give the credentials in one place",
             );
         }
-        let sentinel = self.store.starts_with("redis+sentinel://");
+        let sentinel = self.store.starts_with("redis+sentinel://")
+            || self.store.starts_with("rediss+sentinel://");
         for (key, value) in [
             ("store_sentinel_username", &self.store_sentinel_username),
             ("store_sentinel_password", &self.store_sentinel_password),
         ] {
             if !value.is_empty() && !sentinel {
-                return bad(key, "is set, but the store is not a redis+sentinel:// URL");
+                return bad(
+                    key,
+                    "is set, but the store is not a redis+sentinel:// (or rediss+sentinel://) URL",
+                );
             }
         }
         if self.grpc_tls_cert.is_empty() != self.grpc_tls_key.is_empty() {
@@ -646,6 +648,28 @@ mod tests {
         );
         assert!(load("default_algorithm", "leaky").contains("default_algorithm"));
         assert!(load("otlp_endpoint", "collector:4317").contains("otlp_endpoint"));
+    }
+
+    #[test]
+    fn tls_and_sentinel_settings_need_a_url_that_uses_them() {
+        let with = |store: &str, key: &'static str| {
+            Settings::load(&Sources {
+                flags: vec![("store", store.to_string()), (key, "x".to_string())],
+                ..Sources::default()
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert!(with("rediss+sentinel://s:26379/m", "store_tls_ca").is_ok());
+        assert!(with("rediss+sentinel://s:26379/m", "store_sentinel_password").is_ok());
+        assert!(with("redis+sentinel://s:26379/m", "store_sentinel_username").is_ok());
+        let e = with("redis+sentinel://s:26379/m", "store_tls_ca").unwrap_err();
+        assert!(
+            e.contains("store_tls_ca") && e.contains("not a TLS URL"),
+            "{e}"
+        );
+        let e = with("rediss://r:6380", "store_sentinel_password").unwrap_err();
+        assert!(e.contains("store_sentinel_password"), "{e}");
     }
 
     #[test]

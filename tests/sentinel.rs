@@ -1,7 +1,9 @@
 //! Redis behind Sentinel (`redis+sentinel://`): a primary, a replica and three Sentinels on
 //! loopback. Three tollgates share one quota through it exactly; a forced failover under load
 //! loses no request (the fallback answers the gap) and, within seconds of the Sentinels naming
-//! the new primary (before the old one is demoted), the quota is exact again in it.
+//! the new primary (before the old one is demoted), the quota is exact again in it. The same
+//! over mutual TLS (`rediss+sentinel://`): Sentinels, primary and replica all TLS-only to
+//! tollgate.
 
 mod common;
 
@@ -13,6 +15,7 @@ use common::InProcess;
 use common::redis::unique_prefix;
 use common::request;
 use common::sentinel::TestSentinels;
+use common::tls::TestCerts;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMIT: usize = 60;
@@ -139,4 +142,63 @@ async fn three_replicas_share_one_quota_through_sentinel_and_survive_a_failover(
     )
     .unwrap();
     assert!(!keys.is_empty(), "the new primary has the bucket");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_over_mutual_tls_shares_one_quota_and_follows_a_failover() {
+    let certs = TestCerts::generate();
+    let set = TestSentinels::start_tls(&certs);
+    let prefix = unique_prefix("sentinel-tls");
+    let servers: Vec<InProcess> = (0..2)
+        .map(|_| {
+            InProcess::start(RULES, |s| {
+                s.store = set.url();
+                s.store_tls_ca = certs.file("ca.crt");
+                s.store_tls_cert = certs.file("client.crt");
+                s.store_tls_key = certs.file("client.key");
+                s.key_prefix = prefix.clone();
+                s.store_timeout_ms = 500;
+                s.breaker_probe_ms = 100;
+            })
+        })
+        .collect();
+    assert!(set.url().starts_with("rediss+sentinel://"));
+    assert_eq!(admitted(&servers, "before").await, LIMIT);
+    let keys: Vec<String> = common::redis::command(
+        set.primary_port(),
+        &["KEYS", &format!("{prefix}*tenant=before|*")],
+    )
+    .unwrap();
+    assert!(!keys.is_empty(), "the primary holds the bucket");
+
+    let (set, old) = tokio::task::spawn_blocking(move || {
+        let old = set.failover();
+        (set, old)
+    })
+    .await
+    .unwrap();
+    let new = set.primary_port();
+    assert_ne!(new, old);
+    let promoted = Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let tenant = format!("after{attempt}");
+        let n = admitted(&servers, &tenant).await;
+        let keys: Vec<String> =
+            common::redis::command(new, &["KEYS", &format!("{prefix}*tenant={tenant}|*")]).unwrap();
+        if n == LIMIT && !keys.is_empty() {
+            break;
+        }
+        assert!(
+            promoted.elapsed() < Duration::from_secs(8),
+            "not exact on the new primary over TLS {:?} after it was named (last: {n} of {LIMIT})",
+            promoted.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "over TLS: exact on the new primary {:?} after it was named",
+        promoted.elapsed()
+    );
 }

@@ -81,10 +81,16 @@ impl TestRedis {
     /// [`TestRedis::tls_url`]; with `mutual`, a TLS client must show a certificate signed by
     /// the test CA. The plain port stays open for the test's own inspection.
     pub fn start_tls(certs: &super::tls::TestCerts, mutual: bool) -> TestRedis {
+        TestRedis::start_tls_with(certs, mutual, &[])
+    }
+
+    /// [`TestRedis::start_tls`] with extra `redis-server` arguments (e.g. `--replicaof` with
+    /// `--tls-replication yes`: the server certificate is also a client certificate).
+    pub fn start_tls_with(certs: &super::tls::TestCerts, mutual: bool, more: &[&str]) -> TestRedis {
         let mut last = String::new();
         for _ in 0..5 {
             let tls_port = free_port();
-            let extra = vec![
+            let mut extra = vec![
                 "--tls-port".to_string(),
                 tls_port.to_string(),
                 "--tls-cert-file".to_string(),
@@ -96,6 +102,7 @@ impl TestRedis {
                 "--tls-auth-clients".to_string(),
                 if mutual { "yes" } else { "no" }.to_string(),
             ];
+            extra.extend(more.iter().map(|s| s.to_string()));
             match TestRedis::try_start(free_port(), Owned(temp_dir("redis-tls")), extra) {
                 Ok(mut r) => {
                     r.tls_port = Some(tls_port);
@@ -105,6 +112,11 @@ impl TestRedis {
             }
         }
         panic!("redis-server with TLS did not start: {last}");
+    }
+
+    /// The TLS port of a server from [`TestRedis::start_tls`].
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port.expect("started with start_tls")
     }
 
     /// `rediss://127.0.0.1:<tls port>` of a server from [`TestRedis::start_tls`].

@@ -1,7 +1,9 @@
 //! A Sentinel deployment on loopback: a primary, one replica and three Sentinels
 //! (`redis-server --sentinel` with a config file each, since Sentinel rewrites its config),
 //! all killed on drop. [`TestSentinels::failover`] forces a failover and waits until the
-//! Sentinels name the former replica as the primary.
+//! Sentinels name the former replica as the primary. [`TestSentinels::start_tls`] runs the
+//! same set over mutual TLS (replication and Sentinel links too); every server keeps a plain
+//! port for the test's own inspection, and the Sentinels name the primaries' TLS ports.
 
 #![allow(dead_code)]
 
@@ -9,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use super::redis::{TestRedis, command};
+use super::tls::TestCerts;
 use super::{free_port, poll, temp_dir};
 
 pub const MASTER: &str = "mymaster";
@@ -17,15 +20,50 @@ const DEADLINE: Duration = Duration::from_secs(30);
 pub struct TestSentinels {
     pub primary: TestRedis,
     pub replica: TestRedis,
-    sentinels: Vec<(u16, Child)>,
+    /// Each Sentinel's plain port (for the test) and TLS port (for tollgate, over TLS).
+    sentinels: Vec<(u16, Option<u16>, Child)>,
+    tls: bool,
     _dir: tempfile::TempDir,
 }
 
 impl TestSentinels {
     pub fn start() -> TestSentinels {
-        let primary = TestRedis::start();
-        let replica =
-            TestRedis::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+        TestSentinels::start_with(None)
+    }
+
+    /// The same set over mutual TLS with `certs`: clients (tollgate) must show a certificate
+    /// signed by the test CA; the servers replicate and the Sentinels monitor over TLS.
+    pub fn start_tls(certs: &TestCerts) -> TestSentinels {
+        TestSentinels::start_with(Some(certs))
+    }
+
+    fn start_with(certs: Option<&TestCerts>) -> TestSentinels {
+        let (primary, replica) = match certs {
+            None => {
+                let primary = TestRedis::start();
+                let replica = TestRedis::start_with(&[
+                    "--replicaof",
+                    "127.0.0.1",
+                    &primary.port().to_string(),
+                ]);
+                (primary, replica)
+            }
+            Some(certs) => {
+                let primary = TestRedis::start_tls_with(certs, true, &["--tls-replication", "yes"]);
+                let replica = TestRedis::start_tls_with(
+                    certs,
+                    true,
+                    &[
+                        "--tls-replication",
+                        "yes",
+                        "--replicaof",
+                        "127.0.0.1",
+                        &primary.tls_port().to_string(),
+                    ],
+                );
+                (primary, replica)
+            }
+        };
         let synced = poll(DEADLINE, || {
             let info: String = replica.cmd(&["INFO", "replication"]);
             info.contains("master_link_status:up").then_some(())
@@ -36,11 +74,26 @@ impl TestSentinels {
         for i in 0..3 {
             let port = free_port();
             let conf = dir.path().join(format!("sentinel-{i}.conf"));
+            let (monitored, tls_port, tls_conf) = match certs {
+                None => (primary.port(), None, String::new()),
+                Some(certs) => {
+                    let tls_port = free_port();
+                    (
+                        primary.tls_port(),
+                        Some(tls_port),
+                        format!(
+                            "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes\n",
+                            certs.file("server.crt"),
+                            certs.file("server.key"),
+                            certs.file("ca.crt")
+                        ),
+                    )
+                }
+            };
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\nsentinel monitor {MASTER} 127.0.0.1 {} 2\nsentinel down-after-milliseconds {MASTER} 1000\nsentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n",
-                    primary.port()
+                    "port {port}\nbind 127.0.0.1\n{tls_conf}sentinel monitor {MASTER} 127.0.0.1 {monitored} 2\nsentinel down-after-milliseconds {MASTER} 1000\nsentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n",
                 ),
             )
             .expect("write sentinel config");
@@ -54,17 +107,18 @@ impl TestSentinels {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("start redis-server --sentinel");
-            sentinels.push((port, child));
+            sentinels.push((port, tls_port, child));
         }
         let set = TestSentinels {
             primary,
             replica,
             sentinels,
+            tls: certs.is_some(),
             _dir: dir,
         };
         // Ready when every Sentinel sees the replica and the two other Sentinels (a failover
         // needs them: quorum 2, and a majority to authorise it).
-        for (port, _) in &set.sentinels {
+        for (port, _, _) in &set.sentinels {
             let port = *port;
             let ready = poll(DEADLINE, || {
                 let replicas: Vec<::redis::Value> =
@@ -78,22 +132,33 @@ impl TestSentinels {
         set
     }
 
-    /// `redis+sentinel://…/mymaster`.
+    /// `redis+sentinel://…/mymaster` (`rediss+sentinel://` and the TLS ports, for a set
+    /// from [`TestSentinels::start_tls`]).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinels
             .iter()
-            .map(|(p, _)| format!("127.0.0.1:{p}"))
+            .map(|(p, tls, _)| format!("127.0.0.1:{}", tls.unwrap_or(*p)))
             .collect();
-        format!("redis+sentinel://{}/{MASTER}", hosts.join(","))
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}+sentinel://{}/{MASTER}", hosts.join(","))
     }
 
-    /// The port the Sentinels name as the primary now.
+    /// The (plain) port of the server the Sentinels name as the primary now.
     pub fn primary_port(&self) -> u16 {
-        let (port, _) = &self.sentinels[0];
+        let (port, _, _) = &self.sentinels[0];
         let addr: Vec<String> =
             command(*port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]).expect("master addr");
-        addr[1].parse().expect("a port")
+        let named: u16 = addr[1].parse().expect("a port");
+        if !self.tls {
+            return named;
+        }
+        // Over TLS the Sentinels name TLS ports.
+        [&self.primary, &self.replica]
+            .iter()
+            .find(|r| r.tls_port() == named)
+            .map(|r| r.port())
+            .unwrap_or_else(|| panic!("the Sentinels name :{named}, no server of the set"))
     }
 
     /// Forces a failover and waits until the Sentinels name the former replica, and it is a
@@ -101,7 +166,7 @@ impl TestSentinels {
     /// it ([`TestSentinels::wait_demoted`]). Returns the former primary's port.
     pub fn failover(&self) -> u16 {
         let before = self.primary_port();
-        let (port, _) = &self.sentinels[0];
+        let (port, _, _) = &self.sentinels[0];
         let _: String =
             command(*port, &["SENTINEL", "FAILOVER", MASTER]).expect("SENTINEL FAILOVER");
         let done = poll(DEADLINE, || {
@@ -125,7 +190,7 @@ impl TestSentinels {
 
 impl Drop for TestSentinels {
     fn drop(&mut self) {
-        for (_, child) in &mut self.sentinels {
+        for (_, _, child) in &mut self.sentinels {
             let _ = child.kill();
             let _ = child.wait();
         }

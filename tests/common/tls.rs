@@ -1,5 +1,6 @@
 //! Certificates for the TLS tests, made by the `openssl` CLI in a temp directory of their own:
-//! a CA, a server certificate for 127.0.0.1 and localhost signed by it, a client certificate
+//! a CA, a server certificate for 127.0.0.1 and localhost signed by it (also good as a client
+//! certificate, for replication and Sentinels), a client certificate
 //! signed by it (mutual TLS), and a second, unrelated CA (a wrong trust anchor). EC P-256 keys:
 //! quick to make, and both Redis (OpenSSL) and tollgate (rustls) accept them.
 
@@ -21,7 +22,9 @@ impl TestCerts {
         };
         certs.ca("ca", "tollgate test CA");
         certs.ca("wrong-ca", "some other CA");
-        certs.leaf("server", "127.0.0.1", "serverAuth");
+        // Also a client certificate: a replica and a Sentinel connect to the other servers
+        // with it (`tls-replication yes`).
+        certs.leaf("server", "127.0.0.1", "serverAuth,clientAuth");
         certs.leaf("client", "tollgate", "clientAuth");
         certs
     }

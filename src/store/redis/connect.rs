@@ -11,11 +11,14 @@
 //! at each new connection, so a reconnect after a failover reaches the new one (the pool drops
 //! every connection when Redis answers READONLY: see `pool.rs`).
 //!
-//! `rediss://` and `rediss+cluster://` are the same over TLS (rustls with the ring provider;
-//! no OpenSSL): the server's certificate is checked against `store_tls_ca` (else the system
-//! roots) and the host name or IP of the URL; `store_tls_cert` + `store_tls_key` add a client
-//! certificate (mutual TLS). The files are read once, at startup: a missing or unreadable one
-//! is a startup error naming the setting and the path.
+//! `rediss://`, `rediss+cluster://` and `rediss+sentinel://` are the same over TLS (rustls
+//! with the ring provider; no OpenSSL): the server's certificate is checked against
+//! `store_tls_ca` (else the system roots) and the host name or IP of the URL (for Sentinel:
+//! of each Sentinel, and of the primary as the Sentinels name it); `store_tls_cert` +
+//! `store_tls_key` add a client certificate (mutual TLS). With Sentinel, one TLS setup serves
+//! the Sentinels and the data nodes, as Redis's own `tls-*` settings do for both. The files
+//! are read once, at startup: a missing or unreadable one is a startup error naming the
+//! setting and the path.
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
@@ -44,9 +47,13 @@ pub(super) enum Connector {
     /// Sentinels that name the primary of `master`. Each new connection asks them again, so
     /// a reconnect after a failover reaches the new primary.
     Sentinel {
-        sentinels: Vec<String>,
+        /// Each Sentinel's address and credentials (`store_sentinel_*`), `rediss://` for TLS.
+        sentinels: Vec<ConnectionInfo>,
         master: String,
         node: Box<redis::RedisConnectionInfo>,
+        /// Whether the Sentinels and the primary are reached over TLS, and with which files.
+        tls: bool,
+        certs: Option<redis::TlsCertificates>,
         config: Box<AsyncConnectionConfig>,
         password_file: Option<String>,
         /// The primary the last connection was made to, `host:port`: the keeper asks the
@@ -126,7 +133,9 @@ impl Connector {
     pub(super) fn parse(cfg: &RedisConfig) -> Result<Connector, StoreError> {
         let url = cfg.url.as_str();
         let shown = redact_url(url);
-        let tls = url.starts_with("rediss://") || url.starts_with("rediss+cluster://");
+        let tls = url.starts_with("rediss://")
+            || url.starts_with("rediss+cluster://")
+            || url.starts_with("rediss+sentinel://");
         let certs = if tls { tls_certificates(cfg)? } else { None };
         let username = (!cfg.username.is_empty()).then(|| cfg.username.clone());
         let password = (!cfg.password.is_empty()).then(|| cfg.password.clone());
@@ -135,13 +144,16 @@ impl Connector {
             // Read once now, so a wrong path stops startup; again at each new connection.
             read_password(file).map_err(|e| config_error(e.to_string()))?;
         }
-        if url.starts_with("rediss+sentinel://") {
-            return Err(config_error(format!(
-                "{shown}: Sentinel over TLS is not supported yet; use redis+sentinel:// on a trusted network"
-            )));
-        }
-        if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-            return sentinel(cfg, rest, &shown, username, password, password_file);
+        let sentinels = url
+            .strip_prefix("redis+sentinel://")
+            .or_else(|| url.strip_prefix("rediss+sentinel://"));
+        if let Some(rest) = sentinels {
+            let node = NodeAuth {
+                username,
+                password,
+                password_file,
+            };
+            return sentinel(cfg, rest, &shown, node, certs, tls);
         }
         let cluster = url
             .strip_prefix("redis+cluster://")
@@ -260,6 +272,8 @@ impl Connector {
                 sentinels,
                 master,
                 node,
+                tls,
+                certs,
                 config,
                 password_file,
                 primary,
@@ -269,7 +283,7 @@ impl Connector {
                     node = node.set_password(read_password(file)?);
                 }
                 // Ask the Sentinels, then connect to the primary they name.
-                let addr = primary_of(sentinels, master, config).await?;
+                let addr = primary_of(sentinels, certs.as_ref(), master, config).await?;
                 let (host, port) = addr.rsplit_once(':').unwrap_or((addr.as_str(), "6379"));
                 let port: u16 = port.parse().map_err(|_| {
                     RedisError::from((
@@ -278,10 +292,11 @@ impl Connector {
                         addr.clone(),
                     ))
                 })?;
-                let info = (host, port)
+                let scheme = if *tls { "rediss" } else { "redis" };
+                let info = format!("{scheme}://{host}:{port}")
                     .into_connection_info()?
                     .set_redis_settings(node);
-                let conn = redis::Client::open(info)?
+                let conn = standalone_client(&info, certs.as_ref())?
                     .get_multiplexed_async_connection_with_config(config)
                     .await?;
                 *primary.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
@@ -297,6 +312,7 @@ impl Connector {
         let Connector::Sentinel {
             sentinels,
             master,
+            certs,
             config,
             primary,
             ..
@@ -304,7 +320,7 @@ impl Connector {
         else {
             return false;
         };
-        let Ok(now) = primary_of(sentinels, master, config).await else {
+        let Ok(now) = primary_of(sentinels, certs.as_ref(), master, config).await else {
             return false;
         };
         let known = primary.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -320,18 +336,31 @@ impl Connector {
     }
 }
 
-/// `redis+sentinel://[user:pass@]s1:p1,s2:p2/<master>[/db]`: the sentinels, the primary's
+/// The data nodes' credentials from the settings (the URL may carry them instead).
+struct NodeAuth {
+    username: Option<String>,
+    password: Option<String>,
+    password_file: Option<String>,
+}
+
+/// `redis[s]+sentinel://[user:pass@]s1:p1,s2:p2/<master>[/db]`: the sentinels, the primary's
 /// name, and how to talk to the data nodes (the URL's credentials, else the settings'; the
-/// database). The sentinels' own credentials are `store_sentinel_username` / `_password`.
+/// database; TLS for `rediss`). The sentinels' own credentials are
+/// `store_sentinel_username` / `_password`.
 fn sentinel(
     cfg: &RedisConfig,
     rest: &str,
     shown: &str,
-    username: Option<String>,
-    password: Option<String>,
-    password_file: Option<String>,
+    auth_settings: NodeAuth,
+    certs: Option<redis::TlsCertificates>,
+    tls: bool,
 ) -> Result<Connector, StoreError> {
-    let usage = "expected redis+sentinel://[user:pass@]host:port,host:port/<master name>[/db]";
+    let usage = "expected redis[s]+sentinel://[user:pass@]host:port,host:port/<master name>[/db]";
+    let NodeAuth {
+        username,
+        password,
+        password_file,
+    } = auth_settings;
     let (auth, rest) = match rest.rsplit_once('@') {
         Some((auth, rest)) => (Some(auth), rest),
         None => (None, rest),
@@ -361,12 +390,18 @@ fn sentinel(
         ("", "") => String::new(),
         (user, pass) => format!("{user}:{pass}@"),
     };
-    let sentinels: Vec<String> = hosts
+    let scheme = if tls { "rediss" } else { "redis" };
+    // Parsed once now, so a bad Sentinel address stops startup.
+    let sentinels: Vec<ConnectionInfo> = hosts
         .split(',')
         .map(str::trim)
         .filter(|h| !h.is_empty())
-        .map(|h| format!("redis://{sentinel_auth}{h}"))
-        .collect();
+        .map(|h| {
+            format!("{scheme}://{sentinel_auth}{h}")
+                .into_connection_info()
+                .map_err(|e| config_error(format!("{shown}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
     if sentinels.is_empty() {
         return Err(config_error(format!("{shown}: no sentinels ({usage})")));
     }
@@ -384,11 +419,6 @@ fn sentinel(
     if let Some(pw) = password.or(url_pass) {
         node = node.set_password(pw);
     }
-    // Checked once now: every Sentinel address must parse.
-    for sentinel in &sentinels {
-        redis::Client::open(sentinel.as_str())
-            .map_err(|e| config_error(format!("{shown}: {e}")))?;
-    }
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(cfg.connect_timeout))
         .set_response_timeout(None);
@@ -396,6 +426,8 @@ fn sentinel(
         sentinels,
         master: master.to_string(),
         node: Box::new(node),
+        tls,
+        certs,
         config: Box::new(config),
         password_file,
         primary: std::sync::Mutex::new(None),
@@ -404,14 +436,15 @@ fn sentinel(
 
 /// The primary of `master` as the first Sentinel that answers names it (`host:port`).
 async fn primary_of(
-    sentinels: &[String],
+    sentinels: &[ConnectionInfo],
+    certs: Option<&redis::TlsCertificates>,
     master: &str,
     config: &AsyncConnectionConfig,
 ) -> Result<String, RedisError> {
     let mut last = None;
     for sentinel in sentinels {
         let asked = async {
-            let mut conn = redis::Client::open(sentinel.as_str())?
+            let mut conn = standalone_client(sentinel, certs)?
                 .get_multiplexed_async_connection_with_config(config)
                 .await?;
             redis::cmd("SENTINEL")
@@ -553,10 +586,8 @@ mod tests {
         else {
             panic!("not a sentinel connector")
         };
-        assert_eq!(
-            sentinels,
-            ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"]
-        );
+        let addrs: Vec<String> = sentinels.iter().map(|s| s.addr().to_string()).collect();
+        assert_eq!(addrs, ["127.0.0.1:26379", "127.0.0.1:26380"]);
         assert_eq!((master.as_str(), node.db()), ("mymaster", 2));
         assert_eq!((node.username(), node.password()), (Some("u"), Some("pw")));
         for (url, says) in [
@@ -568,8 +599,8 @@ mod tests {
             ("redis+sentinel://127.0.0.1:26379/m/x", "not a number"),
             ("redis+sentinel:///m", "no sentinels"),
             (
-                "rediss+sentinel://u:hunter2@127.0.0.1:26379/m",
-                "not supported yet",
+                "rediss+sentinel://u:hunter2@127.0.0.1:26379",
+                "no master name",
             ),
         ] {
             let Err(e) = Connector::parse(&cfg(url)) else {
