@@ -179,6 +179,7 @@ async fn serve_loaded(
                 claim_wait_ms: settings.store_timeout_ms.saturating_mul(2).max(10),
             },
             clock: Clock::system(),
+            near_limit_ratio: settings.near_limit_ratio,
         },
         metrics.clone(),
     );

@@ -85,6 +85,8 @@ settings! {
         "global shadow mode: the overall code is always OK";
     response_headers: bool = false,
         "add RateLimit-* and Retry-After to responses";
+    near_limit_ratio: f64 = 0.8,
+        "an admitted decision past this share of its limit counts as outcome near_limit (as envoyproxy/ratelimit's NEAR_LIMIT_RATIO; 1 turns it off)";
     key_prefix: String = "tollgate:".to_string(),
         "prefix of every store key";
     store_tls_ca: String = String::new(),
@@ -469,6 +471,13 @@ impl Settings {
             if v == 0 {
                 return bad(key, "must be at least 1");
             }
+        }
+        // NaN fails both comparisons, so it is refused too.
+        if !(self.near_limit_ratio > 0.0 && self.near_limit_ratio <= 1.0) {
+            return bad(
+                "near_limit_ratio",
+                "must be more than 0 and at most 1 (1 turns near_limit off)",
+            );
         }
         if self.lease_max_batch > 1_000_000 {
             return bad("lease_max_batch", "must be at most 1000000");

@@ -40,6 +40,9 @@ pub const SHARD_RETRIES: &str = "tollgate_shard_retries";
 #[allow(non_camel_case_types)]
 pub enum Outcome {
     ok,
+    /// Admitted, but past `near_limit_ratio` of the limit (used after this hit > ⌊limit ×
+    /// ratio⌋, as envoyproxy/ratelimit counts it); `ok` + `near_limit` is what was admitted.
+    near_limit,
     over_limit,
     /// Over the limit, but the rule is in shadow mode: reported as OK.
     shadow,
@@ -191,7 +194,7 @@ impl Metrics {
         let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
             DECISIONS,
-            "Descriptor decisions by domain, rule class and outcome (ok, over_limit, shadow, unlimited, no_rule, fallback_ok, fallback_over_limit)",
+            "Descriptor decisions by domain, rule class and outcome (ok, near_limit, over_limit, shadow, unlimited, no_rule, fallback_ok, fallback_over_limit)",
             decisions.clone(),
         );
         let requests = Family::<RequestLabels, Counter>::default();

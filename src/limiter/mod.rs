@@ -131,6 +131,8 @@ pub struct LimiterConfig {
     pub hot: HotKeyConfig,
     /// The clock of leases and the over-limit cache (monotonic ms).
     pub clock: Clock,
+    /// Admitted past this share of the limit counts as `near_limit` in the decision metrics.
+    pub near_limit_ratio: f64,
 }
 
 impl Default for LimiterConfig {
@@ -144,6 +146,7 @@ impl Default for LimiterConfig {
             closed_retry_ms: 500,
             hot: HotKeyConfig::default(),
             clock: Clock::system(),
+            near_limit_ratio: 0.8,
         }
     }
 }
@@ -169,11 +172,12 @@ impl Limiter {
             config.closed_retry_ms,
         );
         let hot = hot::HotKeys::new(config.hot, config.clock.clone(), metrics.hot.clone());
+        let tally = status::Tally::new(metrics, config.near_limit_ratio);
         Limiter {
             store: Arc::new(store),
             config,
             override_class: OVERRIDE_CLASS.into(),
-            tally: status::Tally::new(metrics),
+            tally,
             fallback,
             hot,
         }

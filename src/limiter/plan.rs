@@ -383,10 +383,16 @@ mod tests {
             unit: Unit::Second,
         });
         assert_eq!(f.decide(&r).statuses[0].remaining, 4);
+        // One class for both overrides: the 1/day one admitted its only hit (near its
+        // limit: ⌊1 × 0.8⌋ = 0), the 5/s one its first.
+        let m = f.metrics.render();
         assert!(
-            f.metrics
-                .render()
-                .contains(r#"class="envoy_override",outcome="ok"} 2"#)
+            m.contains(r#"class="envoy_override",outcome="ok"} 1"#),
+            "{m}"
+        );
+        assert!(
+            m.contains(r#"class="envoy_override",outcome="near_limit"} 1"#),
+            "{m}"
         );
     }
 }

@@ -54,14 +54,17 @@ impl Decision {
 #[derive(Debug)]
 pub(super) struct Tally {
     metrics: Arc<Metrics>,
+    /// An admitted decision past this share of its limit is `near_limit` (1: never).
+    near_limit_ratio: f64,
     unknown_domain: Arc<str>,
     no_class: Arc<str>,
 }
 
 impl Tally {
-    pub(super) fn new(metrics: Arc<Metrics>) -> Self {
+    pub(super) fn new(metrics: Arc<Metrics>, near_limit_ratio: f64) -> Self {
         Tally {
             metrics,
+            near_limit_ratio,
             unknown_domain: UNKNOWN_DOMAIN.into(),
             no_class: "".into(),
         }
@@ -75,6 +78,17 @@ impl Tally {
                 &self.no_class,
                 telemetry::Outcome::no_rule,
             );
+        }
+    }
+
+    /// `near_limit` when the hits after this one pass ⌊capacity × ratio⌋ (the rule
+    /// envoyproxy/ratelimit applies to its `near_limit` counter), else `ok`.
+    fn admitted(&self, capacity: u64, remaining: u64) -> telemetry::Outcome {
+        let threshold = (capacity as f64 * self.near_limit_ratio).floor();
+        if capacity > 0 && capacity.saturating_sub(remaining) as f64 > threshold {
+            telemetry::Outcome::near_limit
+        } else {
+            telemetry::Outcome::ok
         }
     }
 
@@ -181,7 +195,7 @@ fn descriptor_status(
         let outcome = match (o.allowed, l.shadow_mode, fallback) {
             (true, _, true) => telemetry::Outcome::fallback_ok,
             (false, _, true) => telemetry::Outcome::fallback_over_limit,
-            (true, _, false) => telemetry::Outcome::ok,
+            (true, _, false) => tally.admitted(l.rate.map_or(0, |r| r.burst), o.remaining),
             (false, false, false) => telemetry::Outcome::over_limit,
             (false, true, false) => telemetry::Outcome::shadow,
         };
@@ -248,6 +262,33 @@ mod tests {
                 .render()
                 .contains(r#"domain="(unknown)",class="",outcome="no_rule""#)
         );
+    }
+
+    #[test]
+    fn admitted_past_the_near_limit_ratio_counts_near_limit() {
+        // tenant: 2/hour; ⌊2 × 0.8⌋ = 1, so the second hit is near the limit.
+        let f = fixture(false);
+        let r = req("edge", &[&[("tenant", "near")]]);
+        for _ in 0..3 {
+            f.decide(&r);
+        }
+        let m = f.metrics.render();
+        for outcome in ["ok", "near_limit", "over_limit"] {
+            assert!(
+                m.contains(&format!(r#"class="tenant",outcome="{outcome}"}} 1"#)),
+                "{outcome}: {m}"
+            );
+        }
+        // As envoyproxy/ratelimit counts it: of 10, hits 9 and 10 are near (⌊10 × 0.8⌋ = 8).
+        let t = Tally::new(Arc::new(Metrics::new()), 0.8);
+        let near: Vec<u64> = (1..=10)
+            .filter(|used| t.admitted(10, 10 - used) == telemetry::Outcome::near_limit)
+            .collect();
+        assert_eq!(near, [9, 10]);
+        // 1 turns it off; a zero limit is never near.
+        let off = Tally::new(Arc::new(Metrics::new()), 1.0);
+        assert_eq!(off.admitted(10, 0), telemetry::Outcome::ok);
+        assert_eq!(t.admitted(0, 0), telemetry::Outcome::ok);
     }
 
     #[test]
