@@ -24,8 +24,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use crate::service::Handler;
 use crate::service::json::{JsonRequest, JsonResponse, RulesView};
+use crate::service::{Handler, RemoteParent};
 use crate::settings::Settings;
 
 /// Shared by the routes.
@@ -111,7 +111,11 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
 
 /// The body is read as JSON whatever its `Content-Type` (`curl -d` sends a form type), as the
 /// reference's `/json` does.
-async fn json_decide(State(s): State<Arc<AdminState>>, body: Bytes) -> Response {
+async fn json_decide(
+    State(s): State<Arc<AdminState>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     let req = match serde_json::from_slice::<JsonRequest>(&body) {
         Ok(req) => req.into_proto(),
         Err(e) => {
@@ -119,7 +123,8 @@ async fn json_decide(State(s): State<Arc<AdminState>>, body: Bytes) -> Response 
             return (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response();
         }
     };
-    match s.handler.should_rate_limit(&req).await {
+    let parent = RemoteParent::from_headers(|name| headers.get(name)?.to_str().ok());
+    match s.handler.should_rate_limit(&req, parent).await {
         Ok(resp) => {
             let out = JsonResponse::from_proto(&resp);
             let code = if out.is_over_limit() {

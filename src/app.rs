@@ -83,7 +83,11 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// [`run`] until Ctrl-C or SIGTERM; buffered spans are flushed on the way out.
 pub async fn run_with_env(sources: &Sources) -> Result<(), AppError> {
     let settings = Settings::load(sources)?;
-    let telemetry = telemetry::init(&settings.log_level, &settings.otlp_endpoint)?;
+    let telemetry = telemetry::init(
+        &settings.log_level,
+        settings.log_format,
+        &settings.otlp_endpoint,
+    )?;
     let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
     for warning in settings::unknown_env_warnings(names) {
         tracing::warn!("{warning}");

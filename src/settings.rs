@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::limiter::FallbackMode;
 use crate::rules::Algorithm;
+use crate::telemetry::LogFormat;
 
 /// One setting as the schema declares it: everything else (flag, variable, file key, the
 /// `/config` row, the README table check) is derived from it.
@@ -157,6 +158,8 @@ settings! {
         "how often to look for changed rules files (0: never)";
     log_level: String = "info".to_string(),
         "log filter, e.g. info or tollgate=debug";
+    log_format: LogFormat = LogFormat::Text,
+        "log lines on stderr: text (for people) or json (one object per line, for log pipelines)";
     drain_ms: u64 = 0,
         "after SIGTERM: how long to stay up, unready, before closing the listeners";
     otlp_endpoint: String = String::new(),
@@ -657,6 +660,7 @@ mod tests {
         );
         assert!(load("default_algorithm", "leaky").contains("default_algorithm"));
         assert!(load("otlp_endpoint", "collector:4317").contains("otlp_endpoint"));
+        assert!(load("log_format", "xml").contains("log_format"));
     }
 
     #[test]

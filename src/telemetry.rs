@@ -324,6 +324,18 @@ impl Metrics {
     }
 }
 
+/// How log lines are written to stderr (`log_format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `tracing`'s human-readable lines (colour only on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `fields.message`, the other
+    /// fields, and the spans the line was logged in), for Loki, Elasticsearch, Cloud Logging….
+    Json,
+}
+
 /// The tracing target of the one span per `ShouldRateLimit` call. Only the OTLP exporter
 /// listens to it (the log output never does), so without an endpoint the span costs nothing.
 pub const REQUEST_SPAN_TARGET: &str = "tollgate::request";
@@ -357,7 +369,11 @@ impl Telemetry {
 /// exports one span per request over OTLP/gRPC. `log_filter` is a `tracing` filter such as
 /// `info` or `tollgate=debug,info`; `RUST_LOG`, when set, wins. Call inside a Tokio runtime
 /// (the exporter's gRPC channel runs on it).
-pub fn init(log_filter: &str, otlp_endpoint: &str) -> Result<Telemetry, TelemetryError> {
+pub fn init(
+    log_filter: &str,
+    log_format: LogFormat,
+    otlp_endpoint: &str,
+) -> Result<Telemetry, TelemetryError> {
     use opentelemetry::trace::TracerProvider as _;
     use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
     use tracing_subscriber::prelude::*;
@@ -373,10 +389,17 @@ pub fn init(log_filter: &str, otlp_endpoint: &str) -> Result<Telemetry, Telemetr
     // Colour only on a terminal: containers write logs to a pipe or a file, where escape
     // codes are noise in every log viewer.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .with_filter(filter);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Boxed: the two formats are different layer types, and the choice is made once.
+    let fmt: Box<dyn tracing_subscriber::Layer<_> + Send + Sync> = match log_format {
+        LogFormat::Text => fmt.with_ansi(ansi).with_filter(filter).boxed(),
+        LogFormat::Json => fmt
+            .json()
+            .with_current_span(false)
+            .with_span_list(true)
+            .with_filter(filter)
+            .boxed(),
+    };
     let (otel, provider) = if otlp_endpoint.is_empty() {
         (None, None)
     } else {
@@ -410,7 +433,7 @@ pub fn init(log_filter: &str, otlp_endpoint: &str) -> Result<Telemetry, Telemetr
 
 /// Logging only, for tests and tools: [`init`] without an exporter.
 pub fn init_logging(filter: &str) {
-    let _ = init(filter, "");
+    let _ = init(filter, LogFormat::Text, "");
 }
 
 #[cfg(test)]

@@ -182,3 +182,34 @@ async fn with_drain_ms_sigterm_unreadies_first_and_keeps_serving() {
     let status = server.terminate();
     assert!(status.success(), "{}", server.log());
 }
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let mut server = TestServer::builder(RULES)
+        .env("TOLLGATE_LOG_FORMAT", "json")
+        .start();
+    let status = server.terminate();
+    assert!(status.success());
+    let log = server.log();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() >= 3, "startup, ready, shutdown: {log}");
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}\n{log}"));
+        assert!(
+            v["timestamp"].is_string() && v["level"].is_string(),
+            "{line}"
+        );
+        assert!(v["fields"]["message"].is_string(), "{line}");
+    }
+    let ready = lines
+        .iter()
+        .find(|l| l.contains("tollgate ready"))
+        .expect("the ready line");
+    let v: serde_json::Value = serde_json::from_str(ready).unwrap();
+    assert_eq!(v["level"], "INFO");
+    assert!(
+        v["fields"]["grpc_addr"].is_string(),
+        "fields stay fields: {v}"
+    );
+}

@@ -2,13 +2,14 @@
 //! (`response.rs`), around one shared [`Handler`] that both gRPC and the admin port's
 //! `/json` call.
 //!
-//! Flow: proto request → [`rls::to_request`] (bounds, INVALID_ARGUMENT) → `Limiter::decide`
+//! Flow: proto request (and the caller's trace context, [`trace_context`]) → [`rls::to_request`] (bounds, INVALID_ARGUMENT) → `Limiter::decide`
 //! against the rules in force → [`response::to_proto`] (statuses, headers) → metrics.
 
 pub mod json;
 pub mod response;
 pub mod rls;
 pub mod tls;
+pub mod trace_context;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,10 +18,12 @@ use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
 use crate::telemetry::{Metrics, RequestLabels};
+pub use trace_context::RemoteParent;
 
 /// Limits on what one request may carry (each a setting).
 #[derive(Clone, Copy, Debug)]
@@ -44,9 +47,11 @@ pub struct Handler {
 
 impl Handler {
     /// Validates, decides and builds the response; records the request's metrics.
+    /// `parent` is the caller's span (from Envoy's trace headers), when it sent one.
     pub async fn should_rate_limit(
         &self,
         req: &RateLimitRequest,
+        parent: Option<RemoteParent>,
     ) -> Result<RateLimitResponse, tonic::Status> {
         let started = Instant::now();
         // Exported only when an OTLP endpoint is set (see telemetry.rs); otherwise disabled.
@@ -57,6 +62,12 @@ impl Handler {
             descriptors = req.descriptors.len(),
             result = tracing::field::Empty,
         );
+        if let Some(parent) = parent
+            && !span.is_disabled()
+        {
+            // Fails only when no OpenTelemetry layer is installed, i.e. the span is not exported.
+            let _ = span.set_parent(parent.context());
+        }
         let result = self.decide(req).instrument(span.clone()).await;
         let code = match &result {
             Ok(r) if r.overall_code == PbCode::OverLimit as i32 => "over_limit",

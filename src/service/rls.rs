@@ -9,7 +9,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-use super::{Bounds, Handler};
+use super::{Bounds, Handler, RemoteParent};
 use crate::limiter::{LimitOverride, Request, RequestDescriptor};
 use crate::rules::Unit;
 
@@ -23,8 +23,10 @@ impl RateLimitService for Rls {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let metadata = request.metadata();
+        let parent = RemoteParent::from_headers(|name| metadata.get(name)?.to_str().ok());
         self.0
-            .should_rate_limit(request.get_ref())
+            .should_rate_limit(request.get_ref(), parent)
             .await
             .map(tonic::Response::new)
     }

@@ -199,10 +199,26 @@ impl Store {
     /// Applies `ops` and returns one result per op, in order: on a Redis Cluster one node can
     /// fail (or have its circuit open) while the others answer, and only its ops go to the
     /// fallback.
+    ///
+    /// Each call is a child span of the request's (exported only with `otlp_endpoint`, like
+    /// the request span; a disabled span costs a cached callsite check).
     pub async fn apply_each(&self, ops: &[Op]) -> Vec<Result<Outcome, StoreError>> {
+        use tracing::Instrument;
         match self {
             Store::Memory(m) => ops.iter().map(|op| Ok(m.apply(op))).collect(),
-            Store::Redis(r) => r.apply_each(ops).await,
+            Store::Redis(r) => {
+                let span = tracing::info_span!(
+                    target: "tollgate::request",
+                    "store.apply",
+                    ops = ops.len(),
+                    failed = tracing::field::Empty,
+                );
+                let results = r.apply_each(ops).instrument(span.clone()).await;
+                if !span.is_disabled() {
+                    span.record("failed", results.iter().filter(|r| r.is_err()).count());
+                }
+                results
+            }
         }
     }
 

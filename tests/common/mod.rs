@@ -352,6 +352,11 @@ impl TestServerBuilder {
 /// (`… tollgate ready grpc_addr=127.0.0.1:p admin_addr=127.0.0.1:q …`).
 fn ready_addrs(log: &str) -> Option<(SocketAddr, SocketAddr)> {
     let line = strip_ansi(log.lines().find(|l| l.contains("tollgate ready"))?);
+    // `log_format: json`: the fields are an object.
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+        let field = |name: &str| v["fields"][name].as_str()?.parse().ok();
+        return Some((field("grpc_addr")?, field("admin_addr")?));
+    }
     let field = |name: &str| -> Option<SocketAddr> {
         let at = line.find(&format!("{name}="))? + name.len() + 1;
         line[at..].split_whitespace().next()?.parse().ok()
