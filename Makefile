@@ -29,7 +29,7 @@ lint: ## rustfmt check + clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-bench: deps ## one table: no-op baseline vs memory vs Redis vs Redis Cluster; memory per key (a few minutes)
+bench: deps ## peak (closed loop) and latency vs load (open loop) for no-op, memory, Redis, Cluster; CPU per request; memory per key (~6 min)
 	@bash scripts/bench.sh
 
 e2e: deps ## only the end-to-end tests through a real Envoy

@@ -7,12 +7,19 @@
 # decision, and the server's own CPU time per request (utime + stime from /proc: steadier than
 # req/s on a shared machine); then the memory store's bytes per key and Redis's MEMORY USAGE of
 # one token bucket.
-# Bounded: BENCH_DURATION seconds per row (default 8) plus 2 s warm-up; about 2–3 minutes.
+# Then the latency Envoy would see at a given load: for each store, open-loop runs (`--rate`: a
+# fixed schedule, latency from each scheduled send, so no coordinated omission) at 25/50/75/90 %
+# of the peak the closed loop measured, as a table and an SVG plot of p99 against offered load
+# (BENCH_SVG, default target/bench/latency-vs-load.svg).
+# Bounded: BENCH_DURATION seconds per closed-loop row (default 6) plus 2 s warm-up, and
+# BENCH_OPEN_DURATION (default 3) plus 1 s per open-loop point; about 6–7 minutes in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || bash scripts/deps.sh
 
-DURATION=${BENCH_DURATION:-8}
+DURATION=${BENCH_DURATION:-6}
+OPEN_DURATION=${BENCH_OPEN_DURATION:-3}
+SVG=${BENCH_SVG:-target/bench/latency-vs-load.svg}
 WARMUP=${BENCH_WARMUP:-2}
 CONCURRENCY=${BENCH_CONCURRENCY:-32}
 CONNECTIONS=${BENCH_CONNECTIONS:-4}
@@ -97,11 +104,6 @@ start_tollgate redis "redis://127.0.0.1:$RP"; RED=$GRPC; RED_PID=$PID
 start_tollgate cluster "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; CLU=$GRPC; CLU_PID=$PID
 start_tollgate leased "redis://127.0.0.1:$RP" --lease-max-batch 500 --key-prefix leased:; LEASED=$GRPC; LEASED_PID=$PID
 
-# CPU time a process has used, in µs (utime + stime from /proc, in clock ticks).
-cpu_us() {
-  awk -v hz="$(getconf CLK_TCK)" '{ print int(($14 + $15) * 1000000 / hz) }' "/proc/$1/stat"
-}
-
 script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
   local total=0 n
   for p in "$@"; do
@@ -115,20 +117,18 @@ RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
 run() { # label target server-pid keys descriptor-key redis-ports…
   local label=$1 target=$2 pid=$3 keys=$4 key=$5; shift 5
-  local cpu_before; cpu_before=$(cpu_us "$pid")
   local before=0 after=0 p nodes_before=() nodes=""
   [ $# -gt 0 ] && before=$(script_calls "$@")
   for p in "$@"; do nodes_before+=("$(script_calls "$p")"); done
   echo "bench: $label ($keys keys)…" >&2
   line=$("$BIN" bench --target "127.0.0.1:$target" --duration "$DURATION" --warmup "$WARMUP" \
-     --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" --keys "$keys" --key "$key" --label "$label" --quiet | tail -1)
+     --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" --keys "$keys" --key "$key" --label "$label" --target-pid "$pid" --quiet | tail -1)
   [ $# -gt 0 ] && after=$(script_calls "$@")
   # Each node's share of the calls (a cluster: does one hot key load one node?).
   local i=0
   for p in "$@"; do nodes="$nodes $(( $(script_calls "$p") - ${nodes_before[$i]} ))"; i=$((i + 1)); done
-  local cpu=$(( $(cpu_us "$pid") - cpu_before ))
-  echo "$line" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["script_calls"]=int(sys.argv[1]); d["node_calls"]=[int(n) for n in sys.argv[2].split()]; d["server_cpu_us"]=int(sys.argv[3]); print(json.dumps(d))' \
-    "$((after - before))" "$nodes" "$cpu" >> "$RESULTS"
+  echo "$line" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["script_calls"]=int(sys.argv[1]); d["node_calls"]=[int(n) for n in sys.argv[2].split()]; print(json.dumps(d))' \
+    "$((after - before))" "$nodes" >> "$RESULTS"
 }
 
 # Two passes in opposite orders; the table shows each row's better pass (the machine is shared
@@ -150,6 +150,35 @@ for pass in 1 2; do
   done
 done
 
+# --- latency vs load (open loop) --------------------------------------------------------------
+# Each store at fractions of the peak its closed-loop rows reached (the better pass).
+peak() { # label keys → req/s
+  python3 - "$RESULTS" "$1" "$2" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(int(max(r["rps"] for r in rows if r["label"] == sys.argv[2] and r["keys"] == int(sys.argv[3]))))
+PY
+}
+OPEN="$TMP/open.jsonl"
+: > "$OPEN"
+open_run() { # label target pid keys
+  local label=$1 target=$2 pid=$3 keys=$4 top frac rate
+  top=$(peak "$label" "$keys")
+  for frac in 25 50 75 90; do
+    rate=$((top * frac / 100))
+    echo "bench: $label open loop at $frac % of $top req/s ($rate req/s)…" >&2
+    "$BIN" bench --target "127.0.0.1:$target" --rate "$rate" --duration "$OPEN_DURATION" --warmup 1 \
+      --connections "$CONNECTIONS" --keys "$keys" --label "$label" --target-pid "$pid" --quiet | tail -1 |
+      python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["load_pct"]=int(sys.argv[1]); d["peak_rps"]=int(sys.argv[2]); print(json.dumps(d))' \
+        "$frac" "$top" >> "$OPEN"
+  done
+}
+open_run baseline "$NOOP" "$NOOP_PID" 100000
+open_run memory "$MEM" "$MEM_PID" 100000
+open_run redis "$RED" "$RED_PID" 100000
+open_run cluster "$CLU" "$CLU_PID" 100000
+open_run redis-leased "$LEASED" "$LEASED_PID" 1
+
 # --- memory -----------------------------------------------------------------------------
 # One request on an hour-long limit leaves a bucket in Redis to measure.
 "$BIN" bench --target 127.0.0.1:$RED --domain bench --key mem --check-limit 1 --requests 1 >/dev/null
@@ -158,11 +187,14 @@ REDIS_BYTES=$(redis-cli -p "$RP" memory usage "$KEY")
 echo "bench: memory store, 1,000,000 keys…" >&2
 cargo bench -q --bench memory 2>/dev/null > "$TMP/memory.txt" || true
 
-python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$TMP/memory.txt" <<'PY'
+mkdir -p "$(dirname "$SVG")"
+python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$TMP/memory.txt" "$OPEN" "$SVG" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 key, redis_bytes = sys.argv[2], sys.argv[3]
 mem = [json.loads(l) for l in open(sys.argv[4]) if l.startswith("{")]
+opens = [json.loads(l) for l in open(sys.argv[5])]
+svg_path = sys.argv[6]
 best = {}
 for r in rows:  # the better of the two passes of each scenario
     k = (r["label"], r["keys"])
@@ -179,7 +211,7 @@ for keys in (1, 100000):
         r = best[(label, keys)]
         decisions = r["total_requests"] * r["descriptors"]
         calls = f'{r["script_calls"] / decisions:.3f}' if label not in ("baseline", "memory") and decisions else "–"
-        cpu = f'{r["server_cpu_us"] / r["total_requests"]:.1f}' if r["total_requests"] else "–"
+        cpu = f'{r["server_cpu_us_per_request"]:.1f}' if r.get("server_cpu_us_per_request") else "–"
         print(f'| {label} | {keys:,} | {r["rps"]:,.0f} | {r["rps"] / base:.2f} | {r["p50_us"]} | {r["p99_us"]} | {r["errors"]} | {calls} | {cpu} |')
 print()
 for label in ("cluster", "cluster-sharded"):
@@ -189,6 +221,65 @@ for label in ("cluster", "cluster-sharded"):
         print(f"{label}, 1 key: script calls per cluster node {shares}")
 print()
 print(f"Redis MEMORY USAGE of one token bucket ({len(key)}-byte key {key}): {redis_bytes} bytes")
+
+# Latency vs load: one row per store and load; the CPU column minus the no-op's at the same
+# load is what the store path itself costs.
+print()
+print("Open loop (fixed schedule, latency from the scheduled send), 100,000 keys (redis-leased: 1 hot key):")
+print()
+print("| store | load | offered req/s | achieved req/s | p50 µs | p99 µs | p99.9 µs | errors | server CPU µs / request | valid |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for r in opens:
+    cpu = r.get("server_cpu_us_per_request")
+    cpu = f"{cpu:.1f}" if cpu is not None else "–"
+    valid = "yes" if r["valid"] else "no: " + r["invalid_reason"].split(":")[0]
+    print(f'| {r["label"]} | {r["load_pct"]} % of {r["peak_rps"]:,} | {r["offered_rps"]:,.0f} | {r["rps"]:,.0f} | '
+          f'{r["p50_us"]} | {r["p99_us"]} | {r["p999_us"]} | {r["errors"]} | {cpu} | {valid} |')
+
+# The plot: p99 (log scale) against offered load as a percentage of each store's own peak.
+import math
+W, H, L, R, T, B = 720, 420, 70, 150, 40, 50
+labels = []
+for r in opens:
+    if r["label"] not in labels:
+        labels.append(r["label"])
+ys = [max(r["p99_us"], 1) for r in opens] or [1]
+lo = 10 ** math.floor(math.log10(min(ys)))
+hi = 10 ** math.ceil(math.log10(max(ys) * 1.01))
+if hi <= lo:
+    hi = lo * 10
+def x(pct): return L + (pct - 20) / (95 - 20) * (W - L - R)
+def y(us): return T + (math.log10(hi) - math.log10(max(us, lo))) / (math.log10(hi) - math.log10(lo)) * (H - T - B)
+colours = ["#555555", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+       f'<rect width="{W}" height="{H}" fill="white"/>',
+       f'<text x="{W/2}" y="20" text-anchor="middle" font-size="14">p99 latency vs offered load (open loop, tollgate bench --rate)</text>']
+d = lo
+while d <= hi:
+    out.append(f'<line x1="{L}" x2="{W-R}" y1="{y(d):.1f}" y2="{y(d):.1f}" stroke="#dddddd"/>')
+    out.append(f'<text x="{L-6}" y="{y(d)+4:.1f}" text-anchor="end">{d:,} µs</text>')
+    d *= 10
+for pct in (25, 50, 75, 90):
+    out.append(f'<line x1="{x(pct):.1f}" x2="{x(pct):.1f}" y1="{T}" y2="{H-B}" stroke="#eeeeee"/>')
+    out.append(f'<text x="{x(pct):.1f}" y="{H-B+16}" text-anchor="middle">{pct} %</text>')
+out.append(f'<text x="{(L + W - R) / 2}" y="{H-12}" text-anchor="middle">offered load, % of the store\'s closed-loop peak</text>')
+out.append(f'<line x1="{L}" x2="{W-R}" y1="{H-B}" y2="{H-B}" stroke="black"/><line x1="{L}" x2="{L}" y1="{T}" y2="{H-B}" stroke="black"/>')
+for i, label in enumerate(labels):
+    pts = [(x(r["load_pct"]), y(r["p99_us"]), r) for r in opens if r["label"] == label]
+    c = colours[i % len(colours)]
+    out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{" ".join(f"{px:.1f},{py:.1f}" for px, py, _ in pts)}"/>')
+    for px, py, r in pts:
+        # A hollow marker: the generator limited that run (invalid).
+        fill = c if r["valid"] else "white"
+        out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{fill}" stroke="{c}"><title>{label} {r["load_pct"]} %: {r["offered_rps"]:,.0f} req/s, p99 {r["p99_us"]} µs</title></circle>')
+    peak = pts[0][2]["peak_rps"] if pts else 0
+    out.append(f'<text x="{W-R+10}" y="{T + 16 + 18 * i}" fill="{c}">{label} (peak {peak:,}/s)</text>')
+out.append(f'<text x="{W-R+10}" y="{T + 16 + 18 * len(labels) + 8}" fill="#777777" font-size="10">hollow: run invalid</text>')
+out.append("</svg>")
+open(svg_path, "w").write("\n".join(out) + "\n")
+print()
+print(f"Plot: {svg_path}")
+print()
 for m in mem:
     if m.get("bench") == "memory_store":
         print(f'Memory store: {m["rss_bytes_per_key"]} bytes of RSS per key after {m["keys"]:,} keys')

@@ -99,3 +99,154 @@ fn unreachable_target_is_a_clear_error() {
     assert_eq!(code, 1);
     assert!(err.contains("cannot connect"), "{err}");
 }
+
+/// The bench's last stdout line, as JSON.
+fn json_line(out: &str) -> serde_json::Value {
+    serde_json::from_str(out.lines().last().unwrap_or("")).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[test]
+fn open_loop_sends_on_schedule_and_reports_the_servers_cpu_per_request() {
+    let server = TestServer::builder(RULES).start();
+    let target = server.grpc.to_string();
+    let pid = server.pid().to_string();
+    let (code, out, err) = run_tollgate(
+        &[
+            "bench",
+            "--target",
+            &target,
+            "--rate",
+            "400",
+            "--duration",
+            "1.5",
+            "--warmup",
+            "0.3",
+            "--keys",
+            "1000",
+            "--target-pid",
+            &pid,
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let v = json_line(&out);
+    assert_eq!(v["mode"], "open", "{out}");
+    assert_eq!(v["offered_rps"], 400.0);
+    // The schedule decides the count: 400/s over the 1.5 s window, whatever the server does.
+    let requests = v["requests"].as_u64().unwrap();
+    assert!((599..=601).contains(&requests), "{out}");
+    assert_eq!(v["errors"], 0, "{out}");
+    assert_eq!(
+        v["ok"].as_u64().unwrap() + v["over_limit"].as_u64().unwrap(),
+        requests
+    );
+    // Warm-up requests were sent and answered too, just not measured.
+    assert!(
+        v["total_requests"].as_u64().unwrap() >= requests + 110,
+        "{out}"
+    );
+    let cpu = v["server_cpu_us_per_request"].as_f64().unwrap();
+    assert!(cpu > 0.0 && cpu < 100_000.0, "{out}");
+    assert!(out.contains("open loop: offered 400 req/s"), "{out}");
+}
+
+/// A server that stops answering: an open loop keeps its schedule (it never waits for a free
+/// slot), counts the stall from each request's scheduled time, and says the run is invalid once
+/// it had to drop requests.
+#[test]
+fn open_loop_measures_a_stalled_server_from_the_schedule_and_marks_drops_invalid() {
+    let server = TestServer::builder(RULES).start();
+    let target = server.grpc.to_string();
+    let pid = server.pid().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    // Resume the server 1.5 s later, while the bench still waits for its answers.
+    let resume = {
+        let pid = pid.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            std::process::Command::new("kill")
+                .args(["-CONT", &pid])
+                .status()
+        })
+    };
+    let (code, out, err) = run_tollgate(
+        &[
+            "bench",
+            "--target",
+            &target,
+            "--rate",
+            "200",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--max-in-flight",
+            "10",
+        ],
+        &[],
+    );
+    let resumed = resume.join().unwrap();
+    assert!(resumed.is_ok_and(|s| s.success()));
+    assert_eq!(code, 0, "{out}{err}");
+    let v = json_line(&out);
+    assert_eq!(v["valid"], false, "{out}");
+    assert_eq!(v["dropped"], 90, "100 due, 10 in flight: {out}");
+    assert!(
+        v["invalid_reason"]
+            .as_str()
+            .unwrap()
+            .contains("90 requests not sent"),
+        "{out}"
+    );
+    assert!(out.contains("INVALID RUN"), "{out}");
+    // The 10 sent were answered after the stall, and their latency shows it.
+    assert_eq!(
+        (v["requests"].as_u64(), v["errors"].as_u64()),
+        (Some(10), Some(0)),
+        "{out}"
+    );
+    assert!(v["max_us"].as_u64().unwrap() >= 900_000, "{out}");
+}
+
+#[test]
+fn bad_open_loop_flags_are_clear_errors() {
+    for (flags, expect) in [
+        (&["--rate", "0"][..], "--rate must be a positive number"),
+        (&["--rate", "NaN"][..], "--rate must be a positive number"),
+        (
+            &["--rate", "10", "--max-in-flight", "0"][..],
+            "max-in-flight",
+        ),
+    ] {
+        let server = TestServer::builder(RULES).start();
+        let target = server.grpc.to_string();
+        let mut args = vec!["bench", "--target", &target, "--duration", "0.2"];
+        args.extend_from_slice(flags);
+        let (code, out, err) = run_tollgate(&args, &[]);
+        assert_eq!(code, 1, "{flags:?}: {out}{err}");
+        assert!(err.contains(expect), "{flags:?}: {err}");
+    }
+    let server = TestServer::builder(RULES).start();
+    let target = server.grpc.to_string();
+    let (code, _, err) = run_tollgate(
+        &[
+            "bench",
+            "--target",
+            &target,
+            "--duration",
+            "0.2",
+            "--target-pid",
+            "4294967295",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("--target-pid 4294967295"), "{err}");
+}

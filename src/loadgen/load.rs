@@ -1,6 +1,7 @@
 //! The closed-loop load run: `concurrency` tasks over `connections` HTTP/2 connections, each
 //! sending one `ShouldRateLimit` at a time with a key from the key space (uniform or Zipf),
-//! recording latencies after the warm-up; the result is a [`BenchReport`].
+//! recording latencies after the warm-up; the result is a [`BenchReport`]. Also what the open
+//! loop ([`super::open`]) shares: the connections, the key space, the requests, the report.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,32 +12,53 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use super::cpu::CpuClock;
 use super::{BenchConfig, BenchError};
 
-/// The result of a load run.
+/// The result of a load run, closed or open loop.
 #[derive(Debug, Serialize)]
 pub struct BenchReport {
     pub label: String,
     pub target: String,
+    /// `closed` (`concurrency` requests always in flight) or `open` (a fixed schedule).
+    pub mode: &'static str,
     pub seconds: f64,
-    /// Requests answered in the measured window.
+    /// Requests measured: answered in the window (closed loop), or due in it (open loop).
     pub requests: u64,
     /// Every request answered, warm-up included (to relate server-side counters to requests).
     pub total_requests: u64,
+    /// Achieved rate: answers per second within the measured window.
     pub rps: f64,
+    /// Open loop: the scheduled rate (`--rate`).
+    pub offered_rps: Option<f64>,
     pub ok: u64,
     pub over_limit: u64,
     pub errors: u64,
+    /// The first error's text (gRPC code and message), when there was one.
+    pub first_error: Option<String>,
+    /// Latency percentiles, in µs: from the send (closed loop), from the scheduled send
+    /// time (open loop, so a stalled server or client cannot hide its queue).
     pub p50_us: u64,
     pub p90_us: u64,
     pub p99_us: u64,
     pub p999_us: u64,
+    pub max_us: u64,
+    /// Open loop: how late the generator sent, p99 in µs (its own lag, not the server's).
+    pub send_lag_p99_us: Option<u64>,
+    /// Open loop: measured requests not sent because `max_in_flight` were already waiting.
+    pub dropped: u64,
+    /// False when the generator, not the server, limited the run (`invalid_reason` says how).
+    pub valid: bool,
+    pub invalid_reason: Option<String>,
+    /// `--target-pid`: the server's CPU time (user + system) over the window ÷ `requests`.
+    pub server_cpu_us_per_request: Option<f64>,
     pub concurrency: usize,
     pub connections: usize,
     pub keys: u64,
@@ -45,8 +67,8 @@ pub struct BenchReport {
 
 impl BenchReport {
     pub fn text(&self) -> String {
-        format!(
-            "{label}: {rps:.0} req/s over {secs:.1} s ({n} requests; ok {ok}, over_limit {over}, errors {err})\n  latency p50 {p50} µs, p90 {p90} µs, p99 {p99} µs, p99.9 {p999} µs\n  {c} in flight over {conn} connection(s), {keys} key(s), {d} descriptor(s)/request",
+        let mut out = format!(
+            "{label}: {rps:.0} req/s over {secs:.1} s ({n} requests; ok {ok}, over_limit {over}, errors {err})\n  latency p50 {p50} µs, p90 {p90} µs, p99 {p99} µs, p99.9 {p999} µs, max {max} µs",
             label = self.label,
             rps = self.rps,
             secs = self.seconds,
@@ -58,23 +80,75 @@ impl BenchReport {
             p90 = self.p90_us,
             p99 = self.p99_us,
             p999 = self.p999_us,
-            c = self.concurrency,
-            conn = self.connections,
-            keys = self.keys,
-            d = self.descriptors,
-        )
+            max = self.max_us,
+        );
+        match self.offered_rps {
+            Some(offered) => {
+                out += &format!(
+                    "\n  open loop: offered {offered:.0} req/s, achieved {rps:.0}; send lag p99 {lag} µs; {c} connection(s), {keys} key(s), {d} descriptor(s)/request",
+                    rps = self.rps,
+                    lag = self.send_lag_p99_us.unwrap_or(0),
+                    c = self.connections,
+                    keys = self.keys,
+                    d = self.descriptors,
+                )
+            }
+            None => {
+                out += &format!(
+                    "\n  {c} in flight over {conn} connection(s), {keys} key(s), {d} descriptor(s)/request",
+                    c = self.concurrency,
+                    conn = self.connections,
+                    keys = self.keys,
+                    d = self.descriptors,
+                )
+            }
+        }
+        if let Some(cpu) = self.server_cpu_us_per_request {
+            out += &format!("\n  server CPU {cpu:.1} µs per request");
+        }
+        if let Some(e) = &self.first_error {
+            out += &format!("\n  first error: {e}");
+        }
+        if let Some(why) = &self.invalid_reason {
+            out += &format!("\n  INVALID RUN: {why}");
+        }
+        out
     }
 }
 
+/// A latency histogram in µs, 1 µs to 60 s at 3 significant digits (0.1 % error).
+pub(super) fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant, valid bounds")
+}
+
+/// Records `d` in µs (at least 1; beyond 60 s, as 60 s).
+pub(super) fn record(h: &mut Histogram<u64>, d: Duration) {
+    h.saturating_record(d.as_micros().clamp(1, u128::from(u64::MAX)) as u64);
+}
+
+/// p50, p90, p99, p99.9 and the maximum, in µs (0 for an empty histogram).
+pub(super) fn percentiles(h: &Histogram<u64>) -> [u64; 5] {
+    if h.is_empty() {
+        return [0; 5];
+    }
+    [
+        h.value_at_quantile(0.50),
+        h.value_at_quantile(0.90),
+        h.value_at_quantile(0.99),
+        h.value_at_quantile(0.999),
+        h.max(),
+    ]
+}
+
 /// Picks key indexes in `0..n`: uniform, or Zipf-skewed (index 0 the hottest).
-enum KeySpace {
+pub(super) enum KeySpace {
     Uniform(u64),
     Zipf { n: u64, ranks: Zipf<f64> },
 }
 
 impl KeySpace {
     /// `keys` distinct keys (at least one); `zipf`: the exponent, `None` for uniform.
-    fn new(keys: u64, zipf: Option<f64>) -> Result<KeySpace, BenchError> {
+    pub(super) fn new(keys: u64, zipf: Option<f64>) -> Result<KeySpace, BenchError> {
         let n = keys.max(1);
         Ok(match zipf {
             None => KeySpace::Uniform(n),
@@ -98,10 +172,11 @@ impl KeySpace {
     }
 }
 
-pub(super) async fn connect(
-    target: &str,
-    n: usize,
-) -> Result<Vec<RateLimitServiceClient<Channel>>, BenchError> {
+/// One connection's client (cheap to clone: clones share the connection).
+pub(super) type Client = RateLimitServiceClient<Channel>;
+
+/// `n` HTTP/2 connections to `target` (`host:port` or a URI).
+pub(super) async fn connect(target: &str, n: usize) -> Result<Vec<Client>, BenchError> {
     let uri = if target.contains("://") {
         target.to_string()
     } else {
@@ -129,7 +204,11 @@ pub(super) async fn connect(
     Ok(out)
 }
 
-fn build_request(cfg: &BenchConfig, keys: &KeySpace, rng: &mut SmallRng) -> RateLimitRequest {
+pub(super) fn build_request(
+    cfg: &BenchConfig,
+    keys: &KeySpace,
+    rng: &mut SmallRng,
+) -> RateLimitRequest {
     RateLimitRequest {
         domain: cfg.domain.clone(),
         descriptors: (0..cfg.descriptors)
@@ -152,6 +231,7 @@ struct Counts {
     errors: AtomicU64,
     sent: AtomicU64,
     total: AtomicU64,
+    first_error: std::sync::Mutex<Option<String>>,
 }
 
 /// Runs the closed-loop load and returns the report.
@@ -159,6 +239,7 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
     if cfg.concurrency == 0 || cfg.descriptors == 0 {
         return Err(BenchError::NothingToSend);
     }
+    let cpu = cfg.target_pid.map(CpuClock::open).transpose()?;
     let keys = Arc::new(KeySpace::new(cfg.keys, cfg.zipf)?);
     let clients = connect(&cfg.target, cfg.connections).await?;
     let cfg = Arc::new(cfg);
@@ -178,7 +259,7 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
         tasks.push(tokio::spawn(async move {
             // A fixed seed per task: runs are repeatable, tasks do not pick in lockstep.
             let mut rng = SmallRng::seed_from_u64(0x9E37_79B9_7F4A_7C15 ^ ((i as u64 + 1) << 17));
-            let mut latencies: Vec<u32> = Vec::with_capacity(1 << 14);
+            let mut latencies = histogram();
             while !stop.load(Ordering::Relaxed) {
                 let req = build_request(&cfg, &keys, &mut rng);
                 let started = Instant::now();
@@ -188,20 +269,28 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
                 if !recording.load(Ordering::Relaxed) {
                     continue;
                 }
-                latencies.push(took.as_micros().min(u128::from(u32::MAX)) as u32);
+                record(&mut latencies, took);
                 counts.sent.fetch_add(1, Ordering::Relaxed);
-                match result {
+                let counter = match result {
                     Ok(r) if r.get_ref().overall_code == Code::OverLimit as i32 => &counts.over,
                     Ok(_) => &counts.ok,
-                    Err(_) => &counts.errors,
-                }
-                .fetch_add(1, Ordering::Relaxed);
+                    Err(status) => {
+                        let mut first =
+                            counts.first_error.lock().unwrap_or_else(|p| p.into_inner());
+                        first.get_or_insert_with(|| {
+                            format!("{}: {}", status.code(), status.message())
+                        });
+                        &counts.errors
+                    }
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
             }
             latencies
         }));
     }
     tokio::time::sleep(cfg.warmup).await;
     recording.store(true, Ordering::SeqCst);
+    let cpu_start = cpu.as_ref().map(CpuClock::read).transpose()?;
     let started = Instant::now();
     let mut last = 0;
     while started.elapsed() < cfg.duration {
@@ -219,41 +308,59 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
     }
     recording.store(false, Ordering::SeqCst);
     let seconds = started.elapsed().as_secs_f64();
+    let cpu_used = match (&cpu, cpu_start) {
+        (Some(clock), Some(start)) => Some(clock.read()?.saturating_sub(start)),
+        _ => None,
+    };
     stop.store(true, Ordering::SeqCst);
-    let mut all: Vec<u32> = Vec::new();
+    let mut all = histogram();
     for t in tasks {
-        if let Ok(mut l) = t.await {
-            all.append(&mut l);
+        if let Ok(h) = t.await {
+            all.add(&h).expect("same bounds");
         }
     }
-    all.sort_unstable();
-    let pct = |p: f64| -> u64 {
-        if all.is_empty() {
-            return 0;
-        }
-        let i = ((all.len() as f64 * p).ceil() as usize).clamp(1, all.len()) - 1;
-        u64::from(all[i])
-    };
-    let requests = all.len() as u64;
+    let [p50_us, p90_us, p99_us, p999_us, max_us] = percentiles(&all);
+    let requests = counts.sent.load(Ordering::Relaxed);
     Ok(BenchReport {
         label: cfg.label.clone(),
         target: cfg.target.clone(),
+        mode: "closed",
         seconds,
         requests,
         total_requests: counts.total.load(Ordering::Relaxed),
         rps: requests as f64 / seconds.max(1e-9),
+        offered_rps: None,
         ok: counts.ok.load(Ordering::Relaxed),
         over_limit: counts.over.load(Ordering::Relaxed),
         errors: counts.errors.load(Ordering::Relaxed),
-        p50_us: pct(0.50),
-        p90_us: pct(0.90),
-        p99_us: pct(0.99),
-        p999_us: pct(0.999),
+        first_error: counts
+            .first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(),
+        p50_us,
+        p90_us,
+        p99_us,
+        p999_us,
+        max_us,
+        send_lag_p99_us: None,
+        dropped: 0,
+        valid: true,
+        invalid_reason: None,
+        server_cpu_us_per_request: cpu_used.map(|d| per_request(d, requests)),
         concurrency: cfg.concurrency,
         connections: clients.len(),
         keys: cfg.keys,
         descriptors: cfg.descriptors,
     })
+}
+
+/// CPU µs per request (0 requests: 0).
+pub(super) fn per_request(cpu: Duration, requests: u64) -> f64 {
+    if requests == 0 {
+        return 0.0;
+    }
+    cpu.as_secs_f64() * 1e6 / requests as f64
 }
 
 #[cfg(test)]

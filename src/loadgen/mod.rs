@@ -1,12 +1,14 @@
-//! `tollgate bench`: a closed-loop gRPC load generator for any Envoy RLS v3 server, and the
-//! no-op server used as the baseline (the gRPC ceiling of this machine: the same tonic stack,
-//! no decision).
+//! `tollgate bench`: a gRPC load generator for any Envoy RLS v3 server, and the no-op server
+//! used as the baseline (the gRPC ceiling of this machine: the same tonic stack, no decision).
 //!
-//! `concurrency` tasks share `connections` HTTP/2 connections; each task sends one
-//! `ShouldRateLimit`, waits for the answer, records its latency and sends the next, until the
-//! duration ends. The first `warmup` seconds are not recorded. Keys come from a key space of
-//! `keys` distinct values, uniform or Zipf-skewed (`--zipf 1.1`: a few hot tenants). The
-//! result is printed as text and as one JSON line for scripts (`make bench`).
+//! Closed loop (the default): `concurrency` tasks share `connections` HTTP/2 connections; each
+//! task sends one `ShouldRateLimit`, waits for the answer, records its latency and sends the
+//! next, until the duration ends: the peak rate. Open loop (`--rate R`): requests go out on a
+//! fixed schedule of R per second whatever the server does, latency counted from the scheduled
+//! time: the latency Envoy sees at a given load. The first `warmup` seconds are not recorded.
+//! Keys come from a key space of `keys` distinct values, uniform or Zipf-skewed (`--zipf 1.1`:
+//! a few hot tenants). `--target-pid` adds the server's CPU µs per request. The result is
+//! printed as text and as one JSON line for scripts (`make bench`).
 //!
 //! `--check-limit L` instead fires `requests` concurrent requests at one key and reports how
 //! many were admitted against L: the quick test of "one quota across every replica".
@@ -15,16 +17,19 @@
 //! runs [`run`] or [`check_limit`] and prints the report; `bench-baseline` is
 //! [`serve_baseline`]. Both are async: the binary runs them on its one runtime.
 //!
-//! Files: [`load`] (the closed-loop run, key choice, its report), [`check`] (`--check-limit`),
-//! [`baseline`] (the no-op server).
+//! Files: [`load`] (the closed-loop run, key choice, the report), [`open`] (the open loop),
+//! [`cpu`] (a process's CPU time), [`check`] (`--check-limit`), [`baseline`] (the no-op server).
 
 mod baseline;
 mod check;
+mod cpu;
 mod load;
+mod open;
 
 pub use baseline::{Noop, serve_baseline, serve_noop};
 pub use check::{CheckReport, check_limit};
 pub use load::{BenchReport, run};
+pub use open::run_open;
 
 use std::net::SocketAddr;
 use std::time::{Duration, TryFromFloatSecsError};
@@ -43,6 +48,19 @@ pub struct BenchArgs {
     /// Requests in flight (closed loop).
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
+    /// Open loop: send this many requests per second on a fixed schedule, whatever the server
+    /// does; latency counts from each scheduled send. Closed loop when absent.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Open loop: at most this many requests waiting for answers; past it, requests are dropped
+    /// and the run is marked invalid (never delayed: that would hide the server's queue). The
+    /// default is a fifth of a second of backlog at 50,000 req/s: far past any useful latency,
+    /// and before the generator's own queues grow into errors of their own.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_in_flight: usize,
+    /// The server's PID, when it runs on this machine: report its CPU µs per request.
+    #[arg(long)]
+    pub target_pid: Option<u32>,
     /// Seconds to measure.
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
@@ -88,6 +106,8 @@ impl BenchArgs {
             target: self.target.clone(),
             connections: self.connections,
             concurrency: self.concurrency,
+            max_in_flight: self.max_in_flight,
+            target_pid: self.target_pid,
             duration: secs(self.duration, "duration")?,
             warmup: secs(self.warmup, "warmup")?,
             domain: self.domain.clone(),
@@ -119,7 +139,10 @@ pub async fn run_cli(args: BenchArgs) -> Result<bool, BenchError> {
         println!("{}", serde_json::to_string(&r)?);
         return Ok(r.exact());
     }
-    let r = run(cfg).await?;
+    let r = match args.rate {
+        Some(rate) => run_open(cfg, rate).await?,
+        None => run(cfg).await?,
+    };
     println!("{}", r.text());
     println!("{}", serde_json::to_string(&r)?);
     Ok(true)
@@ -131,6 +154,10 @@ pub struct BenchConfig {
     pub target: String,
     pub connections: usize,
     pub concurrency: usize,
+    /// Open loop: the cap on requests waiting for answers.
+    pub max_in_flight: usize,
+    /// The server's PID, for its CPU time per request.
+    pub target_pid: Option<u32>,
     pub duration: Duration,
     pub warmup: Duration,
     pub domain: String,
@@ -161,8 +188,18 @@ pub enum BenchError {
         #[source]
         source: TryFromFloatSecsError,
     },
-    #[error("bad setting: concurrency and descriptors must be at least 1")]
+    #[error("bad setting: concurrency, max-in-flight and descriptors must be at least 1")]
     NothingToSend,
+    #[error("--rate must be a positive number of requests per second")]
+    Rate,
+    #[error("cannot read the CPU time of --target-pid {pid}")]
+    TargetPid {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse /proc/{pid}/stat (--target-pid {pid})")]
+    TargetPidStat { pid: u32 },
     #[error("bad setting: --zipf")]
     Zipf(#[source] ZipfError),
     #[error("cannot write the JSON report")]
