@@ -106,8 +106,8 @@ settings! {
         "ACL user for the Sentinels themselves (redis+sentinel://; the URL's credentials are the data nodes')";
     store_sentinel_password: String = String::new(),
         "password for the Sentinels themselves; never logged or shown";
-    store_pool_size: usize = 8,
-        "connections to the store";
+    store_pool_size: usize = 2,
+        "connections to the store (multiplexed; fewer, busier ones coalesce more writes)";
     store_connect_timeout_ms: u64 = 1_000,
         "timeout to connect to the store";
     store_timeout_ms: u64 = 10,
