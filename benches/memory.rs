@@ -13,7 +13,9 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
+
+use mimalloc::MiMalloc;
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,12 +30,13 @@ use tollgate::service::rls;
 use tollgate::store::{MemoryStore, Op, OpKind};
 
 /// Counts allocations (and reallocations) made through the global allocator; frees are not
-/// counted. Everything is delegated to [`System`] unchanged.
+/// counted. Everything is delegated unchanged to mimalloc, the allocator the `tollgate` binary
+/// uses, so resident memory per key is what a server would show.
 struct Counting;
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 
-// SAFETY: every method forwards its arguments unchanged to `System`, which upholds the
+// SAFETY: every method forwards its arguments unchanged to `MiMalloc`, which upholds the
 // `GlobalAlloc` contract; the only addition is a relaxed counter increment. (The crate itself
 // forbids unsafe code; this bench-only wrapper is the one way to count allocations without a
 // dependency.)
@@ -41,21 +44,21 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: forwarded as received (see the impl's comment).
-        unsafe { System.alloc(layout) }
+        unsafe { MiMalloc.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: forwarded as received.
-        unsafe { System.alloc_zeroed(layout) }
+        unsafe { MiMalloc.alloc_zeroed(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded as received.
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { MiMalloc.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: forwarded as received.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { MiMalloc.realloc(ptr, layout, new_size) }
     }
 }
 

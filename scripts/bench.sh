@@ -232,7 +232,13 @@ print("|---|---|---|---|---|---|---|---|---|---|")
 for r in opens:
     cpu = r.get("server_cpu_us_per_request")
     cpu = f"{cpu:.1f}" if cpu is not None else "–"
-    valid = "yes" if r["valid"] else "no: " + r["invalid_reason"].split(":")[0]
+    if r["valid"]:
+        valid = "yes"
+    elif r["dropped"]:
+        valid = f'no: {r["dropped"]} not sent'
+    else:
+        valid = f'no: send lag p99 {r["send_lag_p99_us"]} µs'
+    valid += f', {r["errors"]} errors' if r["errors"] and not r["valid"] else ""
     print(f'| {r["label"]} | {r["load_pct"]} % of {r["peak_rps"]:,} | {r["offered_rps"]:,.0f} | {r["rps"]:,.0f} | '
           f'{r["p50_us"]} | {r["p99_us"]} | {r["p999_us"]} | {r["errors"]} | {cpu} | {valid} |')
 
