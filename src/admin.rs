@@ -5,7 +5,7 @@
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
 //! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded); a JSON body: status, rules (domains, limits), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
 //! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry.rs` |
-//! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error |
+//! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (the only route that changes state: it spends tokens) |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit |
 //!
 //! Readiness is about tollgate itself: a store outage does not pull replicas out of the
@@ -21,7 +21,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use serde_json::json;
 
 use crate::service::json::{JsonRequest, JsonResponse, RulesView};
@@ -44,13 +44,27 @@ impl AdminState {
 }
 
 pub fn router(state: Arc<AdminState>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/json", post(json_decide))
-        .route("/config", get(config))
-        .with_state(state)
+        .route("/config", get(config));
+    // `/json` is the one admin route that changes state (it spends tokens): `admin_json: false`
+    // leaves it out, with an answer that says why rather than a bare 404.
+    let router = if state.settings.admin_json {
+        router.route("/json", post(json_decide))
+    } else {
+        router.route("/json", any(json_off))
+    };
+    router.with_state(state)
+}
+
+async fn json_off() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({ "error": "POST /json is turned off on this server (admin_json: false)" })),
+    )
+        .into_response()
 }
 
 /// 200 when ready, 503 before and while draining; the body says why, in JSON:

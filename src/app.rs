@@ -203,6 +203,7 @@ async fn serve_loaded(
             max_value_bytes: settings.max_value_bytes,
         },
         response_headers: settings.response_headers,
+        admission: tokio::sync::Semaphore::new(settings.max_concurrent_requests),
     });
     let grpc_addr = local_addr(&listeners.grpc, "gRPC", settings.grpc_addr)?;
     let admin_addr = local_addr(&listeners.admin, "admin", settings.admin_addr)?;
@@ -293,6 +294,9 @@ async fn serve_loaded(
                 settings.grpc_max_connection_age_grace_ms,
             ));
     }
+    // Envoy opens another connection when a connection's streams are all in use: the cap bounds
+    // what one connection can queue, and max_concurrent_requests bounds the whole process.
+    server = server.max_concurrent_streams(Some(settings.grpc_max_concurrent_streams));
     let grpc = server
         .add_service(health_service)
         .add_service(rls)

@@ -78,6 +78,8 @@ settings! {
         "address of the Envoy RateLimitService (gRPC)";
     admin_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8080)),
         "address of the admin HTTP port (/healthz /readyz /metrics /config /json)";
+    admin_json: bool = true,
+        "serve POST /json on the admin port (decisions over HTTP: it spends tokens); false where more than operators reach that port";
     store: String = "memory".to_string(),
         "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS; see README)";
     default_algorithm: Algorithm = Algorithm::TokenBucket,
@@ -122,6 +124,10 @@ settings! {
         "close each gRPC connection gracefully (GOAWAY) after this long, so Envoy spreads over new replicas (0: never)";
     grpc_max_connection_age_grace_ms: u64 = 10_000,
         "after GOAWAY, how long requests in flight on an aged connection may take before it is closed";
+    max_concurrent_requests: usize = 10_000,
+        "requests being decided at once (gRPC and /json); past it a request is refused at once with RESOURCE_EXHAUSTED (Envoy applies its failure mode) rather than queued";
+    grpc_max_concurrent_streams: u32 = 1_000,
+        "HTTP/2 streams per gRPC connection, advertised to the client (Envoy opens another connection past it)";
     fallback: FallbackMode = FallbackMode::Local,
         "when the store cannot answer: local (quota ÷ live replicas, in memory), open, closed, or error (gRPC UNAVAILABLE)";
     breaker_failures: u32 = 3,
@@ -465,6 +471,14 @@ impl Settings {
             ("max_key_bytes", self.max_key_bytes as u64),
             ("max_value_bytes", self.max_value_bytes as u64),
             ("max_message_bytes", self.max_message_bytes as u64),
+            (
+                "max_concurrent_requests",
+                self.max_concurrent_requests as u64,
+            ),
+            (
+                "grpc_max_concurrent_streams",
+                u64::from(self.grpc_max_concurrent_streams),
+            ),
             ("breaker_failures", u64::from(self.breaker_failures)),
             ("breaker_probe_ms", self.breaker_probe_ms),
             ("membership_interval_ms", self.membership_interval_ms),
@@ -481,6 +495,9 @@ impl Settings {
                 "near_limit_ratio",
                 "must be more than 0 and at most 1 (1 turns near_limit off)",
             );
+        }
+        if self.max_concurrent_requests > 1_000_000 {
+            return bad("max_concurrent_requests", "must be at most 1000000");
         }
         if self.lease_max_batch > 1_000_000 {
             return bad("lease_max_batch", "must be at most 1000000");
@@ -661,6 +678,19 @@ mod tests {
         assert!(load("default_algorithm", "leaky").contains("default_algorithm"));
         assert!(load("otlp_endpoint", "collector:4317").contains("otlp_endpoint"));
         assert!(load("log_format", "xml").contains("log_format"));
+        assert!(
+            load("max_concurrent_requests", "0")
+                .contains("max_concurrent_requests: must be at least 1")
+        );
+        assert!(
+            load("max_concurrent_requests", "1000001")
+                .contains("max_concurrent_requests: must be at most 1000000")
+        );
+        assert!(
+            load("grpc_max_concurrent_streams", "0")
+                .contains("grpc_max_concurrent_streams: must be at least 1")
+        );
+        assert!(load("admin_json", "perhaps").contains("admin_json"));
     }
 
     #[test]

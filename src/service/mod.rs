@@ -17,6 +17,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tokio::sync::Semaphore;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -43,6 +44,9 @@ pub struct Handler {
     pub metrics: Arc<Metrics>,
     pub bounds: Bounds,
     pub response_headers: bool,
+    /// Requests being decided now, capped at `max_concurrent_requests`: past the cap a request
+    /// is refused at once, so an overload is answered fast instead of queueing without bound.
+    pub admission: Semaphore,
 }
 
 impl Handler {
@@ -54,6 +58,15 @@ impl Handler {
         parent: Option<RemoteParent>,
     ) -> Result<RateLimitResponse, tonic::Status> {
         let started = Instant::now();
+        let Ok(_admitted) = self.admission.try_acquire() else {
+            self.metrics
+                .requests
+                .get_or_create(&RequestLabels { code: "overloaded" })
+                .inc();
+            return Err(tonic::Status::resource_exhausted(
+                "tollgate is at max_concurrent_requests: refused without queueing (Envoy applies its failure mode)",
+            ));
+        };
         // Exported only when an OTLP endpoint is set (see telemetry.rs); otherwise disabled.
         let span = tracing::info_span!(
             target: "tollgate::request",

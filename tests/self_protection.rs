@@ -1,0 +1,177 @@
+//! Self-protection on a real server: a cap on requests decided at once (past it, an immediate
+//! RESOURCE_EXHAUSTED, counted), `admin_json: false` turning off the one admin route that
+//! spends tokens, and no secret on any admin page or in the log.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::TestRedis;
+use common::{TestServer, get, http, request};
+
+const RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+
+/// The value of one sample line of `/metrics` (0 when absent).
+fn metric(admin: std::net::SocketAddr, series: &str) -> f64 {
+    let (_, body) = get(admin, "/metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Four requests hold the four slots while a paused Redis keeps them waiting; the sixteen
+/// others are refused at once, not queued behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_concurrent_requests_a_request_is_refused_at_once() {
+    let redis = TestRedis::start();
+    let server = TestServer::builder(RULES)
+        .arg("store", &redis.url())
+        .arg("key-prefix", &common::redis::unique_prefix("cap"))
+        .arg("store-timeout-ms", "2000")
+        .arg("max-concurrent-requests", "4")
+        .start();
+    let client = server.client().await;
+    // Writes wait while the pause lasts; the four admitted requests wait for the store timeout.
+    redis.cmd::<()>(&["CLIENT", "PAUSE", "3000", "ALL"]);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let mut client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            // Stagger a little so the first four surely hold the slots when the rest arrive.
+            if i >= 4 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let sent = Instant::now();
+            let r = client
+                .should_rate_limit(request("edge", &[&[("tenant", "acme")]]))
+                .await;
+            (r.map(|_| ()).map_err(|s| s.code()), sent.elapsed())
+        }));
+    }
+    let mut refused = Vec::new();
+    let mut answered = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            (Err(tonic::Code::ResourceExhausted), took) => refused.push(took),
+            (Ok(()), _) => answered += 1,
+            (Err(other), _) => panic!("unexpected {other:?}\n{}", server.log()),
+        }
+    }
+    assert_eq!(
+        (answered, refused.len()),
+        (4, 16),
+        "4 admitted, 16 refused\n{}",
+        server.log()
+    );
+    let slowest_refusal = refused.iter().max().unwrap();
+    assert!(
+        *slowest_refusal < Duration::from_millis(500),
+        "refused at once, not after the store: {slowest_refusal:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "the admitted ones did wait on the paused store"
+    );
+    assert_eq!(
+        metric(server.admin, "tollgate_requests_total{code=\"overloaded\"}"),
+        16.0
+    );
+    // The slots free up when the requests end: the next one is decided normally.
+    redis.cmd::<()>(&["CLIENT", "UNPAUSE"]);
+    let mut client = client.clone();
+    client
+        .should_rate_limit(request("edge", &[&[("tenant", "acme")]]))
+        .await
+        .expect("admitted once the slots are free");
+}
+
+#[test]
+fn admin_json_false_turns_off_the_one_admin_route_that_spends_tokens() {
+    let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"acme"}]}]}"#;
+    let on = TestServer::builder(RULES).start();
+    let (status, text) = http(on.admin, "POST", "/json", body).unwrap();
+    assert_eq!(status, 200, "{text}");
+    let off = TestServer::builder(RULES)
+        .env("TOLLGATE_ADMIN_JSON", "false")
+        .start();
+    let (status, text) = http(off.admin, "POST", "/json", body).unwrap();
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("admin_json: false"), "{text}");
+    // Nothing was spent: the decision never ran.
+    assert_eq!(
+        metric(off.admin, "tollgate_requests_total{code=\"ok\"}"),
+        0.0
+    );
+    // The rest of the admin port is unchanged.
+    for path in ["/healthz", "/readyz", "/metrics", "/config"] {
+        assert_eq!(get(off.admin, path).0, 200, "{path}");
+    }
+    let (_, config) = get(off.admin, "/config");
+    assert!(config.contains("\"admin_json\":false"), "{config}");
+}
+
+/// Every setting that can carry a secret, each with a distinct marker: none may appear on
+/// `/config`, `/readyz`, `/metrics` or in the log, whether the store is reachable or not.
+#[test]
+fn no_admin_page_and_no_log_line_shows_a_secret() {
+    let dir = common::temp_dir("secrets");
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, "file-secret-4\n").unwrap();
+    let closed = common::free_port();
+    let servers = [
+        (
+            TestServer::builder(RULES)
+                .arg(
+                    "store",
+                    &format!("redis+sentinel://u:url-secret-1@127.0.0.1:{closed}/primary"),
+                )
+                .env("TOLLGATE_STORE_SENTINEL_PASSWORD", "sentinel-secret-2")
+                .start(),
+            vec!["url-secret-1", "sentinel-secret-2"],
+        ),
+        (
+            TestServer::builder(RULES)
+                .arg("store", &format!("redis://127.0.0.1:{closed}"))
+                .env("TOLLGATE_STORE_PASSWORD", "password-secret-3")
+                .start(),
+            vec!["password-secret-3"],
+        ),
+        (
+            TestServer::builder(RULES)
+                .arg(
+                    "store",
+                    &format!("rediss+cluster://u:url-secret-5@127.0.0.1:{closed}"),
+                )
+                .start(),
+            vec!["url-secret-5"],
+        ),
+        (
+            TestServer::builder(RULES)
+                .arg("store", &format!("redis://127.0.0.1:{closed}"))
+                .arg("store-password-file", password_file.to_str().unwrap())
+                .start(),
+            vec!["file-secret-4"],
+        ),
+    ];
+    for (server, secrets) in &servers {
+        // Let a connection attempt fail and be reported.
+        std::thread::sleep(Duration::from_millis(300));
+        let (_, config) = get(server.admin, "/config");
+        let pages = [
+            ("/config", config.clone()),
+            ("/readyz", get(server.admin, "/readyz").1),
+            ("/metrics", get(server.admin, "/metrics").1),
+            ("the log", server.log()),
+        ];
+        for secret in secrets {
+            for (page, text) in &pages {
+                assert!(!text.contains(secret), "{secret} on {page}:\n{text}");
+            }
+        }
+        assert!(
+            config.contains("***") || secrets == &vec!["file-secret-4"],
+            "the redacted value is shown as ***: {config}"
+        );
+    }
+}
