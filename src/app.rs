@@ -184,6 +184,7 @@ async fn serve_loaded(
             },
             clock: Clock::system(),
             near_limit_ratio: settings.near_limit_ratio,
+            fallback_max_keys: settings.memory_max_keys,
         },
         metrics.clone(),
     );

@@ -127,10 +127,11 @@ impl Fallback {
         replicas: Arc<Replicas>,
         clock: Clock,
         closed_retry_ms: u64,
+        max_keys: usize,
     ) -> Self {
         Fallback {
             mode,
-            local: MemoryStore::new(clock),
+            local: MemoryStore::with_max_keys(clock, max_keys),
             replicas,
             generation: AtomicU64::new(0),
             closed_retry_ms,
@@ -259,7 +260,13 @@ mod tests {
     fn modes_answer_as_documented_and_local_spends_the_share() {
         let replicas = Arc::new(Replicas::new(0, 1));
         let clock = Clock::manual(1_700_000_000_000);
-        let f = Fallback::new(FallbackMode::Local, replicas.clone(), clock.clone(), 500);
+        let f = Fallback::new(
+            FallbackMode::Local,
+            replicas.clone(),
+            clock.clone(),
+            500,
+            1_000,
+        );
         assert!(f.decide(&tb(1, 1), FallbackMode::Error, 0).is_none());
         assert!(f.decide(&tb(1, 1), FallbackMode::Open, 0).unwrap().allowed);
         let closed = f.decide(&tb(1, 1), FallbackMode::Closed, 0).unwrap();

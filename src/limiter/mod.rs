@@ -133,6 +133,8 @@ pub struct LimiterConfig {
     pub clock: Clock,
     /// Admitted past this share of the limit counts as `near_limit` in the decision metrics.
     pub near_limit_ratio: f64,
+    /// The most buckets the local fallback holds (as the memory store: `memory_max_keys`).
+    pub fallback_max_keys: usize,
 }
 
 impl Default for LimiterConfig {
@@ -146,6 +148,7 @@ impl Default for LimiterConfig {
             closed_retry_ms: 500,
             hot: HotKeyConfig::default(),
             clock: Clock::system(),
+            fallback_max_keys: crate::store::memory::DEFAULT_MAX_KEYS,
             near_limit_ratio: 0.8,
         }
     }
@@ -170,6 +173,7 @@ impl Limiter {
             config.replicas.clone(),
             Clock::system(),
             config.closed_retry_ms,
+            config.fallback_max_keys,
         );
         let hot = hot::HotKeys::new(config.hot, config.clock.clone(), metrics.hot.clone());
         let tally = status::Tally::new(metrics, config.near_limit_ratio);

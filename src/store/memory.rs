@@ -9,9 +9,19 @@
 //! its estimate has decayed to 0); [`MemoryStore::sweep`] drops those, so memory follows the
 //! number of *active* keys, not of keys ever seen. An entry that already equals a fresh bucket
 //! (a check on an unseen sliding window) is not inserted at all.
+//!
+//! Bounded: at most `max_keys` entries (`memory_max_keys`), split evenly over the shards, so a
+//! flood of distinct keys (random tenant ids) cannot grow memory without limit. A new key that
+//! finds its shard full first drops the shard's idle entries; if none were idle, it evicts the
+//! sixteenth of the shard's entries that matter least: the fewest operations, then the nearest
+//! to full again. An evicted entry comes back as a fresh (full) bucket, so eviction can only
+//! admit more, never less, and by at most what the evicted entries had spent. A key in use has
+//! many operations, so it goes only after every entry of its shard with fewer: under a flood of
+//! one-request keys, the flood's.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::{Action, Op, OpKind, Outcome};
@@ -22,11 +32,21 @@ use crate::limiter::bucket::{
 
 const SHARDS: usize = 64;
 
+/// The default of `memory_max_keys`: about 110 MB of buckets at ~220 bytes each.
+pub const DEFAULT_MAX_KEYS: usize = 500_000;
+
+/// A full shard evicts this fraction of its entries at once, so the scan that picks them is
+/// paid once per `1/EVICT_FRACTION` of a shard's insertions, not on every one.
+const EVICT_FRACTION: usize = 16;
+
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<HashMap<String, Entry>>]>,
     hasher: RandomState,
     clock: Clock,
+    /// Entries one shard may hold.
+    shard_max: usize,
+    evicted: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -34,6 +54,8 @@ struct Entry {
     state: State,
     /// Monotonic ms after which the entry equals a fresh one and can be dropped.
     idle_at_ms: u64,
+    /// Operations applied to this entry (saturating): what eviction spares most.
+    uses: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -44,12 +66,26 @@ enum State {
 }
 
 impl MemoryStore {
+    /// A store of at most [`DEFAULT_MAX_KEYS`] buckets.
     pub fn new(clock: Clock) -> Self {
+        Self::with_max_keys(clock, DEFAULT_MAX_KEYS)
+    }
+
+    /// A store of at most about `max_keys` buckets (rounded up to a multiple of the shard
+    /// count; at least one per shard).
+    pub fn with_max_keys(clock: Clock, max_keys: usize) -> Self {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             clock,
+            shard_max: max_keys.div_ceil(SHARDS).max(1),
+            evicted: AtomicU64::new(0),
         }
+    }
+
+    /// Entries evicted so far because their shard was full (not counting idle ones dropped).
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
     }
 
     fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Entry>> {
@@ -66,6 +102,7 @@ impl MemoryStore {
         // One hash lookup on a hit: the entry is updated in place.
         let existing = shard.get_mut(op.key.as_str());
         let old = existing.as_ref().map(|e| e.state);
+        let uses = existing.as_ref().map_or(1, |e| e.uses.saturating_add(1));
         let (entry, outcome) = match op.kind {
             OpKind::TokenBucket {
                 capacity,
@@ -91,6 +128,7 @@ impl MemoryStore {
                     Entry {
                         state: State::Token(s),
                         idle_at_ms,
+                        uses,
                     },
                     o,
                 )
@@ -110,6 +148,7 @@ impl MemoryStore {
                     Entry {
                         state: State::Window(s),
                         idle_at_ms: mono.saturating_add(o.reset_ms),
+                        uses,
                     },
                     o,
                 )
@@ -132,6 +171,7 @@ impl MemoryStore {
                     Entry {
                         state: State::Sliding(s),
                         idle_at_ms: mono.saturating_add(o.reset_ms),
+                        uses,
                     },
                     o,
                 )
@@ -142,10 +182,31 @@ impl MemoryStore {
             // Already idle: equal to a fresh bucket, so storing it would only cost memory.
             None if entry.idle_at_ms <= mono => {}
             None => {
+                if shard.len() >= self.shard_max {
+                    self.make_room(&mut shard, mono);
+                }
                 shard.insert(op.key.clone(), entry);
             }
         }
         outcome
+    }
+
+    /// Frees at least one slot in a full shard: its idle entries if it has any, else the
+    /// `1/EVICT_FRACTION` of its entries that matter least (fewest uses, then nearest to idle).
+    fn make_room(&self, shard: &mut HashMap<String, Entry>, mono: u64) {
+        shard.retain(|_, e| e.idle_at_ms > mono);
+        if shard.len() < self.shard_max {
+            return;
+        }
+        let mut ranks: Vec<(u32, u64)> = shard.values().map(|e| (e.uses, e.idle_at_ms)).collect();
+        let n = (ranks.len() / EVICT_FRACTION).max(1);
+        let (_, &mut cut, _) = ranks.select_nth_unstable(n - 1);
+        // Everything ranked at or below the n-th lowest goes (ties included, so possibly a few
+        // more than n).
+        let before = shard.len();
+        shard.retain(|_, e| (e.uses, e.idle_at_ms) > cut);
+        self.evicted
+            .fetch_add((before - shard.len()) as u64, Ordering::Relaxed);
     }
 
     /// Drops entries that no longer differ from a fresh bucket. Returns how many were dropped.
@@ -257,6 +318,51 @@ mod tests {
         assert!(store.is_empty());
         // Swept buckets come back full: dropping them changed no decision.
         assert_eq!(store.apply(&tb("k1", 0, 10, 1000)).remaining, 10);
+    }
+
+    #[test]
+    fn a_flood_of_new_keys_stays_bounded_and_never_resets_a_key_in_use() {
+        let clock = Clock::manual(1_000_000);
+        let store = MemoryStore::with_max_keys(clock.clone(), 64 * 16);
+        const LONG: u64 = 3_600_000_000;
+        // The hot key is in use (two takes) before the flood starts. (A key with a single use
+        // ranks with the flood's one-use keys and can be evicted like them, which forgets that
+        // one use.)
+        let mut hot_admitted = 0;
+        for _ in 0..2 {
+            hot_admitted += u32::from(store.apply(&tb("hot", 1, 100, LONG)).allowed);
+        }
+        // 100 per 1,000 hours for the hot key and for each flood key: nothing refills or goes
+        // idle within the test's 200 s, so only eviction can make room.
+        for i in 0..200_000 {
+            store.apply(&tb(&format!("flood{i}"), 1, 100, LONG));
+            if i % 1_000 == 0 && store.apply(&tb("hot", 1, 100, LONG)).allowed {
+                hot_admitted += 1;
+            }
+            clock.advance_ms(1);
+        }
+        assert!(store.len() <= 64 * 16, "{} entries", store.len());
+        assert!(store.evicted() >= 200_000 - 64 * 16, "{}", store.evicted());
+        // 202 attempts, 100 admitted, then refused throughout: the hot bucket was never
+        // evicted (an evicted bucket comes back full and would admit again).
+        assert_eq!(hot_admitted, 100);
+        assert!(!store.apply(&tb("hot", 1, 100, LONG)).allowed);
+    }
+
+    #[test]
+    fn a_full_shard_drops_idle_entries_before_evicting_any() {
+        let clock = Clock::manual(1_000_000);
+        let store = MemoryStore::with_max_keys(clock.clone(), 64 * 64);
+        // One token of 10 per second: each entry is full again 100 ms after its take. A round
+        // of 512 keys puts about 8 in each shard of 64 (far from 64, whatever the hashing).
+        for round in 0..50 {
+            for i in 0..512 {
+                store.apply(&tb(&format!("r{round}-{i}"), 1, 10, 1000));
+            }
+            clock.advance_ms(150);
+        }
+        assert_eq!(store.evicted(), 0, "idle entries made the room");
+        assert!(store.len() <= 64 * 64);
     }
 
     fn sw(key: &str, cost: u64, limit: u64, window_ms: u64) -> Op {

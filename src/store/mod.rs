@@ -183,7 +183,10 @@ impl Store {
         metrics: &Metrics,
     ) -> Result<Store, StoreError> {
         if settings.store == "memory" {
-            return Ok(Store::Memory(MemoryStore::new(clock)));
+            return Ok(Store::Memory(MemoryStore::with_max_keys(
+                clock,
+                settings.memory_max_keys,
+            )));
         }
         // Redis keeps its own clock (`TIME`), so every replica agrees.
         RedisStore::connect(RedisConfig::from_settings(settings), metrics)
