@@ -185,6 +185,7 @@ async fn serve_loaded(
             clock: Clock::system(),
             near_limit_ratio: settings.near_limit_ratio,
             fallback_max_keys: settings.memory_max_keys,
+            detailed_metric_max_series: settings.detailed_metric_max_series,
         },
         metrics.clone(),
     );

@@ -144,6 +144,8 @@ settings! {
         "most tokens one claim leases for a key, spent from memory until used or expired (0: leasing off; Redis store only)";
     lease_ttl_ms: u64 = 1_000,
         "how long leased tokens stay spendable before they are dropped";
+    detailed_metric_max_series: usize = 1_000,
+        "series per detailed_metric limit (its values are caller input); past it, new values count as <class>.(overflow)";
     memory_max_keys: usize = 500_000,
         "buckets the memory store (and, on Redis, the local fallback) holds at most (~220 bytes each); a new key past it evicts the least-used, nearest-to-full buckets";
     over_limit_cache_max_keys: usize = 10_000,

@@ -175,3 +175,46 @@ fn no_admin_page_and_no_log_line_shows_a_secret() {
         );
     }
 }
+
+/// `detailed_metric` puts request values (caller input) in a label: at most
+/// `detailed_metric_max_series` of them per limit, then one overflow series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detailed_metric_series_are_capped_per_limit_with_an_overflow_series() {
+    let rules = "domain: edge\ndescriptors:\n  - key: tenant\n    detailed_metric: true\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+    let server = TestServer::builder(rules)
+        .env("TOLLGATE_DETAILED_METRIC_MAX_SERIES", "3")
+        .start();
+    let mut client = server.client().await;
+    for i in 0..10 {
+        let tenant = format!("t{i}");
+        client
+            .should_rate_limit(request("edge", &[&[("tenant", tenant.as_str())]]))
+            .await
+            .unwrap();
+    }
+    let (_, body) = get(server.admin, "/metrics");
+    let mut classes: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("tollgate_decisions_total{"))
+        .filter_map(|l| l.split("class=\"").nth(1)?.split('"').next())
+        .collect();
+    classes.sort();
+    classes.dedup();
+    assert_eq!(
+        classes,
+        [
+            "tenant.(overflow)",
+            "tenant.tenant_t0",
+            "tenant.tenant_t1",
+            "tenant.tenant_t2"
+        ],
+        "{body}"
+    );
+    // Every decision is still counted: 3 in their own series, 7 in the overflow.
+    let overflow: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("tollgate_decisions_total{") && l.contains("(overflow)"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(overflow, 7.0, "{body}");
+}

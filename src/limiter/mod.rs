@@ -135,6 +135,8 @@ pub struct LimiterConfig {
     pub near_limit_ratio: f64,
     /// The most buckets the local fallback holds (as the memory store: `memory_max_keys`).
     pub fallback_max_keys: usize,
+    /// Series per `detailed_metric` limit before its values count as `<class>.(overflow)`.
+    pub detailed_metric_max_series: usize,
 }
 
 impl Default for LimiterConfig {
@@ -149,6 +151,7 @@ impl Default for LimiterConfig {
             hot: HotKeyConfig::default(),
             clock: Clock::system(),
             fallback_max_keys: crate::store::memory::DEFAULT_MAX_KEYS,
+            detailed_metric_max_series: 1_000,
             near_limit_ratio: 0.8,
         }
     }
@@ -176,7 +179,11 @@ impl Limiter {
             config.fallback_max_keys,
         );
         let hot = hot::HotKeys::new(config.hot, config.clock.clone(), metrics.hot.clone());
-        let tally = status::Tally::new(metrics, config.near_limit_ratio);
+        let tally = status::Tally::new(
+            metrics,
+            config.near_limit_ratio,
+            config.detailed_metric_max_series,
+        );
         Limiter {
             store: Arc::new(store),
             config,

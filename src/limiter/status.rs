@@ -13,7 +13,8 @@
 //! Overall: OVER_LIMIT if any descriptor is, unless global shadow mode turns it into OK
 //! (counted in `tollgate_global_shadow_total`).
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use super::plan::{Plan, Planned};
 use super::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Status};
@@ -58,16 +59,57 @@ pub(super) struct Tally {
     near_limit_ratio: f64,
     unknown_domain: Arc<str>,
     no_class: Arc<str>,
+    /// `detailed_metric` classes seen, per limit class: at most `detailed_max` each, then the
+    /// limit's one overflow series (request values are caller input: a bound on series).
+    detailed: Mutex<HashMap<Arc<str>, Detailed>>,
+    detailed_max: usize,
+}
+
+#[derive(Debug)]
+struct Detailed {
+    seen: HashSet<Arc<str>>,
+    overflow: Arc<str>,
 }
 
 impl Tally {
-    pub(super) fn new(metrics: Arc<Metrics>, near_limit_ratio: f64) -> Self {
+    pub(super) fn new(metrics: Arc<Metrics>, near_limit_ratio: f64, detailed_max: usize) -> Self {
         Tally {
             metrics,
             near_limit_ratio,
             unknown_domain: UNKNOWN_DOMAIN.into(),
             no_class: "".into(),
+            detailed: Mutex::new(HashMap::new()),
+            detailed_max,
         }
+    }
+
+    /// The metrics class of a limit; with `detailed_metric` the request's values are appended
+    /// (an explicit opt-in to one series per value), up to `detailed_max` series per limit,
+    /// past which every new value counts as `<class>.(overflow)`.
+    fn class_of(&self, limit: &Limit, req: &RequestDescriptor<'_>) -> Arc<str> {
+        if !limit.detailed_metric {
+            return limit.class.clone();
+        }
+        let mut class = limit.class.to_string();
+        for (k, v) in &req.entries {
+            class.push_str(&format!(".{k}_{v}"));
+        }
+        let mut detailed = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
+        let d = detailed
+            .entry(limit.class.clone())
+            .or_insert_with(|| Detailed {
+                seen: HashSet::new(),
+                overflow: format!("{}.(overflow)", limit.class).into(),
+            });
+        if let Some(seen) = d.seen.get(class.as_str()) {
+            return seen.clone();
+        }
+        if d.seen.len() >= self.detailed_max {
+            return d.overflow.clone();
+        }
+        let class: Arc<str> = class.into();
+        d.seen.insert(class.clone());
+        class
     }
 
     /// A request for a domain no rules file declares: each descriptor is a `no_rule`.
@@ -171,7 +213,11 @@ fn descriptor_status(
     let Some(&first) = counted.first() else {
         // Only unlimited limits matched.
         for l in limits {
-            tally.count(domain, &class_of(l, req), telemetry::Outcome::unlimited);
+            tally.count(
+                domain,
+                &tally.class_of(l, req),
+                telemetry::Outcome::unlimited,
+            );
         }
         return Status::no_limit(u32::MAX);
     };
@@ -199,7 +245,7 @@ fn descriptor_status(
             (false, false, false) => telemetry::Outcome::over_limit,
             (false, true, false) => telemetry::Outcome::shadow,
         };
-        tally.count(domain, &class_of(l, req), outcome);
+        tally.count(domain, &tally.class_of(l, req), outcome);
     }
     let over = !outcome.allowed;
     // A shadow limit that is over reports OK; a non-shadow over limit elsewhere on the
@@ -223,19 +269,6 @@ fn descriptor_status(
         retry_ms: if over { outcome.retry_ms } else { None },
         shadow: over && !hard_over,
     }
-}
-
-/// The metrics class of a limit; with `detailed_metric` the request's values are appended
-/// (an explicit opt-in to one series per value).
-fn class_of(limit: &Limit, req: &RequestDescriptor<'_>) -> Arc<str> {
-    if !limit.detailed_metric {
-        return limit.class.clone();
-    }
-    let mut class = limit.class.to_string();
-    for (k, v) in &req.entries {
-        class.push_str(&format!(".{k}_{v}"));
-    }
-    class.into()
 }
 
 #[cfg(test)]
@@ -280,13 +313,13 @@ mod tests {
             );
         }
         // As envoyproxy/ratelimit counts it: of 10, hits 9 and 10 are near (⌊10 × 0.8⌋ = 8).
-        let t = Tally::new(Arc::new(Metrics::new()), 0.8);
+        let t = Tally::new(Arc::new(Metrics::new()), 0.8, 1_000);
         let near: Vec<u64> = (1..=10)
             .filter(|used| t.admitted(10, 10 - used) == telemetry::Outcome::near_limit)
             .collect();
         assert_eq!(near, [9, 10]);
         // 1 turns it off; a zero limit is never near.
-        let off = Tally::new(Arc::new(Metrics::new()), 1.0);
+        let off = Tally::new(Arc::new(Metrics::new()), 1.0, 1_000);
         assert_eq!(off.admitted(10, 0), telemetry::Outcome::ok);
         assert_eq!(t.admitted(0, 0), telemetry::Outcome::ok);
     }
