@@ -43,9 +43,20 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window}
   - key: leased
     rate_limit: {unit: hour, requests_per_unit: 100, lease: {max_batch: 10, ttl_ms: 1000}}
+  - key: leased_fast
+    rate_limit: {unit: second, requests_per_unit: 10, lease: {max_batch: 5, ttl_ms: 1000}}
   - key: sharded
     rate_limit: {unit: hour, requests_per_unit: 8, shards: 4}
 "#;
+
+/// The rules above, loaded.
+pub(super) fn rules() -> RuleSet {
+    load_sources(
+        &[(PathBuf::from("t.yaml"), RULES.to_string())],
+        LoadOptions::default(),
+    )
+    .unwrap()
+}
 
 pub(super) struct Fixture {
     pub(super) rules: RuleSet,
@@ -64,11 +75,7 @@ pub(super) fn fixture(shadow_mode: bool) -> Fixture {
 /// cache on over the memory store (which runs the same claim math as `lease.lua`), so their
 /// unit tests run on the manual clock.
 pub(super) fn with_hot_keys(shadow_mode: bool, hot: super::HotKeyConfig) -> Fixture {
-    let rules = load_sources(
-        &[(PathBuf::from("t.yaml"), RULES.to_string())],
-        LoadOptions::default(),
-    )
-    .unwrap();
+    let rules = rules();
     let clock = Clock::manual(1_700_000_000_000);
     let metrics = Arc::new(Metrics::new());
     let config = LimiterConfig {

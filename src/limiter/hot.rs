@@ -693,4 +693,121 @@ mod tests {
             );
         }
     }
+
+    /// Leasing over random interleavings: three replicas on one store, each request a random
+    /// cost on a leased limit (10 per second, leases of at most 5, 1 s TTL), far more demand
+    /// than the limit, with time passing (refills, leases expire), housekeeping, and replicas
+    /// stopped gracefully (leases given back) or killed (leases lost) and replaced. Over the
+    /// whole run, no more than the bucket gave: 10 + what refilled. Over every span, at most
+    /// the README's bound: capacity + refill × span + replicas × (max_batch + cost).
+    mod leasing_property {
+        use std::sync::Arc;
+
+        use proptest::prelude::*;
+
+        use super::super::super::fixture::rules;
+        use super::super::super::{Code, Limiter, LimiterConfig, Request, RequestDescriptor};
+        use super::hot;
+        use crate::clock::Clock;
+        use crate::store::{MemoryStore, Store};
+        use crate::telemetry::Metrics;
+
+        const CAPACITY: u64 = 10;
+        const PER_MS: f64 = 10.0 / 1_000.0;
+        const MAX_BATCH: u64 = 5;
+        const MAX_COST: u64 = 3;
+        const REPLICAS: usize = 3;
+
+        #[derive(Clone, Debug)]
+        enum Step {
+            Request { replica: usize, cost: u64 },
+            Advance(u64),
+            Maintain(usize),
+            Stop { replica: usize, graceful: bool },
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                8 => (0..REPLICAS, 1..=MAX_COST).prop_map(|(replica, cost)| Step::Request { replica, cost }),
+                2 => (1..400u64).prop_map(Step::Advance),
+                1 => (0..REPLICAS).prop_map(Step::Maintain),
+                1 => (0..REPLICAS, any::<bool>()).prop_map(|(replica, graceful)| Step::Stop { replica, graceful }),
+            ]
+        }
+
+        fn new_replica(store: &Arc<Store>, clock: &Clock) -> Limiter {
+            let config = LimiterConfig {
+                key_prefix: "t:".into(),
+                hot: hot(),
+                clock: clock.clone(),
+                ..LimiterConfig::default()
+            };
+            Limiter::on_shared_store(store.clone(), config, Arc::new(Metrics::new()))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn leased_admissions_stay_within_the_bound(steps in prop::collection::vec(step(), 1..300)) {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+                let rules = rules();
+                let clock = Clock::manual(1_700_000_000_000);
+                let store = Arc::new(Store::Memory(MemoryStore::new(clock.clone())));
+                let mut replicas: Vec<Limiter> = (0..REPLICAS).map(|_| new_replica(&store, &clock)).collect();
+                let start = clock.mono_ms();
+                // (time, cost) of every admitted request.
+                let mut admitted: Vec<(u64, u64)> = Vec::new();
+                rt.block_on(async {
+                    for step in &steps {
+                        match *step {
+                            Step::Request { replica, cost } => {
+                                let req = Request {
+                                    domain: "edge",
+                                    descriptors: vec![RequestDescriptor {
+                                        entries: vec![("leased_fast", "k")],
+                                        hits_addend: Some(cost),
+                                        limit_override: None,
+                                    }],
+                                    hits_addend: 0,
+                                };
+                                let d = replicas[replica].decide(&rules, &req).await.unwrap();
+                                if d.statuses[0].code == Code::Ok {
+                                    admitted.push((clock.mono_ms(), cost));
+                                }
+                            }
+                            Step::Advance(ms) => clock.advance_ms(ms),
+                            Step::Maintain(replica) => replicas[replica].maintain(),
+                            Step::Stop { replica, graceful } => {
+                                if graceful {
+                                    replicas[replica].return_leases().await;
+                                }
+                                replicas[replica] = new_replica(&store, &clock);
+                            }
+                        }
+                        // Let claims sent ahead in the background land.
+                        tokio::task::yield_now().await;
+                    }
+                });
+                let end = clock.mono_ms();
+                let total: u64 = admitted.iter().map(|&(_, c)| c).sum();
+                let refilled = (end - start) as f64 * PER_MS;
+                prop_assert!(
+                    total as f64 <= CAPACITY as f64 + refilled + 1e-9,
+                    "admitted {} > {} + {:.3} over the run", total, CAPACITY, refilled
+                );
+                // Every span [t_i, t_j] of admissions.
+                for (i, &(from, _)) in admitted.iter().enumerate() {
+                    let mut sum = 0;
+                    for &(to, cost) in &admitted[i..] {
+                        sum += cost;
+                        let bound = CAPACITY as f64
+                            + (to - from) as f64 * PER_MS
+                            + (REPLICAS as u64 * (MAX_BATCH + MAX_COST)) as f64;
+                        prop_assert!(sum as f64 <= bound, "{} admitted in [{}, {}] > {:.1}", sum, from, to, bound);
+                    }
+                }
+            }
+        }
+    }
 }

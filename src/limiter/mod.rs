@@ -171,6 +171,16 @@ pub struct Limiter {
 
 impl Limiter {
     pub fn new(store: Store, config: LimiterConfig, metrics: Arc<Metrics>) -> Self {
+        Self::on_shared_store(Arc::new(store), config, metrics)
+    }
+
+    /// A limiter on a store that other limiters use too: several replicas in one process (the
+    /// leasing property test), each with its own leases, caches and fallback.
+    pub fn on_shared_store(
+        store: Arc<Store>,
+        config: LimiterConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let fallback = fallback::Fallback::new(
             config.fallback,
             config.replicas.clone(),
@@ -185,7 +195,7 @@ impl Limiter {
             config.detailed_metric_max_series,
         );
         Limiter {
-            store: Arc::new(store),
+            store,
             config,
             override_class: OVERRIDE_CLASS.into(),
             tally,
