@@ -1,0 +1,26 @@
+//! The gRPC request path on arbitrary bytes: protobuf decoding and the proto → request
+//! conversion with the default bounds. Anything is a request or a clear INVALID_ARGUMENT.
+#![no_main]
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+use tollgate::service::Bounds;
+use tollgate::service::rls::to_request;
+use tollgate::settings::Settings;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(req) = RateLimitRequest::decode(data) else {
+        return;
+    };
+    let s = Settings::default();
+    let bounds = Bounds {
+        max_descriptors: s.max_descriptors,
+        max_entries: s.max_entries,
+        max_key_bytes: s.max_key_bytes,
+        max_value_bytes: s.max_value_bytes,
+    };
+    if let Err(status) = to_request(&req, &bounds) {
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    }
+});
