@@ -17,6 +17,7 @@
 
 pub mod envoy;
 pub mod inproc;
+pub mod load;
 pub mod proxy;
 pub mod redis;
 pub mod sentinel;
