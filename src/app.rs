@@ -198,12 +198,7 @@ async fn serve_loaded(
         rules: rules.clone(),
         limiter,
         metrics: metrics.clone(),
-        bounds: Bounds {
-            max_descriptors: settings.max_descriptors,
-            max_entries: settings.max_entries,
-            max_key_bytes: settings.max_key_bytes,
-            max_value_bytes: settings.max_value_bytes,
-        },
+        bounds: Bounds::from_settings(&settings),
         response_headers: settings.response_headers,
         admission: tokio::sync::Semaphore::new(settings.max_concurrent_requests),
     });

@@ -13,12 +13,6 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let req = body.into_proto();
-    let s = Settings::default();
-    let bounds = Bounds {
-        max_descriptors: s.max_descriptors,
-        max_entries: s.max_entries,
-        max_key_bytes: s.max_key_bytes,
-        max_value_bytes: s.max_value_bytes,
-    };
+    let bounds = Bounds::from_settings(&Settings::default());
     let _ = to_request(&req, &bounds);
 });

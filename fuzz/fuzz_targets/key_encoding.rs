@@ -29,7 +29,11 @@ fn key((domain, entries): &Descriptor) -> String {
 fuzz_target!(|pair: (Descriptor, Descriptor)| {
     let (a, b) = (key(&pair.0), key(&pair.1));
     if pair.0 != pair.1 {
-        assert_ne!(a, b, "two descriptors share a key: {:?} / {:?}", pair.0, pair.1);
+        assert_ne!(
+            a, b,
+            "two descriptors share a key: {:?} / {:?}",
+            pair.0, pair.1
+        );
     }
     for k in [&a, &b] {
         // One tag: the first `{` and the last `}` enclose everything but the prefix.
@@ -39,5 +43,9 @@ fuzz_target!(|pair: (Descriptor, Descriptor)| {
     // A part longer than 64 bytes is hashed: the key grows with the number of parts, not
     // with their length.
     let parts = 1 + 2 * pair.0.1.len();
-    assert!(a.len() <= 64 + parts * (3 * 64 + 2), "{} bytes for {parts} parts", a.len());
+    assert!(
+        a.len() <= 64 + parts * (3 * 64 + 2),
+        "{} bytes for {parts} parts",
+        a.len()
+    );
 });

@@ -13,13 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(req) = RateLimitRequest::decode(data) else {
         return;
     };
-    let s = Settings::default();
-    let bounds = Bounds {
-        max_descriptors: s.max_descriptors,
-        max_entries: s.max_entries,
-        max_key_bytes: s.max_key_bytes,
-        max_value_bytes: s.max_value_bytes,
-    };
+    let bounds = Bounds::from_settings(&Settings::default());
     if let Err(status) = to_request(&req, &bounds) {
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     }

@@ -9,5 +9,8 @@ use tollgate::rules::load::{LoadOptions, load_sources};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data).into_owned();
-    let _ = load_sources(&[(PathBuf::from("fuzz.yaml"), text)], LoadOptions::default());
+    let _ = load_sources(
+        &[(PathBuf::from("fuzz.yaml"), text)],
+        LoadOptions::default(),
+    );
 });
