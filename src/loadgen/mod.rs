@@ -212,6 +212,10 @@ pub enum BenchError {
     },
     #[error("the baseline server failed")]
     Serve(#[source] tonic::transport::Error),
+    #[error("cannot start an open-loop sender thread")]
+    SenderThread(#[source] std::io::Error),
+    #[error("an open-loop sender thread stopped before it connected")]
+    SenderGone,
 }
 
 #[cfg(test)]
