@@ -5,7 +5,7 @@
 # leasing (lease_max_batch 500) and a Redis Cluster key split into 8 shards; each row's ratio
 # to the baseline and the script calls (EVALSHA + EVAL from INFO commandstats) per descriptor
 # decision, and the server's own CPU time per request (utime + stime from /proc: steadier than
-# req/s on a shared machine); then the memory store's bytes per key and Redis's MEMORY USAGE of
+# req/s on a shared machine; shown split into user and system time too); then the memory store's bytes per key and Redis's MEMORY USAGE of
 # one token bucket.
 # Then the latency Envoy would see at a given load: for each store, open-loop runs (`--rate`: a
 # fixed schedule, latency from each scheduled send, so no coordinated omission) at 25/50/75/90 %
@@ -201,8 +201,8 @@ for r in rows:  # the better of the two passes of each scenario
     if k not in best or r["rps"] > best[k]["rps"]:
         best[k] = r
 print()
-print("| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | script calls / decision | server CPU µs / request |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | script calls / decision | server CPU µs / request | of which user + system |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for keys in (1, 100000):
     base = best[("baseline", keys)]["rps"]
     for label in ("baseline", "memory", "redis", "redis-leased", "cluster", "cluster-sharded"):
@@ -212,7 +212,11 @@ for keys in (1, 100000):
         decisions = r["total_requests"] * r["descriptors"]
         calls = f'{r["script_calls"] / decisions:.3f}' if label not in ("baseline", "memory") and decisions else "–"
         cpu = f'{r["server_cpu_us_per_request"]:.1f}' if r.get("server_cpu_us_per_request") else "–"
-        print(f'| {label} | {keys:,} | {r["rps"]:,.0f} | {r["rps"] / base:.2f} | {r["p50_us"]} | {r["p99_us"]} | {r["errors"]} | {calls} | {cpu} |')
+        # User time is the server's own code (what a cheaper client can remove); system time
+        # is the kernel working for it (sockets, wake-ups).
+        split = (f'{r["server_user_us_per_request"]:.1f} + {r["server_system_us_per_request"]:.1f}'
+                 if r.get("server_user_us_per_request") is not None else "–")
+        print(f'| {label} | {keys:,} | {r["rps"]:,.0f} | {r["rps"] / base:.2f} | {r["p50_us"]} | {r["p99_us"]} | {r["errors"]} | {calls} | {cpu} | {split} |')
 print()
 for label in ("cluster", "cluster-sharded"):
     r = best.get((label, 1))

@@ -147,6 +147,11 @@ fn open_loop_sends_on_schedule_and_reports_the_servers_cpu_per_request() {
     );
     let cpu = v["server_cpu_us_per_request"].as_f64().unwrap();
     assert!(cpu > 0.0 && cpu < 100_000.0, "{out}");
+    // Split into the server's own code and the kernel's work for it; the parts add up.
+    let user = v["server_user_us_per_request"].as_f64().unwrap();
+    let system = v["server_system_us_per_request"].as_f64().unwrap();
+    assert!(user >= 0.0 && system >= 0.0, "{out}");
+    assert!((user + system - cpu).abs() < 1e-6 * cpu.max(1.0), "{out}");
     assert!(out.contains("open loop: offered 400 req/s"), "{out}");
 }
 

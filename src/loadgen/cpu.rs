@@ -12,6 +12,28 @@ use super::BenchError;
 /// architecture tollgate builds for (the kernel's internal HZ may differ; /proc converts).
 const USER_HZ: u64 = 100;
 
+/// A process's CPU time so far, split as the kernel reports it: user time is the process's own
+/// code (protocol, client, decision), system time the kernel working for it (sockets, wake-ups).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct CpuTime {
+    pub(super) user: Duration,
+    pub(super) system: Duration,
+}
+
+impl CpuTime {
+    /// What was used between `start` and `self`.
+    pub(super) fn since(self, start: CpuTime) -> CpuTime {
+        CpuTime {
+            user: self.user.saturating_sub(start.user),
+            system: self.system.saturating_sub(start.system),
+        }
+    }
+
+    pub(super) fn total(self) -> Duration {
+        self.user + self.system
+    }
+}
+
 /// Reads one process's CPU time.
 #[derive(Debug)]
 pub(super) struct CpuClock {
@@ -30,8 +52,8 @@ impl CpuClock {
         Ok(clock)
     }
 
-    /// User + system time so far (10 ms resolution: measure for seconds, not milliseconds).
-    pub(super) fn read(&self) -> Result<Duration, BenchError> {
+    /// User and system time so far (10 ms resolution: measure for seconds, not milliseconds).
+    pub(super) fn read(&self) -> Result<CpuTime, BenchError> {
         let text = std::fs::read_to_string(&self.stat).map_err(|source| BenchError::TargetPid {
             pid: self.pid,
             source,
@@ -40,16 +62,19 @@ impl CpuClock {
     }
 }
 
-/// utime + stime from a `/proc/<pid>/stat` line. The command name (field 2) is in parentheses
+/// utime and stime from a `/proc/<pid>/stat` line. The command name (field 2) is in parentheses
 /// and may itself contain spaces or parentheses, so the fields are counted after the last `)`:
 /// there, field 3 (state) comes first and utime, stime are fields 14 and 15.
-fn parse_stat(text: &str) -> Option<Duration> {
+fn parse_stat(text: &str) -> Option<CpuTime> {
     let rest = &text[text.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace().skip(14 - 3);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    let ticks = utime.checked_add(stime)?;
-    Some(Duration::from_millis(ticks.checked_mul(1000 / USER_HZ)?))
+    let mut ticks = || -> Option<Duration> {
+        let n: u64 = fields.next()?.parse().ok()?;
+        Some(Duration::from_millis(n.checked_mul(1000 / USER_HZ)?))
+    };
+    let user = ticks()?;
+    let system = ticks()?;
+    Some(CpuTime { user, system })
 }
 
 #[cfg(test)]
@@ -60,7 +85,10 @@ mod tests {
     fn fields_are_counted_after_the_command_name() {
         // A command name with spaces and a parenthesis cannot shift the fields.
         let line = "4242 (tollgate (x) 1) S 1 4242 4242 0 -1 4194560 1234 0 0 0 250 130 0 0 20 0 5 0 100 0 0";
-        assert_eq!(parse_stat(line), Some(Duration::from_millis(3_800)));
+        let time = parse_stat(line).unwrap();
+        assert_eq!(time.user, Duration::from_millis(2_500));
+        assert_eq!(time.system, Duration::from_millis(1_300));
+        assert_eq!(time.total(), Duration::from_millis(3_800));
         assert_eq!(parse_stat("4242 (short) S 1 2"), None);
         assert_eq!(parse_stat("no parenthesis at all"), None);
     }
@@ -76,7 +104,7 @@ mod tests {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
         }
         std::hint::black_box(x);
-        assert!(clock.read().unwrap() > before);
+        assert!(clock.read().unwrap().since(before).total() > Duration::ZERO);
         let e = CpuClock::open(u32::MAX).unwrap_err();
         assert!(
             e.to_string()

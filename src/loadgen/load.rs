@@ -59,6 +59,10 @@ pub struct BenchReport {
     pub invalid_reason: Option<String>,
     /// `--target-pid`: the server's CPU time (user + system) over the window ÷ `requests`.
     pub server_cpu_us_per_request: Option<f64>,
+    /// Its two parts: the server's own code (user time) and the kernel working for it (system
+    /// time: sockets, wake-ups), which shows what a cheaper client can and cannot remove.
+    pub server_user_us_per_request: Option<f64>,
+    pub server_system_us_per_request: Option<f64>,
     pub concurrency: usize,
     pub connections: usize,
     pub keys: u64,
@@ -103,8 +107,14 @@ impl BenchReport {
                 )
             }
         }
-        if let Some(cpu) = self.server_cpu_us_per_request {
-            out += &format!("\n  server CPU {cpu:.1} µs per request");
+        if let (Some(cpu), Some(user), Some(system)) = (
+            self.server_cpu_us_per_request,
+            self.server_user_us_per_request,
+            self.server_system_us_per_request,
+        ) {
+            out += &format!(
+                "\n  server CPU {cpu:.1} µs per request (user {user:.1}, system {system:.1})"
+            );
         }
         if let Some(e) = &self.first_error {
             out += &format!("\n  first error: {e}");
@@ -309,7 +319,7 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
     recording.store(false, Ordering::SeqCst);
     let seconds = started.elapsed().as_secs_f64();
     let cpu_used = match (&cpu, cpu_start) {
-        (Some(clock), Some(start)) => Some(clock.read()?.saturating_sub(start)),
+        (Some(clock), Some(start)) => Some(clock.read()?.since(start)),
         _ => None,
     };
     stop.store(true, Ordering::SeqCst);
@@ -347,7 +357,9 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
         dropped: 0,
         valid: true,
         invalid_reason: None,
-        server_cpu_us_per_request: cpu_used.map(|d| per_request(d, requests)),
+        server_cpu_us_per_request: cpu_used.map(|t| per_request(t.total(), requests)),
+        server_user_us_per_request: cpu_used.map(|t| per_request(t.user, requests)),
+        server_system_us_per_request: cpu_used.map(|t| per_request(t.system, requests)),
         concurrency: cfg.concurrency,
         connections: clients.len(),
         keys: cfg.keys,

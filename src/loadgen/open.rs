@@ -35,7 +35,7 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use super::cpu::CpuClock;
+use super::cpu::{CpuClock, CpuTime};
 use super::load::{
     BenchReport, Client, KeySpace, build_request, connect, histogram, per_request, percentiles,
     record,
@@ -79,7 +79,7 @@ struct Paced {
     /// Measured requests dropped because `max_in_flight` were waiting.
     dropped: u64,
     send_lag: Histogram<u64>,
-    cpu_used: Option<Duration>,
+    cpu_used: Option<CpuTime>,
 }
 
 /// Runs the open-loop load at `rate` requests per second and returns the report.
@@ -193,7 +193,9 @@ pub async fn run_open(cfg: BenchConfig, rate: f64) -> Result<BenchReport, BenchE
         dropped: paced.dropped,
         valid: invalid_reason.is_none(),
         invalid_reason,
-        server_cpu_us_per_request: paced.cpu_used.map(|d| per_request(d, requests)),
+        server_cpu_us_per_request: paced.cpu_used.map(|t| per_request(t.total(), requests)),
+        server_user_us_per_request: paced.cpu_used.map(|t| per_request(t.user, requests)),
+        server_system_us_per_request: paced.cpu_used.map(|t| per_request(t.system, requests)),
         concurrency: cfg.max_in_flight,
         connections,
         keys: cfg.keys,
@@ -336,7 +338,7 @@ impl Pacer<'_> {
             }
         }
         let cpu_used = match (&cpu, cpu_start) {
-            (Some(clock), Some(start)) => Some(clock.read()?.saturating_sub(start)),
+            (Some(clock), Some(start)) => Some(clock.read()?.since(start)),
             _ => None,
         };
         Ok(Paced {
