@@ -5,8 +5,8 @@
 # leasing (lease_max_batch 500) and a Redis Cluster key split into 8 shards; each row's ratio
 # to the baseline and the script calls (EVALSHA + EVAL from INFO commandstats) per descriptor
 # decision, and the server's own CPU time per request (utime + stime from /proc: steadier than
-# req/s on a shared machine; shown split into user and system time too); then the memory store's bytes per key and Redis's MEMORY USAGE of
-# one token bucket.
+# req/s on a shared machine; shown split into user and system time too); then the memory
+# store's bytes per key and Redis's MEMORY USAGE of one token bucket.
 # Then the latency Envoy would see at a given load: for each store, open-loop runs (`--rate`: a
 # fixed schedule, latency from each scheduled send, so no coordinated omission) at 25/50/75/90 %
 # of the peak the closed loop measured, as a table and an SVG plot of p99 against offered load
