@@ -12,7 +12,7 @@
 # of the peak the closed loop measured, as a table and an SVG plot of p99 against offered load
 # (BENCH_SVG, default target/bench/latency-vs-load.svg).
 # Bounded: BENCH_DURATION seconds per closed-loop row (default 6) plus 2 s warm-up, and
-# BENCH_OPEN_DURATION (default 3) plus 1 s per open-loop point; about 6–7 minutes in all.
+# BENCH_OPEN_DURATION (default 3) plus 1 s per open-loop point; about 7 minutes in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || bash scripts/deps.sh
