@@ -161,14 +161,14 @@ PY
 }
 OPEN="$TMP/open.jsonl"
 : > "$OPEN"
-open_run() { # label target pid keys
-  local label=$1 target=$2 pid=$3 keys=$4 top frac rate
+open_run() { # label target pid keys [descriptor-key]
+  local label=$1 target=$2 pid=$3 keys=$4 key=${5:-tenant} top frac rate
   top=$(peak "$label" "$keys")
   for frac in 25 50 75 90; do
     rate=$((top * frac / 100))
     echo "bench: $label open loop at $frac % of $top req/s ($rate req/s)…" >&2
     "$BIN" bench --target "127.0.0.1:$target" --rate "$rate" --duration "$OPEN_DURATION" --warmup 1 \
-      --connections "$CONNECTIONS" --keys "$keys" --label "$label" --target-pid "$pid" --quiet | tail -1 |
+      --connections "$CONNECTIONS" --keys "$keys" --key "$key" --label "$label" --target-pid "$pid" --quiet | tail -1 |
       python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["load_pct"]=int(sys.argv[1]); d["peak_rps"]=int(sys.argv[2]); print(json.dumps(d))' \
         "$frac" "$top" >> "$OPEN"
   done
@@ -178,6 +178,7 @@ open_run memory "$MEM" "$MEM_PID" 100000
 open_run redis "$RED" "$RED_PID" 100000
 open_run cluster "$CLU" "$CLU_PID" 100000
 open_run redis-leased "$LEASED" "$LEASED_PID" 1
+open_run cluster-sharded "$CLU" "$CLU_PID" 1 shard
 
 # --- memory -----------------------------------------------------------------------------
 # One request on an hour-long limit leaves a bucket in Redis to measure.
@@ -229,7 +230,7 @@ print(f"Redis MEMORY USAGE of one token bucket ({len(key)}-byte key {key}): {red
 # Latency vs load: one row per store and load; the CPU column minus the no-op's at the same
 # load is what the store path itself costs.
 print()
-print("Open loop (fixed schedule, latency from the scheduled send), 100,000 keys (redis-leased: 1 hot key):")
+print("Open loop (fixed schedule, latency from the scheduled send), 100,000 keys (redis-leased, cluster-sharded: 1 hot key):")
 print()
 print("| store | load | offered req/s | achieved req/s | p50 µs | p99 µs | p99.9 µs | errors | server CPU µs / request | valid |")
 print("|---|---|---|---|---|---|---|---|---|---|")
