@@ -417,6 +417,14 @@ async fn run(
         Conn::Standalone(c) => return scripts::eval_ops(c, ops, scripts).await,
         Conn::Cluster(c) => c,
     };
+    // The common case (one descriptor, or all in one slot): one pipeline, nothing to group, so
+    // nothing allocated for grouping.
+    if let Some((first, rest)) = ops.split_first() {
+        let slot = Slot::for_key(&first.key);
+        if rest.iter().all(|op| Slot::for_key(&op.key) == slot) {
+            return scripts::eval_ops(c, ops, scripts).await;
+        }
+    }
     // Few ops per request: a linear scan beats hashing.
     let mut groups: Vec<(Slot, Vec<&Op>, Vec<usize>)> = Vec::new();
     for (i, &op) in ops.iter().enumerate() {
@@ -428,9 +436,6 @@ async fn run(
             }
             None => groups.push((slot, vec![op], vec![i])),
         }
-    }
-    if let [(_, group, _)] = groups.as_slice() {
-        return scripts::eval_ops(c, group, scripts).await;
     }
     let calls = groups.iter().map(|(_, group, _)| {
         let mut c = c.clone();
