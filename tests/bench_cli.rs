@@ -225,6 +225,12 @@ fn bad_open_loop_flags_are_clear_errors() {
     for (flags, expect) in [
         (&["--rate", "0"][..], "--rate must be a positive number"),
         (&["--rate", "NaN"][..], "--rate must be a positive number"),
+        // A schedule that could never be walked (and would have hung the pacer).
+        (&["--rate", "1e300"][..], "at most 10,000,000"),
+        (
+            &["--rate", "10", "--warmup", "1e19"][..],
+            "too long to schedule",
+        ),
         (
             &["--rate", "10", "--max-in-flight", "0"][..],
             "max-in-flight",

@@ -190,8 +190,10 @@ pub enum BenchError {
     },
     #[error("bad setting: concurrency, max-in-flight and descriptors must be at least 1")]
     NothingToSend,
-    #[error("--rate must be a positive number of requests per second")]
+    #[error("--rate must be a positive number of requests per second, at most 10,000,000")]
     Rate,
+    #[error("--warmup plus --duration is too long to schedule")]
+    Window,
     #[error("cannot read the CPU time of --target-pid {pid}")]
     TargetPid {
         pid: u32,
@@ -214,7 +216,7 @@ pub enum BenchError {
     Serve(#[source] tonic::transport::Error),
     #[error("cannot start an open-loop sender thread")]
     SenderThread(#[source] std::io::Error),
-    #[error("an open-loop sender thread stopped before it connected")]
+    #[error("an open-loop sender thread stopped unexpectedly")]
     SenderGone,
 }
 

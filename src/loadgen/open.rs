@@ -16,7 +16,8 @@
 //! ends, the run waits for every answer (each bounded by [`REQUEST_TIMEOUT`]).
 //!
 //! The run is marked invalid, rather than quietly wrong, when the generator limited it: when it
-//! sent late (send lag p99 over [`MAX_SEND_LAG`]: it lacked CPU) or when `max_in_flight`
+//! sent late (send lag p99 over [`MAX_SEND_LAG`], from the scheduled time to when a sender
+//! started the request: the pacer or a sender lacked CPU) or when `max_in_flight`
 //! requests were already waiting and it dropped some. It never waits for a free slot: a cap
 //! that stalls the schedule would bring coordinated omission back.
 
@@ -48,9 +49,16 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Sending later than this at p99 means the generator, not the server, set the pace.
 pub const MAX_SEND_LAG: Duration = Duration::from_millis(1);
 
+/// The highest `--rate`: far past what one machine can send, and low enough that walking the
+/// schedule (one step per request, dropped ones included) always ends.
+pub const MAX_RATE: f64 = 10_000_000.0;
+
 /// What the request tasks record, shared with the pacer.
 struct Shared {
     latencies: Mutex<Histogram<u64>>,
+    /// From each measured request's scheduled time to when its sender started it: the
+    /// pacer's lateness, the hand-off and the sender's own queue.
+    send_lag: Mutex<Histogram<u64>>,
     in_flight: AtomicUsize,
     ok: AtomicU64,
     over: AtomicU64,
@@ -78,7 +86,6 @@ impl Shared {
 struct Paced {
     /// Measured requests dropped because `max_in_flight` were waiting.
     dropped: u64,
-    send_lag: Histogram<u64>,
     cpu_used: Option<CpuTime>,
 }
 
@@ -87,13 +94,14 @@ pub async fn run_open(cfg: BenchConfig, rate: f64) -> Result<BenchReport, BenchE
     if cfg.descriptors == 0 || cfg.max_in_flight == 0 {
         return Err(BenchError::NothingToSend);
     }
-    if !(rate.is_finite() && rate > 0.0) {
+    if !(rate.is_finite() && rate > 0.0 && rate <= MAX_RATE) {
         return Err(BenchError::Rate);
     }
     let cpu = cfg.target_pid.map(CpuClock::open).transpose()?;
     let keys = KeySpace::new(cfg.keys, cfg.zipf)?;
     let shared = Arc::new(Shared {
         latencies: Mutex::new(histogram()),
+        send_lag: Mutex::new(histogram()),
         in_flight: AtomicUsize::new(0),
         ok: AtomicU64::new(0),
         over: AtomicU64::new(0),
@@ -141,8 +149,12 @@ pub async fn run_open(cfg: BenchConfig, rate: f64) -> Result<BenchReport, BenchE
         // The schedule is over: closing the channels lets each sender finish what is in flight
         // (each request ends within REQUEST_TIMEOUT of its send) and stop.
         drop(senders);
+        let mut all_ended = true;
         for thread in threads {
-            thread.join().expect("a sender does not panic");
+            all_ended &= thread.join().is_ok();
+        }
+        if !all_ended {
+            return Err(BenchError::SenderGone);
         }
         paced
     })
@@ -153,7 +165,7 @@ pub async fn run_open(cfg: BenchConfig, rate: f64) -> Result<BenchReport, BenchE
     let [p50_us, p90_us, p99_us, p999_us, max_us] = percentiles(&latencies);
     let seconds = cfg.duration.as_secs_f64();
     let requests = shared.measured.load(Ordering::SeqCst);
-    let lag_p99 = percentiles(&paced.send_lag)[2];
+    let lag_p99 = percentiles(&shared.send_lag.lock().unwrap_or_else(|p| p.into_inner()))[2];
     let invalid_reason = if paced.dropped > 0 {
         Some(format!(
             "{} requests not sent: {} were already waiting for answers (the server fell far behind; --max-in-flight)",
@@ -276,12 +288,13 @@ impl Pacer<'_> {
             cpu,
         } = self;
         let mut rng = SmallRng::seed_from_u64(0x9E37_79B9_7F4A_7C15);
-        let mut send_lag = histogram();
         let mut dropped = 0;
         let mut cpu_start = None;
         let start = Instant::now();
-        let window_start = start + cfg.warmup;
-        let window_end = window_start + cfg.duration;
+        let window_start = start.checked_add(cfg.warmup).ok_or(BenchError::Window)?;
+        let window_end = window_start
+            .checked_add(cfg.duration)
+            .ok_or(BenchError::Window)?;
         let ns_per_request = 1e9 / rate;
         let due_at = |i: u64| start + Duration::from_nanos((i as f64 * ns_per_request) as u64);
         let mut i: u64 = 0;
@@ -304,11 +317,8 @@ impl Pacer<'_> {
             while due_at(i) <= now && due_at(i) < window_end {
                 let due = due_at(i);
                 let measured = due >= window_start;
-                if measured {
-                    if cpu_start.is_none() {
-                        cpu_start = cpu.as_ref().map(CpuClock::read).transpose()?;
-                    }
-                    record(&mut send_lag, now - due);
+                if measured && cpu_start.is_none() {
+                    cpu_start = cpu.as_ref().map(CpuClock::read).transpose()?;
                 }
                 let connection = (i % connections as u64) as usize;
                 i += 1;
@@ -341,11 +351,7 @@ impl Pacer<'_> {
             (Some(clock), Some(start)) => Some(clock.read()?.since(start)),
             _ => None,
         };
-        Ok(Paced {
-            dropped,
-            send_lag,
-            cpu_used,
-        })
+        Ok(Paced { dropped, cpu_used })
     }
 }
 
@@ -371,6 +377,15 @@ impl Send {
             req,
             connection: _,
         } = self;
+        if measured {
+            // Measured here rather than at the hand-off, so a sender short of CPU (its queue
+            // of batches growing) marks the run invalid too.
+            let lag = Instant::now().saturating_duration_since(due);
+            record(
+                &mut shared.send_lag.lock().unwrap_or_else(|p| p.into_inner()),
+                lag,
+            );
+        }
         let result = tokio::time::timeout(REQUEST_TIMEOUT, client.should_rate_limit(req)).await;
         let answered = Instant::now();
         shared.total.fetch_add(1, Ordering::Relaxed);
