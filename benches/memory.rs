@@ -10,6 +10,10 @@
 //! 3. Heap allocations per request on the in-process path (`rls::to_request`,
 //!    `Limiter::decide` on the memory store, `response::to_proto`), counted by a wrapper
 //!    around the system allocator, so a change that adds one shows up as a number.
+//! 4. With `TOLLGATE_BENCH_STORES` set to Redis URLs (space-separated; `make bench` passes its
+//!    Redis and its cluster), the same count for `Limiter::decide` on each of those stores: the
+//!    Redis client's own allocations included (its driver task runs on the same thread, and the
+//!    counter is global). Reported per store, so a change to the Redis path shows up too.
 
 mod common;
 
@@ -23,11 +27,14 @@ use std::time::Instant;
 
 use tollgate::clock::Clock;
 use tollgate::keys;
+use tollgate::limiter::{Limiter, LimiterConfig};
 use tollgate::rules::load::{LoadOptions, load_sources};
 use tollgate::rules::{Algorithm, Rate, Unit};
 use tollgate::service::response::to_proto;
 use tollgate::service::rls;
-use tollgate::store::{MemoryStore, Op, OpKind};
+use tollgate::settings::Settings;
+use tollgate::store::{MemoryStore, Op, OpKind, Store};
+use tollgate::telemetry::Metrics;
 
 /// Counts allocations (and reallocations) made through the global allocator; frees are not
 /// counted. Everything is delegated unchanged to mimalloc, the allocator the `tollgate` binary
@@ -71,6 +78,11 @@ fn main() {
     let page = page_size();
     memory_store(page);
     allocations_per_request();
+    if let Ok(urls) = std::env::var("TOLLGATE_BENCH_STORES") {
+        for url in urls.split_whitespace() {
+            allocations_per_decision_on(url);
+        }
+    }
 }
 
 /// The page size from `getconf PAGESIZE` (no libc binding needed); 4096 if that fails.
@@ -266,6 +278,81 @@ fn allocations_per_request() {
         );
         println!(
             r#"{{"bench":"allocations_per_request","descriptors":{},"to_request":{to_request:.0},"decide":{decide:.0},"to_proto":{plain:.0},"to_proto_headers":{headers:.0}}}"#,
+            entries.len()
+        );
+    }
+}
+
+/// Allocations per `Limiter::decide` on the Redis store at `url` (a plain Redis or a cluster),
+/// 1 and 4 descriptors, everything admitted. Each call is a real round trip, so fewer
+/// iterations than in process; the pool's keeper may allocate while it runs (a ping per
+/// second), a rounding error over these counts.
+fn allocations_per_decision_on(url: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime");
+    let rules = load_sources(
+        &[(
+            PathBuf::from("bench.yaml"),
+            common::DECIDE_RULES.to_string(),
+        )],
+        LoadOptions::default(),
+    )
+    .expect("valid rules");
+    let metrics = Metrics::new();
+    let settings = Settings {
+        store: url.to_string(),
+        ..Settings::default()
+    };
+    let store = match rt.block_on(Store::connect(&settings, Clock::system(), &metrics)) {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("allocations on {url}: {e}");
+            return;
+        }
+    };
+    let label = if url.contains("+cluster") {
+        "redis-cluster"
+    } else {
+        "redis"
+    };
+    let limiter = Limiter::new(
+        store,
+        LimiterConfig {
+            // Own keys: never the ones the load scenarios count.
+            key_prefix: "tg-allocs:".into(),
+            ..LimiterConfig::default()
+        },
+        std::sync::Arc::new(metrics),
+    );
+    let bounds = common::bounds();
+    let cases: [Descriptors<'_>; 2] = [
+        &[&[("tenant", "acme")]],
+        &[
+            &[("tenant", "acme")],
+            &[("tenant", "acme"), ("path", "/api/v1/items")],
+            &[("remote_address", "10.1.2.3")],
+            &[("plan", "gold")],
+        ],
+    ];
+    const N: u64 = 2_000;
+    for entries in cases {
+        let pb = common::proto(entries);
+        let req = rls::to_request(&pb, &bounds).expect("valid");
+        for _ in 0..100 {
+            let d = rt.block_on(limiter.decide(&rules, &req));
+            assert!(d.is_ok(), "{url}: {d:?}");
+        }
+        let decide = allocs(N, || {
+            black_box(rt.block_on(limiter.decide(&rules, black_box(&req))).ok());
+        });
+        println!(
+            "allocations per decision on {label}, {} descriptor(s): {decide:.1}",
+            entries.len()
+        );
+        println!(
+            r#"{{"bench":"allocations_per_decision","store":"{label}","descriptors":{},"decide":{decide:.1}}}"#,
             entries.len()
         );
     }

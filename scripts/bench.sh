@@ -186,7 +186,9 @@ open_run cluster-sharded "$CLU" "$CLU_PID" 1 shard
 KEY=$(redis-cli -p "$RP" --scan --pattern '*mem=*' | head -n 1 || true)
 REDIS_BYTES=$(redis-cli -p "$RP" memory usage "$KEY")
 echo "bench: memory store, 1,000,000 keys…" >&2
-cargo bench -q --bench memory 2>/dev/null > "$TMP/memory.txt" || true
+# …and allocations per decision, in process and on the Redis and cluster stores above.
+TOLLGATE_BENCH_STORES="redis://127.0.0.1:$RP redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3" \
+  cargo bench -q --bench memory 2>/dev/null > "$TMP/memory.txt" || true
 
 mkdir -p "$(dirname "$SVG")"
 python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$TMP/memory.txt" "$OPEN" "$SVG" <<'PY'
@@ -297,4 +299,6 @@ for m in mem:
     elif m.get("bench") == "allocations_per_request":
         print(f'Allocations per request, {m["descriptors"]} descriptor(s): to_request {m["to_request"]}, '
               f'decide {m["decide"]}, to_proto {m["to_proto"]} ({m["to_proto_headers"]} with RateLimit headers)')
+    elif m.get("bench") == "allocations_per_decision":
+        print(f'Allocations per decision on {m["store"]}, {m["descriptors"]} descriptor(s): {m["decide"]}')
 PY

@@ -13,7 +13,9 @@
 //!   concurrently; the request waits for the slowest node, not for the sum of them.
 //!
 //! Ops are grouped by node first (`store` for a standalone Redis; the primary's `host:port`
-//! from the [`slots`] map on a cluster) and each node has a circuit breaker ([`breaker`]): the
+//! from the [`slots`] map on a cluster; when every op is on one node, as always on a
+//! standalone Redis, they go out as one call with nothing to group) and each node has a
+//! circuit breaker ([`breaker`]): the
 //! ops of a node whose circuit is open are not sent at all ([`StoreErrorKind::CircuitOpen`]),
 //! and [`RedisStore::apply_each`] returns one result per op, so the limiter can fall back for
 //! exactly the ops whose node failed.
@@ -187,10 +189,52 @@ impl RedisStore {
     /// ops travel). Each node's part is bounded by the store timeout; the parts of different
     /// cluster nodes run concurrently.
     pub async fn apply_each(&self, ops: &[Op]) -> Vec<Result<Outcome, StoreError>> {
-        if ops.is_empty() {
+        let Some(first) = ops.first() else {
             return Vec::new();
-        }
+        };
         let started = Instant::now();
+        let node = self.node_of(&first.key);
+        let out = if ops[1..].iter().all(|op| self.node_of(&op.key) == node) {
+            // The common case (a standalone Redis; on a cluster, one descriptor or one hash
+            // tag): one node, one call, nothing to group.
+            self.apply_on(node, ops).await
+        } else {
+            self.apply_grouped(ops).await
+        };
+        self.metrics.observe("apply", started);
+        let first_error = out.iter().find_map(|r| r.as_ref().err());
+        self.outage
+            .record::<()>(&first_error.map_or(Ok(()), |e| Err(e.clone())));
+        out
+    }
+
+    /// Every op of `ops` on `node`, as one call.
+    async fn apply_on(&self, node: Arc<str>, ops: &[Op]) -> Vec<Result<Outcome, StoreError>> {
+        let result = if self.breakers.is_open(&node) {
+            Err(circuit_open(&node))
+        } else {
+            let result = match self.pool.pick() {
+                None => Err(self.not_connected()),
+                Some(picked) => {
+                    let group: Vec<&Op> = ops.iter().collect();
+                    let mut conn = (*picked.conn).clone();
+                    let result = self.call(&mut conn, &group).await;
+                    self.judge(&picked, std::slice::from_ref(&result));
+                    result
+                }
+            };
+            self.settle(&node, &result);
+            result
+        };
+        match result {
+            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(e); ops.len()],
+        }
+    }
+
+    /// Ops on several nodes (a cluster request whose descriptors hash to different slots): one
+    /// call per node, concurrently, on one cluster connection.
+    async fn apply_grouped(&self, ops: &[Op]) -> Vec<Result<Outcome, StoreError>> {
         // Few ops per request: a linear scan beats hashing.
         let mut groups: Vec<(Arc<str>, Vec<usize>)> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
@@ -204,10 +248,7 @@ impl RedisStore {
         let mut calls = Vec::with_capacity(groups.len());
         for (node, at) in &groups {
             if self.breakers.is_open(node) {
-                let e = StoreError::new(
-                    StoreErrorKind::CircuitOpen,
-                    format!("circuit open for {node}"),
-                );
+                let e = circuit_open(node);
                 for &i in at {
                     out[i] = Some(Err(e.clone()));
                 }
@@ -218,13 +259,7 @@ impl RedisStore {
         if !calls.is_empty() {
             let results = match self.pool.pick() {
                 None => {
-                    let e = StoreError::new(
-                        StoreErrorKind::Connection,
-                        format!(
-                            "not connected to Redis ({})",
-                            self.pool.last_connect_error()
-                        ),
-                    );
+                    let e = self.not_connected();
                     calls.iter().map(|_| Err(e.clone())).collect()
                 }
                 Some(picked) => {
@@ -234,40 +269,19 @@ impl RedisStore {
                         async move { self.call(&mut conn, &group).await }
                     }))
                     .await;
-                    match results.iter().find_map(|r| r.as_ref().err()) {
-                        // The connection itself is judged by calls that all failed.
-                        Some(e) if results.iter().all(|r| r.is_err()) => {
-                            self.pool
-                                .call_failed(&picked, e.kind, errors::is_readonly(e))
-                        }
-                        _ => self.pool.call_succeeded(&picked),
-                    }
+                    self.judge(&picked, &results);
                     results
                 }
             };
             for ((node, at), result) in calls.iter().zip(results) {
+                self.settle(node, &result);
                 match result {
                     Ok(outcomes) => {
-                        self.breakers.succeeded(node);
                         for (&i, o) in at.iter().zip(outcomes) {
                             out[i] = Some(Ok(o));
                         }
                     }
                     Err(e) => {
-                        self.metrics
-                            .errors
-                            .get_or_create(&KindLabels {
-                                kind: e.kind.label(),
-                            })
-                            .inc();
-                        if !e.is_transient() {
-                            // Auth, OOM-like script errors, bad replies: these will not heal
-                            // by themselves, so they get a line of their own (rate-limited).
-                            self.fatal.record(&Err::<(), _>(e.clone()));
-                        }
-                        if self.breakers.failed(node, e.kind) {
-                            self.start_probe((*node).clone());
-                        }
                         for &i in at.iter() {
                             out[i] = Some(Err(e.clone()));
                         }
@@ -275,9 +289,7 @@ impl RedisStore {
                 }
             }
         }
-        self.metrics.observe("apply", started);
-        let out: Vec<Result<Outcome, StoreError>> = out
-            .into_iter()
+        out.into_iter()
             .map(|o| {
                 o.unwrap_or_else(|| {
                     Err(StoreError::new(
@@ -286,11 +298,51 @@ impl RedisStore {
                     ))
                 })
             })
-            .collect();
-        let first_error = out.iter().find_map(|r| r.as_ref().err());
-        self.outage
-            .record::<()>(&first_error.map_or(Ok(()), |e| Err(e.clone())));
-        out
+            .collect()
+    }
+
+    /// The connection itself is judged by its calls of one request: failed when all failed.
+    fn judge(&self, picked: &pool::Picked, results: &[Result<Vec<Outcome>, StoreError>]) {
+        match results.iter().find_map(|r| r.as_ref().err()) {
+            Some(e) if results.iter().all(|r| r.is_err()) => {
+                self.pool
+                    .call_failed(picked, e.kind, errors::is_readonly(e))
+            }
+            _ => self.pool.call_succeeded(picked),
+        }
+    }
+
+    /// One node's call, for its breaker, the error counter and the log.
+    fn settle(&self, node: &Arc<str>, result: &Result<Vec<Outcome>, StoreError>) {
+        match result {
+            Ok(_) => self.breakers.succeeded(node),
+            Err(e) => {
+                self.metrics
+                    .errors
+                    .get_or_create(&KindLabels {
+                        kind: e.kind.label(),
+                    })
+                    .inc();
+                if !e.is_transient() {
+                    // Auth, OOM-like script errors, bad replies: these will not heal by
+                    // themselves, so they get a line of their own (rate-limited).
+                    self.fatal.record(&Err::<(), _>(e.clone()));
+                }
+                if self.breakers.failed(node, e.kind) {
+                    self.start_probe(node.clone());
+                }
+            }
+        }
+    }
+
+    fn not_connected(&self) -> StoreError {
+        StoreError::new(
+            StoreErrorKind::Connection,
+            format!(
+                "not connected to Redis ({})",
+                self.pool.last_connect_error()
+            ),
+        )
     }
 
     /// One node's ops on `conn`, bounded by the store timeout.
@@ -404,6 +456,13 @@ impl Drop for RedisStore {
         // Lets the keeper notice at once that the store is gone.
         self.pool.wake_keeper();
     }
+}
+
+fn circuit_open(node: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::CircuitOpen,
+        format!("circuit open for {node}"),
+    )
 }
 
 /// Runs `ops` on `conn`: one pipeline (standalone) or one pipeline per hash slot, concurrently

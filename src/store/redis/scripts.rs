@@ -166,30 +166,30 @@ pub(super) async fn eval_ops<C: ConnectionLike>(
     ops: &[&Op],
     scripts: &Scripts,
 ) -> Result<Vec<Outcome>, CallError> {
-    let calls: Vec<(&Op, ScriptCall)> =
-        ops.iter().map(|op| (*op, ScriptCall::for_op(op))).collect();
-    let replies = pipeline(conn, &calls, |call| Script::Sha(scripts.sha(call))).await?;
-    let mut out: Vec<Option<Outcome>> = Vec::with_capacity(ops.len());
+    let replies = pipeline(conn, ops.iter().copied(), |call| {
+        Script::Sha(scripts.sha(call))
+    })
+    .await?;
+    // A `NOSCRIPT` op keeps a placeholder until its retry answers (or fails the call).
+    let mut out: Vec<Outcome> = Vec::with_capacity(ops.len());
     let mut missing: Vec<usize> = Vec::new();
-    for (i, reply) in replies.into_iter().enumerate() {
+    for (i, (reply, op)) in replies.into_iter().zip(ops).enumerate() {
         match reply {
             Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript) => {
                 missing.push(i);
-                out.push(None);
+                out.push(Outcome::default());
             }
-            reply => out.push(Some(parse_outcome(reply, &calls[i])?)),
+            reply => out.push(parse_outcome(reply, op)?),
         }
     }
     if !missing.is_empty() {
-        let retry: Vec<(&Op, ScriptCall)> = missing.iter().map(|&i| calls[i]).collect();
-        let replies = pipeline(conn, &retry, |call| Script::Source(call.source())).await?;
+        let retry = missing.iter().map(|&i| ops[i]);
+        let replies = pipeline(conn, retry, |call| Script::Source(call.source())).await?;
         for (i, reply) in missing.into_iter().zip(replies) {
-            out[i] = Some(parse_outcome(reply, &calls[i])?);
+            out[i] = parse_outcome(reply, ops[i])?;
         }
     }
-    out.into_iter()
-        .map(|o| o.ok_or_else(|| CallError::Reply("an op got no answer".into())))
-        .collect()
+    Ok(out)
 }
 
 /// How a pipeline names its script: by SHA1 (`EVALSHA`) or with the source (`EVAL`).
@@ -198,28 +198,34 @@ enum Script<'a> {
     Source(&'static str),
 }
 
-/// Sends one `EVALSHA`/`EVAL` per call as one pipeline; one reply per call, errors included
+/// Sends one `EVALSHA`/`EVAL` per op as one pipeline; one reply per op, errors included
 /// (one op's `NOSCRIPT` must not hide the others' answers).
-async fn pipeline<'a, C: ConnectionLike>(
+async fn pipeline<'a, 'o, C: ConnectionLike>(
     conn: &mut C,
-    calls: &[(&Op, ScriptCall)],
+    ops: impl ExactSizeIterator<Item = &'o Op>,
     script: impl Fn(&ScriptCall) -> Script<'a>,
 ) -> Result<Vec<Value>, CallError> {
-    let mut pipe = redis::pipe();
+    let expected = ops.len();
+    let mut pipe = redis::Pipeline::with_capacity(expected);
     pipe.ignore_errors();
-    for (op, call) in calls {
-        let cmd = match script(call) {
-            Script::Sha(sha) => pipe.cmd("EVALSHA").arg(sha),
-            Script::Source(source) => pipe.cmd("EVAL").arg(source),
+    for op in ops {
+        let call = ScriptCall::for_op(op);
+        // Sized up front: the command, the script, numkeys, the key and up to 8 numbers
+        // (20 digits each), so building it never reallocates.
+        let mut cmd = redis::Cmd::with_capacity(4 + call.argv().len(), 64 + op.key.len() + 160);
+        match script(&call) {
+            Script::Sha(sha) => cmd.arg("EVALSHA").arg(sha),
+            Script::Source(source) => cmd.arg("EVAL").arg(source),
         };
         cmd.arg(1).arg(&op.key).arg(call.argv());
+        pipe.add_command(cmd);
     }
     let replies: Vec<Value> = pipe.query_async(conn).await?;
-    if replies.len() != calls.len() {
+    if replies.len() != expected {
         return Err(CallError::Reply(format!(
             "{} replies for {} ops",
             replies.len(),
-            calls.len()
+            expected
         )));
     }
     Ok(replies)
@@ -227,7 +233,7 @@ async fn pipeline<'a, C: ConnectionLike>(
 
 /// `{allowed, remaining, reset_ms, retry_ms}` (a take) or `{granted, remaining, reset_ms,
 /// retry_ms}` (`lease.lua`) → [`Outcome`].
-fn parse_outcome(reply: Value, (op, call): &(&Op, ScriptCall)) -> Result<Outcome, CallError> {
+fn parse_outcome(reply: Value, op: &Op) -> Result<Outcome, CallError> {
     let items = match reply {
         Value::Array(items) => items,
         Value::ServerError(e) => return Err(CallError::Redis(e.into())),
@@ -245,7 +251,7 @@ fn parse_outcome(reply: Value, (op, call): &(&Op, ScriptCall)) -> Result<Outcome
             Value::Int(retry),
         ] => {
             let first = u64::try_from(*first).unwrap_or(0);
-            let (allowed, granted) = match (call, op.action) {
+            let (allowed, granted) = match (ScriptCall::for_op(op), op.action) {
                 (ScriptCall::Lease(_), Action::Return) => (true, 0),
                 (ScriptCall::Lease(_), _) => (first > 0, first),
                 _ => (first == 1, if first == 1 { op.cost } else { 0 }),
@@ -335,14 +341,14 @@ mod tests {
             },
             3,
         );
-        let take = (&op, ScriptCall::for_op(&op));
+        let take = &op;
         let ok = Value::Array(vec![
             Value::Int(1),
             Value::Int(4),
             Value::Int(100),
             Value::Int(0),
         ]);
-        let o = parse_outcome(ok, &take).unwrap();
+        let o = parse_outcome(ok, take).unwrap();
         assert_eq!(
             (o.allowed, o.remaining, o.reset_ms, o.retry_ms),
             (true, 4, 100, Some(0))
@@ -353,8 +359,8 @@ mod tests {
             Value::Int(5),
             Value::Int(-1),
         ]);
-        assert_eq!(parse_outcome(never, &take).unwrap().retry_ms, None);
-        assert!(parse_outcome(Value::Nil, &take).is_err());
-        assert!(parse_outcome(Value::Array(vec![Value::Int(1)]), &take).is_err());
+        assert_eq!(parse_outcome(never, take).unwrap().retry_ms, None);
+        assert!(parse_outcome(Value::Nil, take).is_err());
+        assert!(parse_outcome(Value::Array(vec![Value::Int(1)]), take).is_err());
     }
 }
