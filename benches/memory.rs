@@ -215,6 +215,27 @@ fn memory_store(page: u64) {
 /// A request's descriptors, each a list of (key, value) entries.
 type Descriptors<'a> = &'a [&'a [(&'a str, &'a str)]];
 
+/// The requests the allocation counts use: one descriptor, and four (one of two entries).
+const ONE: Descriptors<'static> = &[&[("tenant", "acme")]];
+const FOUR: Descriptors<'static> = &[
+    &[("tenant", "acme")],
+    &[("tenant", "acme"), ("path", "/api/v1/items")],
+    &[("remote_address", "10.1.2.3")],
+    &[("plan", "gold")],
+];
+
+/// The decision benchmarks' rules (`common::DECIDE_RULES`), loaded.
+fn decide_rules() -> tollgate::rules::RuleSet {
+    load_sources(
+        &[(
+            PathBuf::from("bench.yaml"),
+            common::DECIDE_RULES.to_string(),
+        )],
+        LoadOptions::default(),
+    )
+    .expect("valid rules")
+}
+
 /// Mean allocations per call of `f` over `n` calls.
 fn allocs(n: u64, mut f: impl FnMut()) -> f64 {
     let start = ALLOCS.load(Ordering::Relaxed);
@@ -225,33 +246,14 @@ fn allocs(n: u64, mut f: impl FnMut()) -> f64 {
 }
 
 fn allocations_per_request() {
-    let rules = load_sources(
-        &[(
-            PathBuf::from("bench.yaml"),
-            common::DECIDE_RULES.to_string(),
-        )],
-        LoadOptions::default(),
-    )
-    .expect("valid rules");
+    let rules = decide_rules();
     let limiter = common::memory_limiter();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("a current-thread runtime");
     let bounds = common::bounds();
-    let cases: [(&str, Descriptors<'_>); 2] = [
-        ("1 descriptor", &[&[("tenant", "acme")]]),
-        (
-            "4 descriptors",
-            &[
-                &[("tenant", "acme")],
-                &[("tenant", "acme"), ("path", "/api/v1/items")],
-                &[("remote_address", "10.1.2.3")],
-                &[("plan", "gold")],
-            ],
-        ),
-    ];
     const N: u64 = 10_000;
-    for (name, entries) in cases {
+    for (name, entries) in [("1 descriptor", ONE), ("4 descriptors", FOUR)] {
         let pb = common::proto(entries);
         let req = rls::to_request(&pb, &bounds).expect("valid");
         // Warm up: the buckets and the metric series exist from here on (the steady state).
@@ -292,21 +294,19 @@ fn allocations_per_decision_on(url: &str) {
         .enable_all()
         .build()
         .expect("a current-thread runtime");
-    let rules = load_sources(
-        &[(
-            PathBuf::from("bench.yaml"),
-            common::DECIDE_RULES.to_string(),
-        )],
-        LoadOptions::default(),
-    )
-    .expect("valid rules");
+    let rules = decide_rules();
     let metrics = Metrics::new();
     let settings = Settings {
         store: url.to_string(),
         ..Settings::default()
     };
     let store = match rt.block_on(Store::connect(&settings, Clock::system(), &metrics)) {
-        Ok(store) => store,
+        // An unreachable Redis still yields a store (the fallback would decide): not counted.
+        Ok(store) if store.state() == "connected" => store,
+        Ok(store) => {
+            eprintln!("allocations on {url}: not connected ({store:?})");
+            return;
+        }
         Err(e) => {
             eprintln!("allocations on {url}: {e}");
             return;
@@ -327,17 +327,8 @@ fn allocations_per_decision_on(url: &str) {
         std::sync::Arc::new(metrics),
     );
     let bounds = common::bounds();
-    let cases: [Descriptors<'_>; 2] = [
-        &[&[("tenant", "acme")]],
-        &[
-            &[("tenant", "acme")],
-            &[("tenant", "acme"), ("path", "/api/v1/items")],
-            &[("remote_address", "10.1.2.3")],
-            &[("plan", "gold")],
-        ],
-    ];
     const N: u64 = 2_000;
-    for entries in cases {
+    for entries in [ONE, FOUR] {
         let pb = common::proto(entries);
         let req = rls::to_request(&pb, &bounds).expect("valid");
         for _ in 0..100 {
