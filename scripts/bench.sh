@@ -28,31 +28,10 @@ cargo build --release -q
 BIN=target/release/tollgate
 TMP=$(mktemp -d /tmp/tollgate-bench.XXXXXX)
 PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
+NAME=bench
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 trap cleanup EXIT INT TERM
-
-# A free loopback port (below 55536, so a cluster node's bus port +10000 stays valid).
-free_port() {
-  python3 -c 'import socket,random
-while True:
-    p = random.randint(20000, 45000)
-    ok = True
-    for q in (p, p + 10000):
-        s = socket.socket()
-        try: s.bind(("127.0.0.1", q))
-        except OSError: ok = False
-        finally: s.close()
-    if ok: print(p); break'
-}
-
-wait_for() { # command… ; polls up to 15 s
-  for _ in $(seq 150); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "bench: timed out waiting for: $*" >&2; return 1
-}
 
 start_redis() { # port [extra args…]
   local port=$1; shift

@@ -19,20 +19,10 @@ cargo build --release -q
 BIN=target/release/tollgate
 TMP=$(mktemp -d /tmp/tollgate-soak.XXXXXX)
 PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$TMP"
-}
+NAME=soak
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 trap cleanup EXIT INT TERM
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-wait_for() { # command… ; polls up to 15 s
-  for _ in $(seq 150); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "soak: timed out waiting for: $*" >&2; return 1
-}
 
 RP=$(free_port)
 (cd "$TMP" && exec redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --logfile "$TMP/redis.log") &
