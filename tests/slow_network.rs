@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestServer;
-use common::load::{Load, fallback_decisions, until_fallback_stops};
+use common::load::{Load, Phase, fallback_decisions, until_fallback_stops};
 use common::proxy::Proxy;
 use common::redis::{TestRedis, unique_prefix};
 
@@ -29,6 +29,21 @@ fn script_calls(redis: &TestRedis) -> u64 {
                 .ok()
         })
         .unwrap_or(0)
+}
+
+/// After a recovery: Redis's script calls before and after half a second of load (they grow
+/// once Redis decides again), then the last phase of load; the load is stopped and every
+/// phase, `after` last, printed.
+async fn finish(redis: &TestRedis, load: Load, phases: [(&str, &Phase); 3]) -> (u64, u64, Phase) {
+    let calls_before = script_calls(redis);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls_after = script_calls(redis);
+    let after = load.take().await;
+    load.stop().await;
+    for (name, p) in phases.into_iter().chain([("after", &after)]) {
+        println!("{}", p.summary(name));
+    }
+    (calls_before, calls_after, after)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,20 +81,12 @@ async fn slow_and_cut_connections_to_redis_never_fail_or_stall_a_request() {
     let recovered = until_fallback_stops(server.admin, Duration::from_secs(10))
         .await
         .unwrap_or_else(|| panic!("still falling back 10 s after healing\n{}", server.log()));
-    let calls_before = script_calls(&redis);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let calls_after = script_calls(&redis);
-    let after = load.take().await;
-    load.stop().await;
-
-    for (name, p) in [
-        ("healthy", &healthy),
-        ("slow", &slow),
-        ("broken", &broken),
-        ("after", &after),
-    ] {
-        println!("{}", p.summary(name));
-    }
+    let (calls_before, calls_after, after) = finish(
+        &redis,
+        load,
+        [("healthy", &healthy), ("slow", &slow), ("broken", &broken)],
+    )
+    .await;
     println!(
         "fallback decisions: {fallback_during} during the faults; shared accounting back {:.1} s after the network healed",
         recovered.as_secs_f64()
@@ -150,20 +157,16 @@ async fn a_paused_then_killed_and_restarted_redis_under_load() {
                 server.log()
             )
         });
-    let calls_before = script_calls(&redis);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let calls_after = script_calls(&redis);
-    let after = load.take().await;
-    load.stop().await;
-
-    for (name, p) in [
-        ("healthy", &healthy),
-        ("paused", &paused),
-        ("killed", &killed),
-        ("after", &after),
-    ] {
-        println!("{}", p.summary(name));
-    }
+    let (calls_before, calls_after, after) = finish(
+        &redis,
+        load,
+        [
+            ("healthy", &healthy),
+            ("paused", &paused),
+            ("killed", &killed),
+        ],
+    )
+    .await;
     println!(
         "shared accounting back {:.1} s after the pause ended and {:.1} s after the restart",
         after_pause.as_secs_f64(),
