@@ -113,7 +113,7 @@ settings! {
     store_connect_timeout_ms: u64 = 1_000,
         "timeout to connect to the store";
     store_timeout_ms: u64 = 10,
-        "timeout of one store call";
+        "how long a store node may stay silent (no reply to any call) before a call to it gives up; a busy replica's own queueing does not count";
     grpc_tls_cert: String = String::new(),
         "PEM certificate chain for TLS on the gRPC port (with grpc_tls_key; empty: plain h2c)";
     grpc_tls_key: String = String::new(),
@@ -133,7 +133,7 @@ settings! {
     breaker_failures: u32 = 3,
         "consecutive failed store calls to a node that open its circuit (its requests then go straight to the fallback)";
     breaker_probe_ms: u64 = 500,
-        "how often a node with an open circuit is probed";
+        "how often a node with an open circuit is probed with one real script call (its circuit closes when the script runs)";
     membership_interval_ms: u64 = 1_000,
         "how often each replica heartbeats into the store's membership set";
     fallback_replicas: u64 = 0,

@@ -196,6 +196,25 @@ async fn a_killed_primary_is_replaced_by_its_replica_and_the_quota_is_exact_agai
         "a request took {slowest:?}"
     );
 
+    // The killed primary left the slot map: its circuit is reported closed, not open for ever
+    // (it was probed at its old address before; on Kubernetes that address may never return).
+    let gauge = format!("tollgate_fallback_active{{node=\"127.0.0.1:{victim}\"}} ");
+    for server in &servers {
+        let cleared = common::poll(Duration::from_secs(5), || {
+            let (_, body) = common::readyz(server.admin);
+            let metrics = get(server.admin, "/metrics").1;
+            let open = body["fallback"]["open_circuits"].as_array().map(Vec::len);
+            let active = metrics.lines().find(|l| l.starts_with(&gauge));
+            (open == Some(0) && active.is_none_or(|l| l.ends_with(" 0"))).then_some(())
+        });
+        assert!(
+            cleared.is_some(),
+            "the old primary's circuit is still reported: {}\n{}",
+            common::readyz(server.admin).1,
+            get(server.admin, "/metrics").1
+        );
+    }
+
     // The old primary comes back (its nodes.conf kept) as a replica of the promoted one:
     // tollgate is not disturbed, and the quota stays exact.
     let (cluster, rejoined) = tokio::task::spawn_blocking(move || {

@@ -7,9 +7,14 @@
 //!   replicas, same algorithm and same burst ratio. A token bucket keeps its refill and
 //!   stretches its window by the replica count (so a fractional share refills correctly); its
 //!   capacity is `burst ÷ replicas`, at least 1. A window of fewer requests than replicas
-//!   allows one request per `replicas ÷ limit` windows. The buckets start full, are dropped
-//!   once the store answers again, and are keyed by replica count, so a change of the count
-//!   starts fresh ones.
+//!   allows one request per `replicas ÷ limit` windows. The buckets start full and are keyed
+//!   by the limit's key and the replica count only (a change of the count starts fresh ones),
+//!   so they are **kept across outages**: a store that fails, recovers and fails again every
+//!   half second (a Redis at `maxmemory` refusing scripts) finds each share as the last
+//!   outage left it, and the fallback admits at most one share per replica per refill period
+//!   (per window), however often the store flaps. They are dropped only once full again.
+//!   An op whose outcome is unknown (its call timed out: the script may have run and spent
+//!   the tokens) is refused, never taken from the share, with a retry of one probe interval.
 //! - `open`: admitted; `closed`: refused (retry after one probe interval);
 //! - `error`: the whole request fails with gRPC UNAVAILABLE, so Envoy's `failure_mode_deny`
 //!   decides (the behaviour before the fallback existed).
@@ -114,10 +119,7 @@ pub(super) struct Fallback {
     pub(super) mode: FallbackMode,
     local: MemoryStore,
     pub(super) replicas: Arc<Replicas>,
-    /// The store's recovery count when the local buckets were last valid: a new recovery
-    /// means the shared quota is back, so later outages start from fresh local buckets.
-    generation: AtomicU64,
-    /// What `closed` tells a client to wait (one probe interval).
+    /// What `closed` (and an unknown outcome) tells a client to wait (one probe interval).
     closed_retry_ms: u64,
 }
 
@@ -133,14 +135,20 @@ impl Fallback {
             mode,
             local: MemoryStore::with_max_keys(clock, max_keys),
             replicas,
-            generation: AtomicU64::new(0),
             closed_retry_ms,
         }
     }
 
-    /// The outcome of `op` under `mode`, or `None` for `error`. `recoveries` is the store's
-    /// count of closed circuits.
-    pub(super) fn decide(&self, op: &Op, mode: FallbackMode, recoveries: u64) -> Option<Outcome> {
+    /// The outcome of `op` under `mode`, or `None` for `error`. `unknown`: the store call may
+    /// have run (see [`crate::store::StoreError::outcome_unknown`]).
+    pub(super) fn decide(&self, op: &Op, mode: FallbackMode, unknown: bool) -> Option<Outcome> {
+        let refused = Outcome {
+            allowed: false,
+            remaining: 0,
+            reset_ms: self.closed_retry_ms,
+            retry_ms: Some(self.closed_retry_ms),
+            granted: 0,
+        };
         match mode {
             FallbackMode::Error => None,
             FallbackMode::Open => Some(Outcome {
@@ -150,23 +158,14 @@ impl Fallback {
                 retry_ms: Some(0),
                 granted: op.cost,
             }),
-            FallbackMode::Closed => Some(Outcome {
-                allowed: false,
-                remaining: 0,
-                reset_ms: self.closed_retry_ms,
-                retry_ms: Some(self.closed_retry_ms),
-                granted: 0,
-            }),
+            FallbackMode::Closed => Some(refused),
+            // Its tokens may be spent in the shared bucket already: admitting it from the
+            // share as well would count it twice.
+            FallbackMode::Local if unknown => Some(refused),
             FallbackMode::Local => {
-                self.generation.fetch_max(recoveries, Ordering::AcqRel);
                 let n = self.replicas.count();
-                let generation = self.generation.load(Ordering::Acquire);
                 // Always a take: a failed lease claim falls back for its request's cost.
-                let share = Op::take(
-                    format!("{}|n{n}|g{generation}", op.key),
-                    share(op.kind, n),
-                    op.cost,
-                );
+                let share = Op::take(format!("{}|n{n}", op.key), share(op.kind, n), op.cost);
                 Some(self.local.apply(&share))
             }
         }
@@ -267,9 +266,13 @@ mod tests {
             500,
             1_000,
         );
-        assert!(f.decide(&tb(1, 1), FallbackMode::Error, 0).is_none());
-        assert!(f.decide(&tb(1, 1), FallbackMode::Open, 0).unwrap().allowed);
-        let closed = f.decide(&tb(1, 1), FallbackMode::Closed, 0).unwrap();
+        assert!(f.decide(&tb(1, 1), FallbackMode::Error, false).is_none());
+        assert!(
+            f.decide(&tb(1, 1), FallbackMode::Open, false)
+                .unwrap()
+                .allowed
+        );
+        let closed = f.decide(&tb(1, 1), FallbackMode::Closed, false).unwrap();
         assert_eq!((closed.allowed, closed.retry_ms), (false, Some(500)));
 
         assert_eq!(replicas.source(), "floor");
@@ -277,15 +280,28 @@ mod tests {
         assert_eq!((replicas.count(), replicas.source()), (3, "membership"));
         let admitted = (0..20)
             .filter(|_| {
-                f.decide(&tb(30, 30), FallbackMode::Local, 0)
+                f.decide(&tb(30, 30), FallbackMode::Local, false)
                     .unwrap()
                     .allowed
             })
             .count();
         assert_eq!(admitted, 10, "30 across 3 replicas");
-        // The store recovered and failed again: fresh local buckets.
+        // The store recovered and failed again: the share is where the last outage left it
+        // (spent), not full again.
         assert!(
-            f.decide(&tb(30, 30), FallbackMode::Local, 1)
+            !f.decide(&tb(30, 30), FallbackMode::Local, false)
+                .unwrap()
+                .allowed
+        );
+        // A fresh key's share is full, but an op whose call timed out is refused from it.
+        let fresh = Op {
+            key: "fresh".into(),
+            ..tb(30, 30)
+        };
+        let unknown = f.decide(&fresh, FallbackMode::Local, true).unwrap();
+        assert_eq!((unknown.allowed, unknown.retry_ms), (false, Some(500)));
+        assert!(
+            f.decide(&fresh, FallbackMode::Local, false)
                 .unwrap()
                 .allowed
         );

@@ -278,7 +278,6 @@ impl Limiter {
     ) -> Result<(Vec<Outcome>, Vec<bool>), StoreError> {
         let mut outcomes = Vec::with_capacity(results.len());
         let mut from_fallback = Vec::with_capacity(results.len());
-        let recoveries = self.store.recoveries();
         for ((result, planned), op) in results.into_iter().zip(&plan.planned).zip(&plan.ops) {
             match result {
                 Ok(o) => {
@@ -301,7 +300,11 @@ impl Limiter {
                         }
                         _ => op,
                     };
-                    outcomes.push(self.fallback.decide(op, mode, recoveries).ok_or(e)?);
+                    outcomes.push(
+                        self.fallback
+                            .decide(op, mode, e.outcome_unknown())
+                            .ok_or(e)?,
+                    );
                     from_fallback.push(true);
                 }
             }

@@ -163,6 +163,14 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         self.kind.is_transient()
     }
+
+    /// Whether the op may have run although no answer came: a call that timed out was sent,
+    /// and Redis may have run its script (spent its tokens) after we stopped waiting. Such an
+    /// op must not be admitted as if nothing had been spent. Every other kind failed before
+    /// the script ran (refused connection, open circuit) or with the script's own refusal.
+    pub fn outcome_unknown(&self) -> bool {
+        self.kind == StoreErrorKind::Timeout
+    }
 }
 
 /// The configured store.
@@ -247,15 +255,6 @@ impl Store {
                 r.membership(key, replica, std::time::Duration::ZERO, true)
                     .await
             }
-        }
-    }
-
-    /// Counts circuit recoveries: it grows each time a node's breaker closes again, so the
-    /// limiter knows to drop its local fallback buckets and go back to the shared quota.
-    pub fn recoveries(&self) -> u64 {
-        match self {
-            Store::Memory(_) => 0,
-            Store::Redis(r) => r.recoveries(),
         }
     }
 

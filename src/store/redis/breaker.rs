@@ -1,26 +1,35 @@
 //! Circuit breakers, one per node: `store` for a standalone Redis, `host:port` of the primary
 //! for a Redis Cluster (so one node down affects only the keys in its slots).
 //!
-//! A breaker opens after `breaker_failures` consecutive failed or timed-out calls to its node,
+//! A breaker opens after `breaker_failures` consecutive failed calls to its node (a call
+//! fails when the node stayed silent for the timeout, or when every op of it got an error),
 //! or at once when the node refuses or drops the connection. While it is open no call is
 //! made: the node's ops fail at once with [`StoreErrorKind::CircuitOpen`] and the limiter
-//! answers them from its fallback, so no request waits `store_timeout_ms` during an outage. A
-//! probe task (every `breaker_probe_ms`) pings the node; when it answers, the breaker closes,
-//! [`Breakers::recoveries`] grows (the limiter then drops its local fallback buckets) and the
-//! shared quota resumes. Each transition is one log line, a count in
-//! `tollgate_breaker_transitions_total{node,to}` and the gauge `tollgate_fallback_active{node}`.
+//! answers them from its fallback, so no request waits `store_timeout_ms` during an outage.
+//!
+//! A probe task (every `breaker_probe_ms`) runs a real script on a key in the node's slots,
+//! not a `PING`: a Redis at `maxmemory` with `noeviction` answers `PING` while it refuses
+//! every script with `OOM`, and a breaker that closed on `PING` would reopen three calls
+//! later, every half second. The probe's key is routed by the current slot map, so a node
+//! that left the map (a failed-over primary, a pod that came back with another address) is
+//! forgotten rather than probed at its old address for ever. Each transition is one log
+//! line, a count in `tollgate_breaker_transitions_total{node,to}` and the gauge
+//! `tollgate_fallback_active{node}`.
+//!
+//! Each breaker also keeps when its node last replied to any call ([`Breakers::replied`]):
+//! the store's call timeout counts the node's silence, not one call's wait (see
+//! `RedisStore::call`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
-use super::connect::Conn;
 use super::pool::Pool;
-use crate::store::StoreErrorKind;
+use super::scripts;
+use crate::store::{Op, OpKind, StoreErrorKind};
 use crate::telemetry::{NodeLabels, StoreMetrics, TransitionLabels};
 
 /// The node name of a standalone Redis.
@@ -30,6 +39,8 @@ pub(super) const STANDALONE: &str = "store";
 struct Breaker {
     failures: AtomicU32,
     open: AtomicBool,
+    /// When the node last replied to a call, in µs since [`Breakers::epoch`] (0: never).
+    replied_us: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -40,7 +51,7 @@ pub(super) struct Breakers {
     /// `adding` (copy, insert, swap: it happens once per node).
     nodes: ArcSwap<HashMap<Arc<str>, Arc<Breaker>>>,
     adding: Mutex<()>,
-    recoveries: AtomicU64,
+    epoch: Instant,
     metrics: StoreMetrics,
 }
 
@@ -51,7 +62,7 @@ impl Breakers {
             probe_every,
             nodes: ArcSwap::from_pointee(HashMap::new()),
             adding: Mutex::new(()),
-            recoveries: AtomicU64::new(0),
+            epoch: Instant::now(),
             metrics,
         }
     }
@@ -68,6 +79,7 @@ impl Breakers {
         let b = Arc::new(Breaker {
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
+            replied_us: AtomicU64::new(0),
         });
         let mut next = (*current).clone();
         next.insert(node.clone(), b.clone());
@@ -81,6 +93,22 @@ impl Breakers {
 
     pub(super) fn succeeded(&self, node: &Arc<str>) {
         self.breaker(node).failures.store(0, Ordering::Release);
+    }
+
+    /// `node` replied to a call (any reply, an error reply included: the node is alive).
+    pub(super) fn replied(&self, node: &Arc<str>) {
+        let us = self.epoch.elapsed().as_micros() as u64;
+        self.breaker(node)
+            .replied_us
+            .fetch_max(us.max(1), Ordering::AcqRel);
+    }
+
+    /// When `node` last replied to a call; `None` before its first reply.
+    pub(super) fn last_reply(&self, node: &Arc<str>) -> Option<Instant> {
+        match self.breaker(node).replied_us.load(Ordering::Acquire) {
+            0 => None,
+            us => Some(self.epoch + Duration::from_micros(us)),
+        }
     }
 
     /// Notes a failed call to `node`; returns true when this failure opened its breaker (the
@@ -98,20 +126,36 @@ impl Breakers {
             %node,
             failures,
             error_kind = %kind,
-            "store circuit open: this node's requests go to the fallback until it answers a probe"
+            "store circuit open: this node's requests go to the fallback until a probe's script runs on it"
         );
         true
     }
 
-    /// Closes `node`'s breaker after a probe answered.
+    /// Closes `node`'s breaker after its probe's script ran.
     pub(super) fn close(&self, node: &Arc<str>) {
         let b = self.breaker(node);
         b.failures.store(0, Ordering::Release);
         if b.open.swap(false, Ordering::AcqRel) {
-            self.recoveries.fetch_add(1, Ordering::AcqRel);
             self.transition(node, "closed", 0);
-            tracing::info!(%node, "store circuit closed: back to the shared quota");
+            tracing::info!(%node, "store circuit closed: a script ran again; back to the shared quota");
         }
+    }
+
+    /// Drops `node`'s breaker: the slot map names it no more (its slots are served by another
+    /// node now), so it is neither probed nor reported as open.
+    pub(super) fn forget(&self, node: &Arc<str>) {
+        let _adding = self.adding.lock().unwrap_or_else(|p| p.into_inner());
+        let current = self.nodes.load_full();
+        let Some(b) = current.get(node) else {
+            return;
+        };
+        if b.open.load(Ordering::Acquire) {
+            self.transition(node, "closed", 0);
+            tracing::info!(%node, "store circuit closed: the node left the slot map, its slots are served by another node");
+        }
+        let mut next = (*current).clone();
+        next.remove(node);
+        self.nodes.store(Arc::new(next));
     }
 
     fn transition(&self, node: &Arc<str>, to: &'static str, active: i64) {
@@ -130,16 +174,13 @@ impl Breakers {
             .set(active);
     }
 
-    pub(super) fn recoveries(&self) -> u64 {
-        self.recoveries.load(Ordering::Acquire)
-    }
-
-    pub(super) fn open_nodes(&self) -> Vec<String> {
+    /// The open nodes among those `current` keeps (the slot map's nodes on a cluster).
+    pub(super) fn open_nodes(&self, current: impl Fn(&str) -> bool) -> Vec<String> {
         let mut open: Vec<String> = self
             .nodes
             .load()
             .iter()
-            .filter(|(_, b)| b.open.load(Ordering::Acquire))
+            .filter(|(n, b)| b.open.load(Ordering::Acquire) && current(n))
             .map(|(n, _)| n.to_string())
             .collect();
         open.sort();
@@ -147,38 +188,54 @@ impl Breakers {
     }
 }
 
-/// Whether `node` answers a PING (the probe of an open circuit): any held connection of a
-/// standalone Redis, the cluster primary at `host:port` (any node before the slot map is known).
-pub(super) async fn ping_node(pool: &Pool, node: &str) -> bool {
+/// What a probe found.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Probe {
+    /// The script ran: the node does real work again.
+    Ran,
+    /// No answer, or the script was refused (`OOM`, `READONLY`, …).
+    Failed,
+    /// The slot map names the node no more.
+    Gone,
+}
+
+/// Runs the token bucket script once on a key of `node` (a key whose slot the current map gives
+/// to `node`; any key on a standalone Redis), bounded by the connect timeout. The key is under
+/// `prefix` (so an ACL limited to tollgate's keys allows it) and holds one token for a second.
+pub(super) async fn probe(pool: &Pool, node: &str, prefix: &str) -> Probe {
+    let key = match pool.slots() {
+        None => format!("{prefix}probe"),
+        Some(slots) => match slots.key_on(node, &format!("{prefix}probe")) {
+            Some(key) => key,
+            None => return Probe::Gone,
+        },
+    };
     let Some(picked) = pool.pick() else {
-        return false;
+        return Probe::Failed;
     };
-    let routing = match node
-        .rsplit_once(':')
-        .and_then(|(h, p)| Some((h, p.parse().ok()?)))
-    {
-        Some((host, port)) if node != STANDALONE => {
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                host: host.to_string(),
-                port,
-            })
-        }
-        _ => RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-    };
-    let answered = tokio::time::timeout(pool.connect_timeout(), async {
-        match (*picked.conn).clone() {
-            Conn::Standalone(mut c) => redis::cmd("PING")
-                .query_async::<redis::Value>(&mut c)
-                .await
-                .map(|_| ()),
-            Conn::Cluster(mut c) => c
-                .route_command(redis::cmd("PING"), routing)
-                .await
-                .map(|_| ()),
+    let op = Op::take(
+        key,
+        OpKind::TokenBucket {
+            capacity: 1,
+            refill: 1,
+            window_ms: 1_000,
+        },
+        1,
+    );
+    let mut conn = (*picked.conn).clone();
+    let ran = tokio::time::timeout(pool.connect_timeout(), async {
+        match &mut conn {
+            super::connect::Conn::Standalone(c) => {
+                scripts::eval_ops(c, &[&op], &pool.scripts).await
+            }
+            super::connect::Conn::Cluster(c) => scripts::eval_ops(c, &[&op], &pool.scripts).await,
         }
     })
     .await;
-    matches!(answered, Ok(Ok(())))
+    match ran {
+        Ok(Ok(results)) if results.iter().all(|r| r.is_ok()) => Probe::Ran,
+        _ => Probe::Failed,
+    }
 }
 
 #[cfg(test)]
@@ -187,7 +244,7 @@ mod tests {
     use crate::telemetry::Metrics;
 
     #[test]
-    fn opens_after_consecutive_failures_or_a_refusal_and_closes_on_a_probe() {
+    fn opens_after_consecutive_failures_or_a_refusal_and_closes_on_a_probe_or_when_forgotten() {
         let metrics = Metrics::new();
         let b = Breakers::new(3, Duration::from_millis(500), metrics.store.clone());
         let node: Arc<str> = "a:1".into();
@@ -202,22 +259,31 @@ mod tests {
         );
         assert!(b.is_open(&node));
         assert!(!b.failed(&node, StoreErrorKind::Timeout), "opens once");
-        assert_eq!(b.open_nodes(), ["a:1"]);
+        assert_eq!(b.open_nodes(|_| true), ["a:1"]);
+        assert!(
+            b.open_nodes(|n| n != "a:1").is_empty(),
+            "not a current node"
+        );
         b.close(&node);
         assert!(!b.is_open(&node));
-        assert_eq!(b.recoveries(), 1);
         let other: Arc<str> = "b:2".into();
         assert!(
             b.failed(&other, StoreErrorKind::Connection),
             "a refusal opens at once"
         );
         assert!(!b.is_open(&node), "per node");
+        b.forget(&other);
+        assert!(!b.is_open(&other), "a forgotten node starts closed");
+        assert!(b.last_reply(&node).is_none());
+        b.replied(&node);
+        assert!(b.last_reply(&node).is_some_and(|t| t <= Instant::now()));
         let text = metrics.render();
         for expected in [
             r#"tollgate_breaker_transitions_total{node="a:1",to="open"} 1"#,
             r#"tollgate_breaker_transitions_total{node="a:1",to="closed"} 1"#,
             r#"tollgate_fallback_active{node="a:1"} 0"#,
-            r#"tollgate_fallback_active{node="b:2"} 1"#,
+            r#"tollgate_fallback_active{node="b:2"} 0"#,
+            r#"tollgate_breaker_transitions_total{node="b:2",to="closed"} 1"#,
         ] {
             assert!(text.contains(expected), "{expected} in {text}");
         }

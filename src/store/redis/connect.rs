@@ -79,7 +79,8 @@ impl ClusterSpec {
             .connection_timeout(self.connect_timeout)
             // Bounds the cluster client's internal work (slot refreshes, reconnects); each
             // request is bounded by our own, shorter timeout.
-            .response_timeout(self.response_timeout);
+            .response_timeout(self.response_timeout)
+            .tcp_settings(tcp_settings());
         if let Some(certs) = &self.certs {
             builder = builder.certs(certs.clone());
         }
@@ -473,10 +474,18 @@ fn standalone_client(
     info: &ConnectionInfo,
     certs: Option<&redis::TlsCertificates>,
 ) -> Result<redis::Client, RedisError> {
+    let info = info.clone().set_tcp_settings(tcp_settings());
     match certs {
-        Some(certs) => redis::Client::build_with_tls(info.clone(), certs.clone()),
-        None => redis::Client::open(info.clone()),
+        Some(certs) => redis::Client::build_with_tls(info, certs.clone()),
+        None => redis::Client::open(info),
     }
+}
+
+/// `TCP_NODELAY` on every store connection. The `redis` crate leaves Nagle's algorithm on: a
+/// small pipeline written while an earlier one is unacknowledged then waits for the delayed
+/// ACK (up to 40 ms on Linux), twice Envoy's whole 20 ms budget, on an idle healthy Redis.
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
 /// The password in `file` (a mounted Secret: one line; a trailing newline is not part of it).

@@ -20,11 +20,24 @@
 //! and [`RedisStore::apply_each`] returns one result per op, so the limiter can fall back for
 //! exactly the ops whose node failed.
 //!
-//! Each node's call is bounded by `store_timeout_ms` ([`StoreErrorKind::Timeout`]), so a slow or
-//! paused Redis never stalls a request past the timeout. A script that timed out on the client
-//! side may still run once Redis resumes (the command was already sent): its tokens are spent
-//! although the request was answered by the fallback. Failures are classified in [`errors`],
-//! counted in `tollgate_store_errors_total{kind}` and logged as an outage state ([`outage`]).
+//! # When a call gives up
+//!
+//! A call gives up ([`StoreErrorKind::Timeout`]) when its **node** has been silent for
+//! `store_timeout_ms`: no reply to any call since the call started (or since the node's last
+//! reply, when later), not counting time this process itself was too busy to run (measured as
+//! how late the call's timer fired). A call that waits behind others on a busy replica (a
+//! burst of hundreds of calls, a CPU-throttled pod) while Redis keeps answering is therefore
+//! never given up: it would only hand a decision whose tokens Redis spends anyway to the
+//! fallback. A paused or partitioned Redis answers nothing, so its calls give up after the
+//! timeout and the breaker opens. However busy the node, a call never waits past
+//! `max(store_connect_timeout_ms, store_timeout_ms)`.
+//!
+//! A call that gave up was sent, and Redis may run its script later: its outcome is unknown
+//! ([`StoreError::outcome_unknown`]) and the fallback never admits it from the local share.
+//! Each op is judged by its own reply (`scripts::OpResults`): one refused op neither fails the
+//! others nor hides the tokens they spent. Failures are classified in [`errors`], counted in
+//! `tollgate_store_errors_total{kind}` (one per failed op) and logged as an outage state
+//! ([`outage`]).
 //!
 //! # Files
 //!
@@ -33,7 +46,8 @@
 //! - [`scripts`]: the Lua sources, `EVALSHA` with the `NOSCRIPT` retry, reply parsing.
 //! - [`errors`]: Redis errors → [`StoreErrorKind`].
 //! - [`outage`]: one log line per outage state change, not per failed request.
-//! - [`breaker`]: one circuit breaker per node, and its probe.
+//! - [`breaker`]: one circuit breaker per node, its probe (a real script call) and when the node
+//!   last replied.
 //! - [`slots`]: the cluster's slot map, for per-node breakers.
 //! - `lua/membership.lua` ([`RedisStore::membership`]): the fleet's live replicas, a sorted set
 //!   of replica id → expiry on the Redis clock, under its own hash tag.
@@ -52,7 +66,8 @@ pub use scripts::{FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_WINDOW_LUA, ScriptCall, T
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use futures_util::future::{join_all, try_join_all};
+use futures_util::FutureExt;
+use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 
 use breaker::Breakers;
@@ -60,6 +75,7 @@ use connect::{Conn, Connector};
 use errors::CallError;
 use outage::OutageLog;
 use pool::Pool;
+use scripts::OpResults;
 
 use super::{Op, Outcome, StoreError, StoreErrorKind};
 use crate::settings::{Settings, redact_url};
@@ -74,12 +90,14 @@ pub struct RedisConfig {
     pub pool_size: usize,
     /// Bound on making one connection (TCP, AUTH/SELECT, script load) and on keeper pings.
     pub connect_timeout: Duration,
-    /// Bound on one `apply` call to one node, retries included.
+    /// How long a node may stay silent before a call to it gives up (see the module doc).
     pub timeout: Duration,
     /// Consecutive failed calls to a node that open its circuit.
     pub breaker_failures: u32,
     /// How often an open circuit's node is probed.
     pub breaker_probe: Duration,
+    /// The bucket keys' prefix: the probe's key is under it too (ACLs that name key patterns).
+    pub key_prefix: String,
     /// `rediss://`: the CA file (empty: the system roots), and the client certificate and key
     /// for mutual TLS (both or neither).
     pub tls_ca: String,
@@ -104,6 +122,7 @@ impl RedisConfig {
             timeout: Duration::from_millis(s.store_timeout_ms),
             breaker_failures: s.breaker_failures,
             breaker_probe: Duration::from_millis(s.breaker_probe_ms),
+            key_prefix: s.key_prefix.clone(),
             tls_ca: s.store_tls_ca.clone(),
             tls_cert: s.store_tls_cert.clone(),
             tls_key: s.store_tls_key.clone(),
@@ -122,7 +141,12 @@ pub const MEMBERSHIP_LUA: &str = include_str!("../../../lua/membership.lua");
 /// The Redis store (standalone or cluster). Cheap to share behind the limiter.
 pub struct RedisStore {
     pool: Arc<Pool>,
+    /// A node's silence that gives a call up.
     timeout: Duration,
+    /// The most any call waits, however busy its node: `max(connect timeout, timeout)`.
+    max_wait: Duration,
+    /// Where the breakers' probe keys live (the key prefix).
+    probe_prefix: Arc<str>,
     outage: OutageLog,
     /// Failures that will not heal by themselves (auth, script, protocol), logged apart.
     fatal: OutageLog,
@@ -170,6 +194,8 @@ impl RedisStore {
         Ok(RedisStore {
             pool,
             timeout: cfg.timeout,
+            max_wait: cfg.connect_timeout.max(cfg.timeout),
+            probe_prefix: cfg.key_prefix.as_str().into(),
             outage: OutageLog::new("store calls"),
             fatal: OutageLog::new(
                 "store calls with errors that will not heal by themselves (check credentials, ACLs, scripts, memory)",
@@ -186,8 +212,8 @@ impl RedisStore {
     }
 
     /// Applies `ops` and returns one result per op, in order (see the module doc for how the
-    /// ops travel). Each node's part is bounded by the store timeout; the parts of different
-    /// cluster nodes run concurrently.
+    /// ops travel). Each node's part gives up only when that node stays silent (see "When a
+    /// call gives up"); the parts of different cluster nodes run concurrently.
     pub async fn apply_each(&self, ops: &[Op]) -> Vec<Result<Outcome, StoreError>> {
         let Some(first) = ops.first() else {
             return Vec::new();
@@ -218,7 +244,7 @@ impl RedisStore {
                 Some(picked) => {
                     let group: Vec<&Op> = ops.iter().collect();
                     let mut conn = (*picked.conn).clone();
-                    let result = self.call(&mut conn, &group).await;
+                    let result = self.call(&node, &mut conn, &group).await;
                     self.judge(&picked, std::slice::from_ref(&result));
                     result
                 }
@@ -227,7 +253,7 @@ impl RedisStore {
             result
         };
         match result {
-            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+            Ok(results) => results,
             Err(e) => vec![Err(e); ops.len()],
         }
     }
@@ -263,10 +289,10 @@ impl RedisStore {
                     calls.iter().map(|_| Err(e.clone())).collect()
                 }
                 Some(picked) => {
-                    let results = join_all(calls.iter().map(|(_, at)| {
+                    let results = join_all(calls.iter().map(|(node, at)| {
                         let group: Vec<&Op> = at.iter().map(|&i| &ops[i]).collect();
                         let mut conn = (*picked.conn).clone();
-                        async move { self.call(&mut conn, &group).await }
+                        async move { self.call(node, &mut conn, &group).await }
                     }))
                     .await;
                     self.judge(&picked, &results);
@@ -276,9 +302,9 @@ impl RedisStore {
             for ((node, at), result) in calls.iter().zip(results) {
                 self.settle(node, &result);
                 match result {
-                    Ok(outcomes) => {
-                        for (&i, o) in at.iter().zip(outcomes) {
-                            out[i] = Some(Ok(o));
+                    Ok(results) => {
+                        for (&i, r) in at.iter().zip(results) {
+                            out[i] = Some(r);
                         }
                     }
                     Err(e) => {
@@ -302,9 +328,10 @@ impl RedisStore {
     }
 
     /// The connection itself is judged by its calls of one request: failed when all failed.
-    fn judge(&self, picked: &pool::Picked, results: &[Result<Vec<Outcome>, StoreError>]) {
-        match results.iter().find_map(|r| r.as_ref().err()) {
-            Some(e) if results.iter().all(|r| r.is_err()) => {
+    fn judge(&self, picked: &pool::Picked, results: &[Result<OpResults, StoreError>]) {
+        let failed: Vec<&StoreError> = results.iter().filter_map(call_error).collect();
+        match failed.first() {
+            Some(e) if failed.len() == results.len() => {
                 self.pool
                     .call_failed(picked, e.kind, errors::is_readonly(e))
             }
@@ -312,22 +339,32 @@ impl RedisStore {
         }
     }
 
-    /// One node's call, for its breaker, the error counter and the log.
-    fn settle(&self, node: &Arc<str>, result: &Result<Vec<Outcome>, StoreError>) {
+    /// One node's call, for its breaker, the error counter (one count per failed op) and the
+    /// log. The node failed when the call did or every op of it did.
+    fn settle(&self, node: &Arc<str>, result: &Result<OpResults, StoreError>) {
+        let count = |e: &StoreError| {
+            self.metrics
+                .errors
+                .get_or_create(&KindLabels {
+                    kind: e.kind.label(),
+                })
+                .inc();
+            if !e.is_transient() {
+                // Auth, OOM-like script errors, bad replies: these will not heal by
+                // themselves, so they get a line of their own (rate-limited).
+                self.fatal.record(&Err::<(), _>(e.clone()));
+            }
+        };
         match result {
-            Ok(_) => self.breakers.succeeded(node),
-            Err(e) => {
-                self.metrics
-                    .errors
-                    .get_or_create(&KindLabels {
-                        kind: e.kind.label(),
-                    })
-                    .inc();
-                if !e.is_transient() {
-                    // Auth, OOM-like script errors, bad replies: these will not heal by
-                    // themselves, so they get a line of their own (rate-limited).
-                    self.fatal.record(&Err::<(), _>(e.clone()));
-                }
+            Ok(results) => results
+                .iter()
+                .filter_map(|r| r.as_ref().err())
+                .for_each(count),
+            Err(e) => count(e),
+        }
+        match call_error(result) {
+            None => self.breakers.succeeded(node),
+            Some(e) => {
                 if self.breakers.failed(node, e.kind) {
                     self.start_probe(node.clone());
                 }
@@ -345,15 +382,67 @@ impl RedisStore {
         )
     }
 
-    /// One node's ops on `conn`, bounded by the store timeout.
-    async fn call(&self, conn: &mut Conn, ops: &[&Op]) -> Result<Vec<Outcome>, StoreError> {
-        match tokio::time::timeout(self.timeout, run(conn, ops, &self.pool.scripts)).await {
-            Ok(Ok(outcomes)) => Ok(outcomes),
-            Ok(Err(e)) => Err(e.into_store_error()),
-            Err(_) => Err(StoreError::new(
+    /// One node's ops on `conn`. Gives up only when `node` has been silent for the timeout
+    /// (see the module doc), or after `max_wait`.
+    async fn call(
+        &self,
+        node: &Arc<str>,
+        conn: &mut Conn,
+        ops: &[&Op],
+    ) -> Result<OpResults, StoreError> {
+        let started = Instant::now();
+        let hard = started + self.max_wait;
+        let run = run(conn, ops, &self.pool.scripts);
+        tokio::pin!(run);
+        // Time this process was too busy to look at the call: how late its timer fired, and
+        // how long it takes to get through the run queue once (a burst, CPU throttling). The
+        // node's replies may be waiting unread all that time, so it is not node silence.
+        let mut lag = Duration::ZERO;
+        let mut deadline = started + self.timeout;
+        let done = loop {
+            tokio::select! {
+                biased;
+                done = &mut run => break Some(done),
+                _ = tokio::time::sleep_until(deadline.into()) => {}
+            }
+            let fired = Instant::now();
+            lag += fired.saturating_duration_since(deadline);
+            // Each yield lets the runtime poll its I/O driver and run the tasks queued ahead of
+            // this one, the connection's reader among them, before the call is judged.
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            if let Some(done) = (&mut run).now_or_never() {
+                break Some(done);
+            }
+            let now = Instant::now();
+            lag += now - fired;
+            let heard = self
+                .breakers
+                .last_reply(node)
+                .map_or(started, |t| t.max(started));
+            let silent_until = heard + self.timeout + lag;
+            if now >= hard || now >= silent_until {
+                break None;
+            }
+            deadline = silent_until.min(hard);
+        };
+        match done {
+            Some(Ok(results)) => {
+                self.breakers.replied(node);
+                Ok(results)
+            }
+            Some(Err(e)) => {
+                let e = e.into_store_error();
+                if !e.is_transient() {
+                    // The node answered, with an error.
+                    self.breakers.replied(node);
+                }
+                Err(e)
+            }
+            None => Err(StoreError::new(
                 StoreErrorKind::Timeout,
                 format!(
-                    "no answer from Redis within {} ms",
+                    "no reply from Redis ({node}) to any call for {} ms",
                     self.timeout.as_millis()
                 ),
             )),
@@ -368,18 +457,27 @@ impl RedisStore {
         }
     }
 
-    /// Probes `node` every `breaker_probe_ms` until it answers (the circuit closes) or the
-    /// store is dropped.
+    /// Probes `node` every `breaker_probe_ms` until a script runs on it (the circuit closes),
+    /// the slot map names it no more (its breaker is forgotten) or the store is dropped.
     fn start_probe(&self, node: Arc<str>) {
         let pool: Weak<Pool> = Arc::downgrade(&self.pool);
         let breakers = self.breakers.clone();
+        let prefix = self.probe_prefix.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(breakers.probe_every).await;
                 let Some(pool) = pool.upgrade() else { return };
-                if breaker::ping_node(&pool, &node).await {
-                    breakers.close(&node);
-                    return;
+                match breaker::probe(&pool, &node, &prefix).await {
+                    breaker::Probe::Ran => {
+                        breakers.replied(&node);
+                        breakers.close(&node);
+                        return;
+                    }
+                    breaker::Probe::Gone => {
+                        breakers.forget(&node);
+                        return;
+                    }
+                    breaker::Probe::Failed => {}
                 }
             }
         });
@@ -418,14 +516,12 @@ impl RedisStore {
         }
     }
 
-    /// How many times a circuit has closed again (see [`breaker`]).
-    pub fn recoveries(&self) -> u64 {
-        self.breakers.recoveries()
-    }
-
-    /// The nodes whose circuit is open.
+    /// The nodes whose circuit is open (on a cluster, among those the slot map names now).
     pub fn open_circuits(&self) -> Vec<String> {
-        self.breakers.open_nodes()
+        match self.pool.slots() {
+            Some(slots) => self.breakers.open_nodes(|n| slots.has_node(n)),
+            None => self.breakers.open_nodes(|_| true),
+        }
     }
 
     /// `redis` or `redis-cluster`.
@@ -458,6 +554,18 @@ impl Drop for RedisStore {
     }
 }
 
+/// The error that fails a node's call as a whole: the call's own, or the first op's when every
+/// op failed.
+fn call_error(result: &Result<OpResults, StoreError>) -> Option<&StoreError> {
+    match result {
+        Err(e) => Some(e),
+        Ok(results) if !results.is_empty() && results.iter().all(|r| r.is_err()) => {
+            results.first().and_then(|r| r.as_ref().err())
+        }
+        Ok(_) => None,
+    }
+}
+
 fn circuit_open(node: &str) -> StoreError {
     StoreError::new(
         StoreErrorKind::CircuitOpen,
@@ -466,12 +574,13 @@ fn circuit_open(node: &str) -> StoreError {
 }
 
 /// Runs `ops` on `conn`: one pipeline (standalone) or one pipeline per hash slot, concurrently
-/// (cluster). Outcomes come back in the order of `ops`.
+/// (cluster). Results come back in the order of `ops`; a slot's pipeline that failed fails its
+/// own ops only.
 async fn run(
     conn: &mut Conn,
     ops: &[&Op],
     scripts: &scripts::Scripts,
-) -> Result<Vec<Outcome>, CallError> {
+) -> Result<OpResults, CallError> {
     let c = match conn {
         Conn::Standalone(c) => return scripts::eval_ops(c, ops, scripts).await,
         Conn::Cluster(c) => c,
@@ -500,16 +609,41 @@ async fn run(
         let mut c = c.clone();
         async move { scripts::eval_ops(&mut c, group, scripts).await }
     });
-    let results = try_join_all(calls).await?;
-    let mut out: Vec<Option<Outcome>> = vec![None; ops.len()];
-    for ((_, _, at), outcomes) in groups.iter().zip(results) {
-        for (&i, o) in at.iter().zip(outcomes) {
-            out[i] = Some(o);
+    let mut results = join_all(calls).await;
+    if !results.is_empty()
+        && results.iter().all(Result::is_err)
+        && let Err(e) = results.swap_remove(0)
+    {
+        // No slot's pipeline answered: the call failed as a whole (a lost node, say).
+        return Err(e);
+    }
+    let mut out: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops.len()];
+    for ((_, _, at), result) in groups.iter().zip(results) {
+        match result {
+            Ok(outcomes) => {
+                for (&i, o) in at.iter().zip(outcomes) {
+                    out[i] = Some(o);
+                }
+            }
+            Err(e) => {
+                let e = e.into_store_error();
+                for &i in at {
+                    out[i] = Some(Err(e.clone()));
+                }
+            }
         }
     }
-    out.into_iter()
-        .map(|o| o.ok_or_else(|| CallError::Reply("an op got no answer".into())))
-        .collect()
+    Ok(out
+        .into_iter()
+        .map(|o| {
+            o.unwrap_or_else(|| {
+                Err(StoreError::new(
+                    StoreErrorKind::Protocol,
+                    "an op got no answer",
+                ))
+            })
+        })
+        .collect())
 }
 
 #[cfg(test)]

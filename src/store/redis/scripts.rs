@@ -14,7 +14,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind, Value};
 
 use super::errors::CallError;
-use crate::store::{Action, Op, OpKind, Outcome};
+use crate::store::{Action, Op, OpKind, Outcome, StoreError};
 
 /// `lua/token_bucket.lua`, compiled into the binary.
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
@@ -159,34 +159,40 @@ impl Scripts {
     }
 }
 
+/// One result per op of a call: each op is judged by its own reply, so one op's error (an
+/// `OOM`, a bad reply) neither hides the others' outcomes (tokens they spent, leases they were
+/// granted) nor fails them.
+pub(super) type OpResults = Vec<Result<Outcome, StoreError>>;
+
 /// Runs `ops` as one pipeline of `EVALSHA`s on one connection; retries the ops that got
-/// `NOSCRIPT`, and only those, once with `EVAL` (which caches the script again).
+/// `NOSCRIPT`, and only those, once with `EVAL` (which caches the script again). `Err` only
+/// when the pipeline itself failed (the connection, a reply count that does not match).
 pub(super) async fn eval_ops<C: ConnectionLike>(
     conn: &mut C,
     ops: &[&Op],
     scripts: &Scripts,
-) -> Result<Vec<Outcome>, CallError> {
+) -> Result<OpResults, CallError> {
     let replies = pipeline(conn, ops.iter().copied(), |call| {
         Script::Sha(scripts.sha(call))
     })
     .await?;
-    // A `NOSCRIPT` op keeps a placeholder until its retry answers (or fails the call).
-    let mut out: Vec<Outcome> = Vec::with_capacity(ops.len());
+    // A `NOSCRIPT` op keeps a placeholder until its retry answers.
+    let mut out: OpResults = Vec::with_capacity(ops.len());
     let mut missing: Vec<usize> = Vec::new();
     for (i, (reply, op)) in replies.into_iter().zip(ops).enumerate() {
         match reply {
             Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript) => {
                 missing.push(i);
-                out.push(Outcome::default());
+                out.push(Ok(Outcome::default()));
             }
-            reply => out.push(parse_outcome(reply, op)?),
+            reply => out.push(parse_outcome(reply, op).map_err(CallError::into_store_error)),
         }
     }
     if !missing.is_empty() {
         let retry = missing.iter().map(|&i| ops[i]);
         let replies = pipeline(conn, retry, |call| Script::Source(call.source())).await?;
         for (i, reply) in missing.into_iter().zip(replies) {
-            out[i] = parse_outcome(reply, ops[i])?;
+            out[i] = parse_outcome(reply, ops[i]).map_err(CallError::into_store_error);
         }
     }
     Ok(out)

@@ -42,6 +42,26 @@ impl SlotMap {
         }
     }
 
+    /// Whether the map names `node` (before the first refresh: only `cluster`).
+    pub(super) fn has_node(&self, node: &str) -> bool {
+        let ranges = self.ranges.load();
+        if ranges.is_empty() {
+            return *self.unknown == *node;
+        }
+        ranges.iter().any(|(_, _, n)| **n == *node)
+    }
+
+    /// A key `{base}{{i}}` that `node` holds (for its breaker's probe); `None` when the map
+    /// does not name `node`. A node holds about 1 / nodes of the slots, so a few tries find one.
+    pub(super) fn key_on(&self, node: &str, base: &str) -> Option<String> {
+        if !self.has_node(node) {
+            return None;
+        }
+        (0..=u16::MAX)
+            .map(|i| format!("{base}{{{i}}}"))
+            .find(|key| *self.node_of(key) == *node)
+    }
+
     /// Refreshes the map from `CLUSTER SLOTS` of any node, bounded by the connect timeout; on
     /// a failure or a reply of another shape the last map stays.
     pub(super) async fn refresh(&self, pool: &Pool) {
@@ -175,5 +195,12 @@ mod tests {
             "10.0.0.2:7001",
             "a bad reply changes nothing"
         );
+        // A probe key for each node, and none for a node the map does not name.
+        for n in ["10.0.0.1:7000", "10.0.0.2:7001"] {
+            let key = map.key_on(n, "p:probe").expect("a key");
+            assert_eq!(&*map.node_of(&key), n, "{key}");
+        }
+        assert!(map.has_node("10.0.0.1:7000") && !map.has_node("cluster"));
+        assert_eq!(map.key_on("10.0.0.3:7002", "p:probe"), None);
     }
 }

@@ -1,0 +1,135 @@
+//! A burst on a healthy Redis, at the default settings: 300 calls at once for one key with a
+//! limit of 100/hour admit exactly 100, through one replica and through three, on a standalone
+//! Redis and on a 3-primary cluster; the fallback decides nothing and the log has no outage
+//! line.
+//!
+//! This is the case a fixed per-call timeout got wrong: under a burst, calls queue in
+//! tollgate's own connections (this 2-core machine, a debug build, three replicas and the load
+//! generator share the cores, as a CPU-throttled pod would), a few passed `store_timeout_ms`,
+//! and the fallback admitted them from a full local share while Redis ran their scripts anyway.
+//! The store now gives a call up only when its node has been silent for the timeout
+//! (`store/redis/mod.rs`), and a call that gave up is never admitted from the local share.
+
+mod common;
+
+use common::load::fallback_decisions;
+use common::redis::{TestCluster, TestRedis, unique_prefix};
+use common::{InProcess, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const LIMIT: usize = 100;
+const CALLS: usize = 300;
+const RULES: &str = "domain: burst\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+/// gRPC connections per replica the 300 calls are spread over (HTTP/2 streams on each).
+const CHANNELS: usize = 4;
+
+/// One test at a time in this process, its store's start included: two at once would
+/// measure each other.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Starts `replicas` tollgates at the default settings on `store`, sends them 300 concurrent
+/// calls for one tenant, and checks: exactly 100 admitted, no fallback decision, no outage line.
+async fn burst(store: &str, replicas: usize) {
+    let prefix = unique_prefix("burst");
+    let servers: Vec<InProcess> = (0..replicas)
+        .map(|_| {
+            InProcess::start(RULES, |s| {
+                s.store = store.to_string();
+                s.key_prefix = prefix.clone();
+            })
+        })
+        .collect();
+    let mut clients = Vec::new();
+    for server in &servers {
+        for _ in 0..CHANNELS {
+            let mut client = server.client().await;
+            // A first call on each connection, for another tenant: a replica in service has
+            // its connections up.
+            client
+                .should_rate_limit(request("burst", &[&[("tenant", "warm")]]))
+                .await
+                .expect("answered");
+            clients.push(client);
+        }
+    }
+
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CALLS));
+    let calls: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let mut client = clients[i % clients.len()].clone();
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                let r = client
+                    .should_rate_limit(request("burst", &[&[("tenant", "hot")]]))
+                    .await
+                    .expect("answered");
+                r.get_ref().overall_code == Code::Ok as i32
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for call in calls {
+        admitted += usize::from(call.await.unwrap());
+    }
+
+    let logs: Vec<String> = servers.iter().map(InProcess::log).collect();
+    let fallback: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
+    let outage_lines: Vec<&str> = logs
+        .iter()
+        .flat_map(|l| l.lines())
+        .filter(|l| {
+            l.contains("WARN") || l.contains("circuit open") || l.contains("store calls failing")
+        })
+        .collect();
+    assert_eq!(
+        admitted, LIMIT,
+        "{CALLS} concurrent calls through {replicas} replica(s) on {store}; fallback decisions: {fallback}; outage lines: {outage_lines:#?}"
+    );
+    assert_eq!(fallback, 0.0, "the fallback decided on a healthy store");
+    assert!(
+        outage_lines.is_empty(),
+        "outage lines on a healthy store: {outage_lines:#?}"
+    );
+    // The shared bucket is spent: one more call anywhere is refused.
+    let mut client = servers[0].client().await;
+    let r = client
+        .should_rate_limit(request("burst", &[&[("tenant", "hot")]]))
+        .await
+        .expect("answered");
+    assert_eq!(r.get_ref().overall_code, Code::OverLimit as i32);
+}
+
+/// The test's own runtime has one worker: the servers run on their own runtimes, and the
+/// 300 client tasks must not take both cores from them more than a load generator would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_burst_through_one_replica_on_redis_admits_exactly_the_limit() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = TestRedis::start();
+    burst(&redis.url(), 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_burst_through_three_replicas_on_redis_admits_exactly_the_limit() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = TestRedis::start();
+    burst(&redis.url(), 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_burst_through_one_replica_on_a_cluster_admits_exactly_the_limit() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let cluster = tokio::task::spawn_blocking(TestCluster::shared)
+        .await
+        .unwrap();
+    burst(&cluster.url(), 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_burst_through_three_replicas_on_a_cluster_admits_exactly_the_limit() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let cluster = tokio::task::spawn_blocking(TestCluster::shared)
+        .await
+        .unwrap();
+    burst(&cluster.url(), 3).await;
+}

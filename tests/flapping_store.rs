@@ -1,0 +1,154 @@
+//! A store that flaps: a Redis at `maxmemory` with `noeviction` refuses every script with
+//! `OOM` while it still answers `PING`. A breaker that closed on a `PING` reopened three calls
+//! later, every `breaker_probe_ms`, and each close started every key's local share full again:
+//! for an hourly quota, the whole quota every half second. Here three replicas hammer one key
+//! of 100/hour for 10 s against such a Redis: the fallback admits at most one local share per
+//! replica in all (100 ÷ 3 = 33 each), and once Redis takes writes again each replica is back
+//! on the shared quota within seconds, exact.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::inproc::InProcess;
+use common::load::fallback_decisions;
+use common::redis::{TestRedis, unique_prefix};
+use common::{get, poll, poll_async, readyz, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const LIMIT: usize = 100;
+const REPLICAS: usize = 3;
+const RULES: &str = "domain: flap\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+
+fn fallback_active(server: &InProcess) -> Option<f64> {
+    get(server.admin, "/metrics")
+        .1
+        .lines()
+        .find(|l| l.starts_with(r#"tollgate_fallback_active{node="store"}"#))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// `per_replica` requests for `tenant` through each server, 4 at a time each; how many were
+/// admitted.
+async fn admitted(servers: &[InProcess], tenant: &str, per_replica: usize) -> usize {
+    let mut tasks = Vec::new();
+    for server in servers {
+        for _ in 0..4 {
+            let mut client = server.client().await;
+            let tenant = tenant.to_string();
+            tasks.push(tokio::spawn(async move {
+                let mut ok = 0;
+                for _ in 0..per_replica / 4 {
+                    let r = client
+                        .should_rate_limit(request("flap", &[&[("tenant", &tenant)]]))
+                        .await
+                        .expect("answered");
+                    ok += usize::from(r.get_ref().overall_code == Code::Ok as i32);
+                }
+                ok
+            }));
+        }
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_refusing_writes_while_it_answers_ping_admits_one_local_share_per_replica() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("flap");
+    let servers: Vec<InProcess> = (0..REPLICAS)
+        .map(|_| {
+            InProcess::start(RULES, |s| {
+                s.store = redis.url();
+                s.key_prefix = prefix.clone();
+                // Only so the three learn of each other quickly; the rest is the defaults.
+                s.membership_interval_ms = 200;
+            })
+        })
+        .collect();
+    for s in &servers {
+        let seen = poll(Duration::from_secs(10), || {
+            (readyz(s.admin).1["fallback"]["replicas"] == REPLICAS as u64).then_some(())
+        });
+        assert!(seen.is_some(), "replicas: {}", readyz(s.admin).1);
+    }
+
+    // Writes refused with OOM; PING still answers.
+    redis.cmd::<()>(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis.cmd::<()>(&["CONFIG", "SET", "maxmemory", "1"]);
+    assert_eq!(redis.cmd::<String>(&["PING"]), "PONG");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut load = Vec::new();
+    for server in &servers {
+        for _ in 0..2 {
+            let mut client = server.client().await;
+            let (stop, ok, sent) = (stop.clone(), ok.clone(), sent.clone());
+            load.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let r = client
+                        .should_rate_limit(request("flap", &[&[("tenant", "hot")]]))
+                        .await
+                        .expect("every request answered");
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    if r.get_ref().overall_code == Code::Ok as i32 {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    let (ok, sent) = (ok.load(Ordering::Relaxed), sent.load(Ordering::Relaxed));
+    let logs = servers
+        .iter()
+        .map(|s| s.log())
+        .collect::<Vec<_>>()
+        .join("\n----\n");
+    eprintln!("{ok} of {sent} admitted in 10 s of OOM");
+    // Three shares of 33: the fallback's bound, however often a probe ran.
+    assert!(
+        ok <= LIMIT,
+        "{ok} of {sent} admitted for a limit of {LIMIT}:\n{logs}"
+    );
+    assert!(
+        ok >= REPLICAS * (LIMIT / REPLICAS) - 3,
+        "the local shares were not used: {ok} of {sent}:\n{logs}"
+    );
+    assert!(
+        !logs.contains("circuit closed"),
+        "a circuit closed while every script was refused:\n{logs}"
+    );
+
+    // Writes accepted again: each replica's probe runs a script and closes its circuit.
+    redis.cmd::<()>(&["CONFIG", "SET", "maxmemory", "0"]);
+    let recovered = Instant::now();
+    for s in &servers {
+        let closed = poll_async(Duration::from_secs(5), || async {
+            (fallback_active(s) == Some(0.0)).then_some(())
+        })
+        .await;
+        assert!(closed.is_some(), "circuit still open:\n{}", s.log());
+    }
+    eprintln!(
+        "every circuit closed {:?} after OOM ended",
+        recovered.elapsed()
+    );
+    let before: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
+    assert_eq!(admitted(&servers, "after", 100).await, LIMIT);
+    let after: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
+    assert_eq!(after, before, "the fallback decided after the recovery");
+}
