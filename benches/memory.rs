@@ -112,7 +112,7 @@ fn mib(bytes: u64) -> f64 {
 }
 
 /// The key of bucket `i`: half per-tenant, half per-client-address, as `limiter` builds them
-/// (41–49 bytes, e.g. `tg:{edge|tenant=tenant-0000042|tb:60000:0}`).
+/// (41–49 bytes, e.g. `tg:{edge|tenant=tenant-0000042|tb:60000:100}`).
 fn key(i: u64, minute: &Rate, second: &Rate) -> String {
     if i.is_multiple_of(2) {
         let tenant = format!("tenant-{i:07}");

@@ -2,11 +2,14 @@
 //!
 //! `<prefix>{<domain>|<k1>=<v1>|<k2>=<v2>…|<limit id>}` — everything that identifies one
 //! bucket sits inside one Redis Cluster hash tag (`{…}`), so all of a bucket's state lives in
-//! one slot and a Lua script never fails with CROSSSLOT. The limit id names the algorithm, the
-//! window in milliseconds and the limit's index on its descriptor, so changing an algorithm or
-//! a window starts a fresh bucket instead of misreading the old one, and several limits on one
-//! key never share state. Shard `i` of a hot key adds `|#i` inside the tag, spreading shards
-//! over the cluster.
+//! one slot and a Lua script never fails with CROSSSLOT. The limit id names the limit by what
+//! it is (`Rate::numbers`): `<algorithm>:<window ms>:<requests_per_unit>`, then `b<burst>` for
+//! a token bucket whose burst is not its `requests_per_unit`, and `:<n>` for the n-th
+//! (from 0) of several limits with the same numbers on one descriptor. So a rules edit that
+//! changes a limit's numbers starts it on a fresh bucket instead of misreading the old one,
+//! one that inserts, removes or reorders other limits keeps every unchanged limit's bucket,
+//! and several limits on one key never share state. Shard `i` of a hot key adds `|#i` inside
+//! the tag, spreading shards over the cluster.
 //!
 //! Domain, keys and values are percent-escaped (`%`, `{`, `}`, `|`, `=`, `#` and control
 //! bytes), so no value can close the tag, add a field or make two different descriptors
@@ -28,7 +31,8 @@ pub const OVERRIDE_INDEX: usize = usize::MAX;
 /// Builds the store key of one bucket.
 ///
 /// `entries` are the descriptor's (key, value) pairs, with shared (`share_threshold`) values
-/// already replaced by their pattern; `index` is the limit's position on its descriptor.
+/// already replaced by their pattern; `index` counts the limits before this one on its
+/// descriptor with the same numbers (`Limit::index`, almost always 0).
 ///
 /// `shard`: `Some(i)` names sub-bucket `i` of a limit declared with `shards:`
 /// (`limiter/shard.rs`), inside the tag so shards spread over the cluster's slots.
@@ -55,7 +59,15 @@ pub fn bucket_key<'a>(
     if index == OVERRIDE_INDEX {
         let _ = write!(key, "|{tag}:{window}:ov{}", rate.requests_per_unit);
     } else {
-        let _ = write!(key, "|{tag}:{window}:{index}");
+        let _ = write!(key, "|{tag}:{window}:{}", rate.requests_per_unit);
+        if let (_, _, rpu, Some(burst)) = rate.numbers()
+            && burst != u64::from(rpu)
+        {
+            let _ = write!(key, "b{burst}");
+        }
+        if index > 0 {
+            let _ = write!(key, ":{index}");
+        }
     }
     if let Some(i) = shard {
         let _ = write!(key, "|#{i}");
@@ -157,7 +169,7 @@ mod tests {
     fn layout_is_prefix_then_one_tag() {
         assert_eq!(
             key(&[("tenant", "acme")]),
-            "tg:{dom|tenant=acme|tb:60000:0}"
+            "tg:{dom|tenant=acme|tb:60000:10}"
         );
         let fw = bucket_key(
             "",
@@ -167,7 +179,10 @@ mod tests {
             2,
             Some(3),
         );
-        assert_eq!(fw, "{d|k=v|fw:60000:2|#3}");
+        assert_eq!(
+            fw, "{d|k=v|fw:60000:10:2|#3}",
+            "the third with these numbers"
+        );
         let sw = bucket_key(
             "",
             "d",
@@ -176,7 +191,51 @@ mod tests {
             0,
             None,
         );
-        assert_eq!(sw, "{d|k=v|sw:60000:0}");
+        assert_eq!(sw, "{d|k=v|sw:60000:10}");
+    }
+
+    #[test]
+    fn a_limit_is_named_by_its_numbers() {
+        let r = rate(Algorithm::TokenBucket);
+        let k = |r: &Rate, index| bucket_key("", "d", [("k", "v")], r, index, None);
+        let base = k(&r, 0);
+        assert_ne!(base, k(&r, 1), "two limits with the same numbers");
+        for changed in [
+            Rate {
+                requests_per_unit: 11,
+                ..r
+            },
+            Rate { burst: 20, ..r },
+            Rate {
+                burst: 20,
+                algorithm: Algorithm::FixedWindow,
+                ..r
+            },
+            Rate {
+                unit_multiplier: 2,
+                ..r
+            },
+            Rate {
+                algorithm: Algorithm::FixedWindow,
+                ..r
+            },
+        ] {
+            assert_ne!(base, k(&changed, 0), "{changed:?} starts a fresh bucket");
+        }
+        assert_eq!(
+            k(&Rate { burst: 20, ..r }, 0),
+            "{d|k=v|tb:60000:10b20}",
+            "a token bucket's own burst"
+        );
+        let fw = Rate {
+            algorithm: Algorithm::FixedWindow,
+            ..r
+        };
+        assert_eq!(
+            k(&fw, 0),
+            k(&Rate { burst: 20, ..fw }, 0),
+            "a window has no burst"
+        );
     }
 
     #[test]
@@ -199,7 +258,7 @@ mod tests {
     #[test]
     fn separators_and_braces_cannot_break_the_tag() {
         let k = key(&[("a", "x}y{z|w=v#%\n")]);
-        assert_eq!(k, "tg:{dom|a=x%7Dy%7Bz%7Cw%3Dv%23%25%0A|tb:60000:0}");
+        assert_eq!(k, "tg:{dom|a=x%7Dy%7Bz%7Cw%3Dv%23%25%0A|tb:60000:10}");
         assert_eq!(k.matches('{').count(), 1);
         assert_eq!(k.matches('}').count(), 1);
     }

@@ -256,7 +256,7 @@ mod tests {
         assert_eq!(p.planned.iter().map(|x| x.desc).collect::<Vec<_>>(), [0, 0]);
         assert_ne!(p.ops[0].key, p.ops[1].key);
         assert!(p.ops.iter().all(|op| op.cost == 0), "descriptor cost wins");
-        assert!(p.ops[0].key.starts_with("t:{edge|both=x|tb:1000:0"));
+        assert!(p.ops[0].key.starts_with("t:{edge|both=x|tb:1000:5}"));
 
         let p = plan(
             domain,

@@ -184,8 +184,10 @@ pub struct Limit {
     /// The metrics label for this limit: `class`, else `name`, else the key path. An `Arc`
     /// so each decision's metric labels share it instead of copying it.
     pub class: Arc<str>,
-    /// Position in its descriptor's `rate_limits` list (0 for a single `rate_limit`); part
-    /// of the store key so several limits on one key keep separate buckets.
+    /// How many limits before this one on its descriptor have the same numbers (algorithm,
+    /// window, `requests_per_unit`, `burst`): 0 for nearly every limit. The store key names a
+    /// limit by its numbers and this count, not by its position, so a rules edit that
+    /// inserts, removes or reorders other limits keeps this one's bucket.
     pub index: usize,
     pub origin: Origin,
 }
@@ -213,6 +215,19 @@ pub struct Rate {
 impl Rate {
     pub fn window_ms(&self) -> u64 {
         self.unit.seconds() * 1000 * u64::from(self.unit_multiplier)
+    }
+
+    /// The numbers that make a limit what it is (its store key names it by them, so a rules
+    /// edit that keeps them keeps its bucket): the algorithm, the window, `requests_per_unit`
+    /// and, for a token bucket, `burst` (the windows have none).
+    pub fn numbers(&self) -> (Algorithm, u64, u32, Option<u64>) {
+        let burst = (self.algorithm == Algorithm::TokenBucket).then_some(self.burst);
+        (
+            self.algorithm,
+            self.window_ms(),
+            self.requests_per_unit,
+            burst,
+        )
     }
 }
 

@@ -50,8 +50,8 @@ impl FileWalk<'_> {
                 ok = false;
             }
             (Some(n), None) => {
-                match self.limit(n, &join(path, "rate_limit"), 0, inherited, key_path) {
-                    Some(l) => limits.push(Arc::new(l)),
+                match self.limit(n, &join(path, "rate_limit"), inherited, key_path) {
+                    Some(l) => limits.push(l),
                     None => ok = false,
                 }
             }
@@ -60,22 +60,22 @@ impl FileWalk<'_> {
                 let items = yaml::seq(self.problems, n, &field).unwrap_or(&[]);
                 for (i, item) in items.iter().enumerate() {
                     let item_path = format!("{field}[{i}]");
-                    match self.limit(item, &item_path, i, inherited, key_path) {
-                        Some(l) => limits.push(Arc::new(l)),
+                    match self.limit(item, &item_path, inherited, key_path) {
+                        Some(l) => limits.push(l),
                         None => ok = false,
                     }
                 }
             }
             (None, None) => {}
         }
-        ok.then_some(limits)
+        number_identical(&mut limits);
+        ok.then(|| limits.into_iter().map(Arc::new).collect())
     }
 
     fn limit(
         &mut self,
         node: &Node,
         path: &str,
-        index: usize,
         inherited: Inherited,
         key_path: &str,
     ) -> Option<Limit> {
@@ -170,7 +170,8 @@ impl FileWalk<'_> {
             fallback,
             shards,
             lease,
-            index,
+            // Set once the descriptor's limits are all read (`number_identical`).
+            index: 0,
             origin: self.origin(node.pos),
         })
     }
@@ -407,6 +408,22 @@ impl AtLeastOne {
     }
 }
 
+/// Numbers the limits of one descriptor that have the same numbers ([`Rate::numbers`]): the
+/// store key names a limit by its numbers
+/// (`keys::bucket_key`), so inserting, removing or reordering other limits and reloading
+/// keeps each limit's bucket, and only limits identical in every number need their order to
+/// tell them apart (the second of two gets `index` 1).
+fn number_identical(limits: &mut [Limit]) {
+    for i in 0..limits.len() {
+        let Some(rate) = limits[i].rate else { continue };
+        let before = limits[..i]
+            .iter()
+            .filter(|l| l.rate.is_some_and(|r| r.numbers() == rate.numbers()))
+            .count();
+        limits[i].index = before;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -429,7 +446,8 @@ mod tests {
         );
         assert_eq!(
             (b.window_ms(), b.algorithm, k.limits[1].index),
-            (300_000, Algorithm::FixedWindow, 1)
+            (300_000, Algorithm::FixedWindow, 0),
+            "the first limit with these numbers"
         );
         let c = k.limits[2].rate.unwrap();
         assert_eq!(
