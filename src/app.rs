@@ -177,6 +177,7 @@ async fn serve_loaded(
                 shared_store,
                 lease_max_batch: settings.lease_max_batch,
                 lease_ttl_ms: settings.lease_ttl_ms,
+                lease_max_keys: settings.lease_max_keys,
                 over_limit_cache_max_keys: settings.over_limit_cache_max_keys,
                 shard_retry: settings.shard_retry,
                 // A claim is one store call; waiting a little longer covers its scheduling.
@@ -244,6 +245,7 @@ async fn serve_loaded(
                     _ = tick.tick() => {}
                 }
                 handler.limiter.maintain();
+                handler.limiter.return_ended_leases().await;
             }
         });
     }

@@ -143,7 +143,9 @@ settings! {
     lease_max_batch: u64 = 0,
         "most tokens one claim leases for a key, spent from memory until used or expired (0: leasing off; Redis store only)";
     lease_ttl_ms: u64 = 1_000,
-        "how long leased tokens stay spendable before they are dropped";
+        "how long leased tokens stay spendable; what is left then is given back to the bucket";
+    lease_max_keys: usize = 100_000,
+        "leases held at most per replica; past it a new key is not leased (its requests go to the store)";
     detailed_metric_max_series: usize = 1_000,
         "series per detailed_metric limit (its values are caller input); past it, new values count as <class>.(overflow)";
     memory_max_keys: usize = 500_000,
@@ -488,6 +490,7 @@ impl Settings {
             ("membership_interval_ms", self.membership_interval_ms),
             ("fallback_min_replicas", self.fallback_min_replicas),
             ("lease_ttl_ms", self.lease_ttl_ms),
+            ("lease_max_keys", self.lease_max_keys as u64),
         ] {
             if v == 0 {
                 return bad(key, "must be at least 1");

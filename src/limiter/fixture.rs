@@ -127,7 +127,7 @@ impl Fixture {
 }
 
 /// Runs a future to completion on a fresh current-thread runtime.
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
+pub(super) fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap()

@@ -44,6 +44,8 @@ pub struct HotKeyConfig {
     /// `lease_max_batch` / `lease_ttl_ms`: the defaults of every limit's lease.
     pub lease_max_batch: u64,
     pub lease_ttl_ms: u64,
+    /// `lease_max_keys`: most leases held at once (past it a new key is not leased).
+    pub lease_max_keys: usize,
     /// `over_limit_cache_max_keys` (0: off).
     pub over_limit_cache_max_keys: usize,
     pub shard_retry: bool,
@@ -58,6 +60,7 @@ impl Default for HotKeyConfig {
             shared_store: false,
             lease_max_batch: 0,
             lease_ttl_ms: 1_000,
+            lease_max_keys: 100_000,
             over_limit_cache_max_keys: 10_000,
             shard_retry: true,
             claim_wait_ms: 50,
@@ -107,7 +110,7 @@ impl HotKeys {
         HotKeys {
             cache: (shared && config.over_limit_cache_max_keys > 0)
                 .then(|| OverLimitCache::new(config.over_limit_cache_max_keys)),
-            leases: shared.then(Leases::new),
+            leases: shared.then(|| Leases::new(config.lease_max_keys)),
             config,
             clock,
             metrics,
@@ -234,20 +237,7 @@ impl HotKeys {
             _ => None,
         };
         let Some((leases, policy)) = leased else {
-            // Not leased: a cached refusal, or the store.
-            if self.refused_from_cache(w, &op, now) {
-                return;
-            }
-            if let State::Send(moved) = std::mem::replace(&mut w.state, State::Taken) {
-                // Moved to another shard by the cache check: look at that shard instead.
-                w.state = State::Send(moved);
-                return self.look(w, share, now, may_wait);
-            }
-            w.state = match op {
-                Cow::Borrowed(_) => State::Planned,
-                Cow::Owned(op) => State::Send(op),
-            };
-            return;
+            return self.unleased(w, op, share, now, may_wait);
         };
         let id = if w.shard.is_some() {
             keys::bucket_id(&op.key)
@@ -267,6 +257,8 @@ impl HotKeys {
                 State::Ahead(o, op.into_owned(), claim, policy)
             }
             Take::Wait(wait) => State::Wait(op.into_owned(), wait),
+            // The lease table is full: as if the limit were not leased.
+            Take::Unleased => return self.unleased(w, op, share, now, may_wait),
             Take::Claim(claim) => {
                 // The lease is short: before claiming, a refusal the store gave this key.
                 // Dropping the claim gives its reservation back and wakes the key's waiters.
@@ -290,6 +282,22 @@ impl HotKeys {
                 self.count_claim(&limit.class);
                 State::Claim(op.into_owned(), claim, policy)
             }
+        };
+    }
+
+    /// An op that is not leased: a cached refusal, or the store.
+    fn unleased(&self, w: &mut Work<'_>, op: Cow<'_, Op>, share: u64, now: u64, may_wait: bool) {
+        if self.refused_from_cache(w, &op, now) {
+            return;
+        }
+        if let State::Send(moved) = std::mem::replace(&mut w.state, State::Taken) {
+            // Moved to another shard by the cache check: look at that shard instead.
+            w.state = State::Send(moved);
+            return self.look(w, share, now, may_wait);
+        }
+        w.state = match op {
+            Cow::Borrowed(_) => State::Planned,
+            Cow::Owned(op) => State::Send(op),
         };
     }
 
@@ -501,18 +509,33 @@ impl HotKeys {
         }
     }
 
-    /// Graceful shutdown: gives every live lease's unspent tokens back to its bucket. Returns
-    /// how many tokens were given back.
+    /// Graceful shutdown: gives every lease's unspent tokens back to its bucket. Returns how
+    /// many tokens were given back.
     pub(super) async fn return_leases(&self, store: &Store) -> u64 {
         let Some(leases) = &self.leases else {
             return 0;
         };
         let back = leases.drain(self.clock.mono_ms());
+        self.give_back(store, back).await
+    }
+
+    /// Housekeeping: sends the give-backs of the leases that ended since the last pass.
+    /// Returns how many tokens were given back.
+    pub(super) async fn return_ended_leases(&self, store: &Store) -> u64 {
+        let Some(leases) = &self.leases else {
+            return 0;
+        };
+        let back = leases.give_backs();
+        self.give_back(store, back).await
+    }
+
+    async fn give_back(&self, store: &Store, back: Vec<(Op, Arc<str>)>) -> u64 {
         if back.is_empty() {
             return 0;
         }
         let ops: Vec<Op> = back.iter().map(|(op, _)| op.clone()).collect();
-        let mut returned = 0;
+        let (mut returned, mut lost) = (0, 0);
+        let mut first_error = None;
         for (result, (op, class)) in store.apply_each(&ops).await.into_iter().zip(&back) {
             match result {
                 Ok(_) => {
@@ -520,9 +543,15 @@ impl HotKeys {
                     self.count_token_event(class, "returned", op.cost);
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, tokens = op.cost, "could not give leased tokens back; they expire with the lease")
+                    lost += op.cost;
+                    self.count_token_event(class, "expired", op.cost);
+                    first_error.get_or_insert(e);
                 }
             }
+        }
+        if let Some(e) = first_error {
+            // One line per pass, however many leases ended (a store outage fails them all).
+            tracing::warn!(error = %e, tokens = lost, "could not give leased tokens back; they are lost to the bucket");
         }
         returned
     }
@@ -571,7 +600,7 @@ fn capacity(limit: &Limit) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::super::Code;
-    use super::super::fixture::{req, with_hot_keys};
+    use super::super::fixture::{block_on, req, with_hot_keys};
     use super::*;
 
     fn hot() -> HotKeyConfig {
@@ -608,14 +637,18 @@ mod tests {
         // lease still holds, less this request's.
         let d = f.decide(&r);
         assert_eq!(d.statuses[0].remaining, 87);
-        // Past the TTL the unspent tokens are dropped and counted.
+        // Past the TTL the 7 unspent tokens go back to the bucket (the next housekeeping
+        // pass), and are counted: the bucket holds 87 again, and the next claim sees it.
         f.clock.advance_ms(1_000);
         f.limiter.maintain();
+        assert_eq!(block_on(f.limiter.return_ended_leases()), 7);
+        let text = f.metrics.render();
         assert!(
-            f.metrics
-                .render()
-                .contains(r#"tollgate_lease_tokens_total{class="leased",event="expired"}"#)
+            text.contains(r#"tollgate_lease_tokens_total{class="leased",event="returned"} 7"#),
+            "{text}"
         );
+        assert!(!text.contains(r#"event="expired""#), "{text}");
+        assert_eq!(f.decide(&r).statuses[0].remaining, 86);
     }
 
     #[test]
@@ -777,7 +810,10 @@ mod tests {
                                 }
                             }
                             Step::Advance(ms) => clock.advance_ms(ms),
-                            Step::Maintain(replica) => replicas[replica].maintain(),
+                            Step::Maintain(replica) => {
+                                replicas[replica].maintain();
+                                replicas[replica].return_ended_leases().await;
+                            }
                             Step::Stop { replica, graceful } => {
                                 if graceful {
                                     replicas[replica].return_leases().await;

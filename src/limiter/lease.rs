@@ -20,8 +20,9 @@
 //! # Batch size
 //!
 //! The batch follows the key's local rate: the tokens spent since the last claim over the time
-//! since, times half the TTL (so a batch lasts about half its life), between 1 and `max_batch`.
-//! A key's first claim takes only its cost. The store splits what is left of a nearly spent
+//! since, times half the TTL (so a batch lasts about half its life), at most `max_batch`, and
+//! down to nothing extra: a key this replica sees less than about twice per TTL claims only its
+//! request's cost. A key's first claim takes only its cost. The store splits what is left of a nearly spent
 //! bucket between the live replicas (`share` in `lease.lua`), so one replica cannot hoard it.
 //!
 //! # Bounds
@@ -31,8 +32,24 @@
 //! admissions exceed the unleased limit by at most the tokens held in leases at its start:
 //! replicas × (max_batch + cost). Tokens left when a new batch arrives join it and its TTL; a
 //! fixed window's tokens end with their window.
-//! Unspent tokens expire with the lease (they are lost to the bucket), and on graceful
-//! shutdown they are given back ([`Leases::drain`]).
+//!
+//! # The end of a lease
+//!
+//! A lease's tokens are spendable for its TTL. Whatever is left then is **given back** to the
+//! bucket (`Action::Return`, capped at the capacity): queued when the expiry is seen (the next
+//! take of the key, the next claim's answer, or the housekeeping sweep) and sent by the next
+//! housekeeping pass ([`Leases::give_backs`]), so a slow token bucket or a fixed window does not
+//! lose them until its refill or its window's end. A fixed window's tokens are given back only
+//! while their window has more than [`WINDOW_MARGIN_MS`] to run (the give-back counts against the
+//! window Redis is in when it arrives); after that they end with their window, which loses
+//! nothing. On graceful shutdown every lease is given back ([`Leases::drain`]). Only a killed
+//! replica loses what its leases held.
+//!
+//! # Bounds on memory
+//!
+//! At most `lease_max_keys` leases are held (split over the table's shards). A key seen when its
+//! shard is full first drops the shard's idle leases (no tokens, no claim in flight); if none is
+//! idle, the key is not leased: its op goes to the store like an unleased limit's.
 //!
 //! # What a leased answer reports
 //!
@@ -52,6 +69,11 @@ use crate::store::{ClaimAsk, Op, OpKind, Outcome};
 
 const SHARDS: usize = 16;
 
+/// A fixed window's unspent tokens are given back only while their window has more than this
+/// to run: the local estimate of the window's end lags Redis by a round trip, and a give-back
+/// that reached Redis in the next window would take hits off that window instead.
+pub(super) const WINDOW_MARGIN_MS: u64 = 1_000;
+
 /// The lease parameters of one limit (its `lease:` over the global settings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct LeasePolicy {
@@ -64,6 +86,11 @@ pub(super) struct LeasePolicy {
 pub(super) struct Leases {
     shards: Box<[Mutex<HashMap<String, Lease>>]>,
     hasher: RandomState,
+    /// Most leases one shard holds: `lease_max_keys` over the shards, at least 1.
+    per_shard: usize,
+    /// Unspent tokens of ended leases, with their class, until the next housekeeping pass
+    /// sends them back ([`Leases::give_backs`]); at most `per_shard × SHARDS` of them.
+    returns: Mutex<Vec<(Op, Arc<str>)>>,
 }
 
 #[derive(Debug)]
@@ -102,6 +129,8 @@ pub(super) enum Take {
     Wait(OwnedNotified),
     /// Claim `ask` from the store; settle the answer with the claim.
     Claim(Claim),
+    /// The lease table is full (`lease_max_keys`): this op is not leased.
+    Unleased,
 }
 
 /// A claim in flight. Dropped unsettled (the request was cancelled), it gives the reserved
@@ -125,6 +154,7 @@ pub(super) struct Claim {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct TokenEvents {
     pub(super) granted: u64,
+    /// Unspent tokens that ended without a give-back (a fixed window's, with their window).
     pub(super) expired: u64,
 }
 
@@ -136,11 +166,40 @@ impl Claim {
 }
 
 impl Leases {
-    pub(super) fn new() -> Arc<Self> {
+    /// A table of at most `max_keys` leases (`lease_max_keys`).
+    pub(super) fn new(max_keys: usize) -> Arc<Self> {
         Arc::new(Leases {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
+            per_shard: max_keys.div_ceil(SHARDS).max(1),
+            returns: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Queues what an ended lease held: a give-back, or (a fixed window near or past its end)
+    /// nothing to give back, reported as expired.
+    fn end(&self, lease: &mut Lease, now_ms: u64, events: &mut TokenEvents) {
+        let tokens = std::mem::take(&mut lease.tokens);
+        if tokens == 0 {
+            return;
+        }
+        let window_open = match lease.kind {
+            OpKind::FixedWindow { .. } => {
+                lease.window_end_ms > now_ms.saturating_add(WINDOW_MARGIN_MS)
+            }
+            _ => true,
+        };
+        let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
+        if !window_open || returns.len() >= self.per_shard * SHARDS {
+            events.expired += tokens;
+            return;
+        }
+        returns.push((lease.give_back(tokens), lease.class.clone()));
+    }
+
+    /// The give-backs queued since the last call, for the caller to send.
+    pub(super) fn give_backs(&self) -> Vec<(Op, Arc<str>)> {
+        std::mem::take(&mut *self.returns.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn shard(&self, id: &str) -> MutexGuard<'_, HashMap<String, Lease>> {
@@ -166,6 +225,13 @@ impl Leases {
         let mut shard = self.shard(id);
         // The id is copied only for a key's first lease (`entry` would copy it every time).
         if !shard.contains_key(id) {
+            if shard.len() >= self.per_shard {
+                // Full: idle leases make room; if none is idle, this key is not leased.
+                shard.retain(|_, l| l.tokens > 0 || l.claiming.is_some());
+                if shard.len() >= self.per_shard {
+                    return (Take::Unleased, events);
+                }
+            }
             shard.insert(id.to_string(), Lease::new(op, class, now_ms));
         }
         let Some(lease) = shard.get_mut(id) else {
@@ -173,8 +239,7 @@ impl Leases {
             unreachable!("lease {id} vanished under its lock")
         };
         if lease.tokens > 0 && now_ms >= lease.expires_ms {
-            events.expired = lease.tokens;
-            lease.tokens = 0;
+            self.end(lease, now_ms, &mut events);
         }
         if lease.tokens >= op.cost {
             lease.tokens -= op.cost;
@@ -280,8 +345,7 @@ impl Leases {
                         _ => false,
                     };
                 if lease.tokens > 0 && expired {
-                    events.expired = lease.tokens;
-                    lease.tokens = 0;
+                    self.end(lease, now_ms, &mut events);
                 }
                 lease.tokens += extra;
                 // A fixed window's tokens end with their window.
@@ -316,32 +380,23 @@ impl Leases {
         (outcome, events)
     }
 
-    /// Takes every unspent, unexpired token out of the leases (graceful shutdown): one
-    /// give-back op per lease, with its class, for the caller to send.
+    /// Takes every unspent token out of the leases (graceful shutdown): the queued
+    /// give-backs and one more per lease that holds tokens, with its class, for the caller to
+    /// send.
     pub(super) fn drain(&self, now_ms: u64) -> Vec<(Op, Arc<str>)> {
-        let mut out = Vec::new();
+        let mut events = TokenEvents::default();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             for lease in shard.values_mut() {
-                if lease.tokens > 0 && now_ms < lease.expires_ms {
-                    out.push((
-                        Op {
-                            key: lease.claim_key.clone(),
-                            kind: lease.kind,
-                            cost: lease.tokens,
-                            action: crate::store::Action::Return,
-                        },
-                        lease.class.clone(),
-                    ));
-                }
-                lease.tokens = 0;
+                self.end(lease, now_ms, &mut events);
             }
         }
-        out
+        self.give_backs()
     }
 
-    /// Drops leases that are spent or expired and idle, with no claim in flight; returns the
-    /// expired unspent tokens by class, for the metrics.
+    /// Ends expired leases (their tokens queued for a give-back) and drops leases that are
+    /// spent and idle, with no claim in flight; returns the unspent tokens that ended without
+    /// a give-back, by class, for the metrics.
     pub(super) fn sweep(&self, now_ms: u64) -> Vec<(Arc<str>, u64)> {
         let mut expired = Vec::new();
         for shard in self.shards.iter() {
@@ -350,8 +405,10 @@ impl Leases {
                 if now_ms < lease.expires_ms || lease.claiming.is_some() {
                     return true;
                 }
-                if lease.tokens > 0 {
-                    expired.push((lease.class.clone(), std::mem::take(&mut lease.tokens)));
+                let mut events = TokenEvents::default();
+                self.end(lease, now_ms, &mut events);
+                if events.expired > 0 {
+                    expired.push((lease.class.clone(), events.expired));
                 }
                 // Keep a recently used key's rate history a little longer than its lease.
                 now_ms < lease.claimed_ms.saturating_add(10_000)
@@ -379,7 +436,9 @@ impl Lease {
         }
     }
 
-    /// The next batch: about half a TTL's worth of this key's recent rate, within 1..=max.
+    /// The next batch: about half a TTL's worth of this key's recent rate, at most `max`;
+    /// nothing extra for a key seen less than about once per half TTL (an extra it would not
+    /// spend in time only goes back at expiry).
     fn batch(&self, policy: LeasePolicy, now_ms: u64) -> u64 {
         if self.expires_ms == 0 {
             // The key's first claim: no rate known yet, take only the cost.
@@ -387,7 +446,17 @@ impl Lease {
         }
         let elapsed = now_ms.saturating_sub(self.claimed_ms).max(1);
         let per_half_ttl = self.spent_since_claim.saturating_mul(policy.ttl_ms) / (2 * elapsed);
-        per_half_ttl.clamp(1, policy.max_batch.max(1))
+        per_half_ttl.min(policy.max_batch.max(1))
+    }
+
+    /// The op that gives `tokens` back to where the last claim took them from.
+    fn give_back(&self, tokens: u64) -> Op {
+        Op {
+            key: self.claim_key.clone(),
+            kind: self.kind,
+            cost: tokens,
+            action: crate::store::Action::Return,
+        }
     }
 
     /// A leased answer (see the module doc): allowed, `spent` just taken.
@@ -481,12 +550,13 @@ mod tests {
             Take::Claim(c) => c,
             Take::Local(_) | Take::LocalAndAhead(..) => panic!("spent locally"),
             Take::Wait(_) => panic!("waits"),
+            Take::Unleased => panic!("not leased"),
         }
     }
 
     #[test]
     fn first_claim_takes_the_cost_then_batches_follow_the_rate() {
-        let l = Leases::new();
+        let l = Leases::new(1_000);
         let class: Arc<str> = "c".into();
         let c = claim(l.take("k", &op(1), &class, POLICY, 1, 0, true));
         assert_eq!((c.ask.need, c.ask.want), (1, 1), "no rate known yet");
@@ -508,16 +578,20 @@ mod tests {
         let c = claim(l.take("k", &op(1), &class, POLICY, 1, 53, true));
         assert_eq!(c.ask.want, 51);
         drop(c);
-        // A slow key gets small batches: 1 token in 900 ms is < 1 per half TTL.
+        // A slow key claims only its cost: 1 token in 900 ms is < 1 per half TTL.
         let c = claim(l.take("slow", &op(1), &class, POLICY, 1, 0, true));
         l.settle(c, &op(1), &granted(1, 10), POLICY, 0);
         let c = claim(l.take("slow", &op(1), &class, POLICY, 1, 900, true));
+        assert_eq!(c.ask.want, 1, "nothing extra");
+        // 1 token in 400 ms is 1 per half TTL: one extra.
+        l.settle(c, &op(1), &granted(1, 10), POLICY, 900);
+        let c = claim(l.take("slow", &op(1), &class, POLICY, 1, 1_300, true));
         assert_eq!(c.ask.want, 2);
     }
 
     #[test]
     fn one_claim_in_flight_per_key_and_cancellation_releases_it() {
-        let l = Leases::new();
+        let l = Leases::new(1_000);
         let class: Arc<str> = "c".into();
         let first = claim(l.take("k", &op(1), &class, POLICY, 3, 0, true));
         assert_eq!(first.ask.share, 3);
@@ -541,7 +615,7 @@ mod tests {
 
     #[test]
     fn partial_cover_is_reserved_refusals_give_it_back_and_leases_expire() {
-        let l = Leases::new();
+        let l = Leases::new(1_000);
         let class: Arc<str> = "c".into();
         let c = claim(l.take("k", &op(1), &class, POLICY, 1, 0, true));
         l.settle(c, &op(1), &granted(4, 500), POLICY, 0); // 3 kept
@@ -557,17 +631,97 @@ mod tests {
         assert_eq!((o.allowed, o.retry_ms), (false, Some(7)));
         let (t, _) = l.take("k", &op(3), &class, POLICY, 1, 20, true);
         assert!(matches!(t, Take::Local(_)), "the 3 came back");
-        // Expired tokens are not spent, and are reported.
+        // Expired tokens are not spent: they are queued to go back to the bucket.
         let c = claim(l.take("k", &op(1), &class, POLICY, 1, 30, true));
         l.settle(c, &op(1), &granted(10, 500), POLICY, 30); // 9 kept until 1030
         let (t, ev) = l.take("k", &op(1), &class, POLICY, 1, 1_030, true);
         assert!(matches!(t, Take::Claim(_)));
-        assert_eq!(ev.expired, 9);
+        assert_eq!(ev.expired, 0, "given back, not lost");
+        let back = l.give_backs();
+        assert_eq!(
+            back.iter()
+                .map(|(o, _)| (o.cost, o.action))
+                .collect::<Vec<_>>(),
+            [(9, crate::store::Action::Return)]
+        );
+        assert!(l.give_backs().is_empty(), "handed out once");
+    }
+
+    #[test]
+    fn the_sweep_gives_expired_tokens_back_but_a_fixed_window_s_end_with_it() {
+        let l = Leases::new(1_000);
+        let class: Arc<str> = "c".into();
+        let c = claim(l.take("tb", &op(1), &class, POLICY, 1, 0, true));
+        l.settle(c, &op(1), &granted(5, 100), POLICY, 0);
+        let fw = Op::take(
+            "fw".into(),
+            OpKind::FixedWindow {
+                limit: 100,
+                window_ms: 60_000,
+            },
+            1,
+        );
+        // Claimed with 1.5 s of its window left: the lease ends with the TTL (1 s), 0.5 s
+        // before the window does, inside the give-back margin.
+        let c = claim(l.take("fw", &fw, &class, POLICY, 1, 0, true));
+        let answer = Outcome {
+            reset_ms: 1_500,
+            ..granted(4, 50)
+        };
+        l.settle(c, &fw, &answer, POLICY, 0);
+        assert!(l.sweep(500).is_empty() && l.give_backs().is_empty(), "live");
+        let expired = l.sweep(1_000);
+        assert_eq!(
+            expired.iter().map(|(_, n)| *n).collect::<Vec<_>>(),
+            [3],
+            "the window's 3 end with it"
+        );
+        let back = l.give_backs();
+        assert_eq!(back.len(), 1);
+        assert_eq!((back[0].0.key.as_str(), back[0].0.cost), ("k", 4));
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_idle_leases_make_room() {
+        // 16 shards of 1: a second key on a shard whose lease holds tokens is not leased.
+        let l = Leases::new(16);
+        let class: Arc<str> = "c".into();
+        let mut unleased = 0;
+        for i in 0..200 {
+            let key = format!("k{i}");
+            let mut o = op(1);
+            o.key.clone_from(&key);
+            match l.take(&key, &o, &class, POLICY, 1, 0, true).0 {
+                Take::Claim(c) => {
+                    l.settle(c, &o, &granted(3, 100), POLICY, 0);
+                }
+                Take::Unleased => unleased += 1,
+                _ => panic!("a new key claims or is not leased"),
+            }
+        }
+        let held: usize = l.shards.iter().map(|s| s.lock().unwrap().len()).sum();
+        assert_eq!(held, 16, "one lease per shard");
+        assert_eq!(unleased, 200 - 16);
+        // Spent leases are idle: a new key takes the place of one.
+        for i in 0..200 {
+            let key = format!("k{i}");
+            let mut o = op(2);
+            o.key.clone_from(&key);
+            // Spends a leased key's 2; a key that was not leased may take an idle place
+            // (its claim dropped unsent).
+            let _ = l.take(&key, &o, &class, POLICY, 1, 1, true);
+        }
+        let mut o = op(1);
+        o.key = "new".into();
+        assert!(matches!(
+            l.take("new", &o, &class, POLICY, 1, 2, true).0,
+            Take::Claim(_)
+        ));
     }
 
     #[test]
     fn drain_gives_back_live_tokens_once() {
-        let l = Leases::new();
+        let l = Leases::new(1_000);
         let class: Arc<str> = "c".into();
         let c = claim(l.take("k", &op(1), &class, POLICY, 1, 0, true));
         let mut sent = op(1);

@@ -218,6 +218,12 @@ impl Limiter {
         self.hot.return_leases(&self.store).await
     }
 
+    /// Housekeeping, after [`Limiter::maintain`]: gives the unspent tokens of leases that
+    /// ended back to their buckets. Returns how many were given back.
+    pub async fn return_ended_leases(&self) -> u64 {
+        self.hot.return_ended_leases(&self.store).await
+    }
+
     /// The replica count the local fallback divides by, and where it comes from.
     pub fn replicas(&self) -> &Replicas {
         &self.config.replicas
