@@ -13,6 +13,9 @@
 //!   half second (a Redis at `maxmemory` refusing scripts) finds each share as the last
 //!   outage left it, and the fallback admits at most one share per replica per refill period
 //!   (per window), however often the store flaps. They are dropped only once full again.
+//!   A request whose cost is above the share (capacity ÷ replicas) is refused for as long as
+//!   the store is out, with a retry of one probe interval (the shared bucket may hold it once
+//!   the store is back), never admitted past the share.
 //!   An op whose outcome is unknown (its call timed out: the script may have run and spent
 //!   the tokens) is refused, never taken from the share, with a retry of one probe interval.
 //! - `open`: admitted; `closed`: refused (retry after one probe interval);
@@ -166,7 +169,14 @@ impl Fallback {
                 let n = self.replicas.count();
                 // Always a take: a failed lease claim falls back for its request's cost.
                 let share = Op::take(format!("{}|n{n}", op.key), share(op.kind, n), op.cost);
-                Some(self.local.apply(&share))
+                let mut outcome = self.local.apply(&share);
+                if !outcome.allowed && outcome.retry_ms.is_none() {
+                    // The cost is above this replica's share: the share can never hold it,
+                    // but the shared bucket may once the store answers again.
+                    outcome.retry_ms = Some(self.closed_retry_ms);
+                    outcome.reset_ms = outcome.reset_ms.max(self.closed_retry_ms);
+                }
+                Some(outcome)
             }
         }
     }
@@ -305,6 +315,14 @@ mod tests {
                 .unwrap()
                 .allowed
         );
+        // A cost above the share (10 of 30 across 3): refused, retry after a probe interval.
+        let big = Op {
+            key: "big".into(),
+            cost: 11,
+            ..tb(30, 30)
+        };
+        let o = f.decide(&big, FallbackMode::Local, false).unwrap();
+        assert_eq!((o.allowed, o.retry_ms), (false, Some(500)));
         // A fixed count wins over membership, the floor over both.
         assert_eq!(Replicas::new(5, 1).count(), 5);
         assert_eq!(Replicas::new(0, 4).count(), 4);

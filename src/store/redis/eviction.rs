@@ -30,7 +30,7 @@ pub(super) async fn policies<C: ConnectionLike>(conn: &mut C) -> Option<Vec<Stri
 }
 
 /// Every text in a reply: a node's INFO is one string; a cluster's is a map of them.
-fn collect_text(v: &Value, out: &mut Vec<String>) {
+pub(super) fn collect_text(v: &Value, out: &mut Vec<String>) {
     match v {
         Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
         Value::VerbatimString { text, .. } => out.push(text.clone()),

@@ -49,6 +49,7 @@
 //! - [`breaker`]: one circuit breaker per node, its probe (a real script call) and when the node
 //!   last replied.
 //! - [`slots`]: the cluster's slot map, for per-node breakers.
+//! - [`version`]: a server older than Redis 5 is refused at connect.
 //! - `lua/membership.lua` ([`RedisStore::membership`]): the fleet's live replicas, a sorted set
 //!   of replica id → expiry on the Redis clock, under its own hash tag.
 
@@ -60,6 +61,7 @@ mod outage;
 mod pool;
 mod scripts;
 mod slots;
+mod version;
 
 pub use scripts::{FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
 

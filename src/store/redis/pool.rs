@@ -269,6 +269,7 @@ impl Pool {
         let started = Instant::now();
         let attempt = async {
             let mut conn = self.connector.connect().await?;
+            super::version::check(&mut conn).await?;
             self.scripts.load(&mut conn).await?;
             self.check_eviction(&mut conn).await;
             Ok::<Conn, RedisError>(conn)
