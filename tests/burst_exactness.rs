@@ -12,6 +12,7 @@
 
 mod common;
 
+use common::fleet::burst;
 use common::load::fallback_decisions;
 use common::redis::{TestCluster, TestRedis, unique_prefix};
 use common::{InProcess, request};
@@ -29,7 +30,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// Starts `replicas` tollgates at the default settings on `store`, sends them 300 concurrent
 /// calls for one tenant, and checks: exactly 100 admitted, no fallback decision, no outage line.
-async fn burst(store: &str, replicas: usize) {
+async fn burst_through(store: &str, replicas: usize) {
     let prefix = unique_prefix("burst");
     let servers: Vec<InProcess> = (0..replicas)
         .map(|_| {
@@ -53,25 +54,7 @@ async fn burst(store: &str, replicas: usize) {
         }
     }
 
-    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CALLS));
-    let calls: Vec<_> = (0..CALLS)
-        .map(|i| {
-            let mut client = clients[i % clients.len()].clone();
-            let start = start.clone();
-            tokio::spawn(async move {
-                start.wait().await;
-                let r = client
-                    .should_rate_limit(request("burst", &[&[("tenant", "hot")]]))
-                    .await
-                    .expect("answered");
-                r.get_ref().overall_code == Code::Ok as i32
-            })
-        })
-        .collect();
-    let mut admitted = 0;
-    for call in calls {
-        admitted += usize::from(call.await.unwrap());
-    }
+    let admitted = burst(&clients, "burst", "hot", CALLS).await;
 
     let logs: Vec<String> = servers.iter().map(InProcess::log).collect();
     let fallback: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
@@ -106,14 +89,14 @@ async fn burst(store: &str, replicas: usize) {
 async fn a_burst_through_one_replica_on_redis_admits_exactly_the_limit() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let redis = TestRedis::start();
-    burst(&redis.url(), 1).await;
+    burst_through(&redis.url(), 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_burst_through_three_replicas_on_redis_admits_exactly_the_limit() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let redis = TestRedis::start();
-    burst(&redis.url(), 3).await;
+    burst_through(&redis.url(), 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -122,7 +105,7 @@ async fn a_burst_through_one_replica_on_a_cluster_admits_exactly_the_limit() {
     let cluster = tokio::task::spawn_blocking(TestCluster::shared)
         .await
         .unwrap();
-    burst(&cluster.url(), 1).await;
+    burst_through(&cluster.url(), 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -131,5 +114,5 @@ async fn a_burst_through_three_replicas_on_a_cluster_admits_exactly_the_limit() 
     let cluster = tokio::task::spawn_blocking(TestCluster::shared)
         .await
         .unwrap();
-    burst(&cluster.url(), 3).await;
+    burst_through(&cluster.url(), 3).await;
 }

@@ -6,9 +6,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::fleet::wait_for_replicas;
 use common::inproc::InProcess;
 use common::redis::{TestCluster, TestRedis, unique_prefix};
-use common::{TestServer, get, poll, poll_async, readyz, request};
+use common::{TestServer, get, poll_async, readyz, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate::limiter::FallbackMode;
 
@@ -67,22 +68,6 @@ fn failed_calls(server: &InProcess) -> f64 {
         .filter(|l| l.starts_with("tollgate_store_errors_total{") && !l.contains("connect\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-fn wait_for_replicas(servers: &[&InProcess], n: u64) {
-    for s in servers {
-        let seen = poll(Duration::from_secs(10), || {
-            let (_, body) = readyz(s.admin);
-            (body["fallback"]["replicas"] == n
-                && body["fallback"]["replicas_source"] == "membership")
-                .then_some(())
-        });
-        assert!(
-            seen.is_some(),
-            "never saw {n} replicas: {}",
-            readyz(s.admin).1
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

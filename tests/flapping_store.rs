@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::fleet::{admitted, wait_for_replicas};
 use common::inproc::InProcess;
 use common::load::fallback_decisions;
 use common::redis::{TestRedis, unique_prefix};
-use common::{get, poll, poll_async, readyz, request};
+use common::{get, poll_async, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMIT: usize = 100;
@@ -28,34 +29,6 @@ fn fallback_active(server: &InProcess) -> Option<f64> {
         .lines()
         .find(|l| l.starts_with(r#"tollgate_fallback_active{node="store"}"#))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
-/// `per_replica` requests for `tenant` through each server, 4 at a time each; how many were
-/// admitted.
-async fn admitted(servers: &[InProcess], tenant: &str, per_replica: usize) -> usize {
-    let mut tasks = Vec::new();
-    for server in servers {
-        for _ in 0..4 {
-            let mut client = server.client().await;
-            let tenant = tenant.to_string();
-            tasks.push(tokio::spawn(async move {
-                let mut ok = 0;
-                for _ in 0..per_replica / 4 {
-                    let r = client
-                        .should_rate_limit(request("flap", &[&[("tenant", &tenant)]]))
-                        .await
-                        .expect("answered");
-                    ok += usize::from(r.get_ref().overall_code == Code::Ok as i32);
-                }
-                ok
-            }));
-        }
-    }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap();
-    }
-    total
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,12 +45,7 @@ async fn a_redis_refusing_writes_while_it_answers_ping_admits_one_local_share_pe
             })
         })
         .collect();
-    for s in &servers {
-        let seen = poll(Duration::from_secs(10), || {
-            (readyz(s.admin).1["fallback"]["replicas"] == REPLICAS as u64).then_some(())
-        });
-        assert!(seen.is_some(), "replicas: {}", readyz(s.admin).1);
-    }
+    wait_for_replicas(&servers.iter().collect::<Vec<_>>(), REPLICAS as u64);
 
     // Writes refused with OOM; PING still answers.
     redis.cmd::<()>(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
@@ -148,7 +116,7 @@ async fn a_redis_refusing_writes_while_it_answers_ping_admits_one_local_share_pe
         recovered.elapsed()
     );
     let before: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
-    assert_eq!(admitted(&servers, "after", 100).await, LIMIT);
+    assert_eq!(admitted(&servers, "flap", "after", 100).await, LIMIT);
     let after: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
     assert_eq!(after, before, "the fallback decided after the recovery");
 }

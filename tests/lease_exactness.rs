@@ -9,9 +9,10 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::fleet::{burst, wait_for_replicas};
 use common::inproc::InProcess;
 use common::redis::{TestRedis, unique_prefix};
-use common::{poll, readyz, request};
+use common::request;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const REPLICAS: usize = 3;
@@ -28,43 +29,19 @@ fn replicas(redis: &TestRedis, rules: &str, lease_max_batch: u64) -> Vec<InProce
             })
         })
         .collect();
-    for s in &servers {
-        let seen = poll(Duration::from_secs(10), || {
-            (readyz(s.admin).1["fallback"]["replicas"] == REPLICAS as u64).then_some(())
-        });
-        assert!(seen.is_some(), "replicas: {}", readyz(s.admin).1);
-    }
+    wait_for_replicas(&servers.iter().collect::<Vec<_>>(), REPLICAS as u64);
     servers
 }
 
 /// 300 concurrent calls for `tenant`, 100 through each server; how many were admitted.
-async fn burst(servers: &[InProcess], domain: &str, tenant: &str) -> usize {
+async fn burst_of_300(servers: &[InProcess], domain: &str, tenant: &str) -> usize {
     let mut clients = Vec::new();
     for s in servers {
         for _ in 0..4 {
             clients.push(s.client().await);
         }
     }
-    let start = std::sync::Arc::new(tokio::sync::Barrier::new(300));
-    let calls: Vec<_> = (0..300)
-        .map(|i| {
-            let mut client = clients[i % clients.len()].clone();
-            let (start, domain, tenant) = (start.clone(), domain.to_string(), tenant.to_string());
-            tokio::spawn(async move {
-                start.wait().await;
-                let r = client
-                    .should_rate_limit(request(&domain, &[&[("tenant", &tenant)]]))
-                    .await
-                    .expect("answered");
-                r.get_ref().overall_code == Code::Ok as i32
-            })
-        })
-        .collect();
-    let mut admitted = 0;
-    for c in calls {
-        admitted += usize::from(c.await.unwrap());
-    }
-    admitted
+    burst(&clients, domain, tenant, 300).await
 }
 
 fn logs(servers: &[InProcess]) -> String {
@@ -80,11 +57,11 @@ async fn two_bursts_a_lease_ttl_apart_admit_exactly_the_limit() {
     let redis = TestRedis::start();
     let rules = "domain: lease\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
     let servers = replicas(&redis, rules, 10);
-    let first = burst(&servers, "lease", "hot").await;
+    let first = burst_of_300(&servers, "lease", "hot").await;
     // The leases' TTL (1 s) passes, and the housekeeping pass after it gives back what they
     // still held.
     tokio::time::sleep(Duration::from_millis(3_000)).await;
-    let second = burst(&servers, "lease", "hot").await;
+    let second = burst_of_300(&servers, "lease", "hot").await;
     eprintln!("admitted {first} + {second}");
     assert_eq!(
         first + second,
@@ -136,7 +113,7 @@ async fn what_a_lease_holds_when_its_ttl_ends_goes_back_to_the_bucket() {
         "no lease holds tokens: this test would prove nothing"
     );
     tokio::time::sleep(Duration::from_millis(3_000)).await;
-    let second = burst(&servers, "lease", "held").await;
+    let second = burst_of_300(&servers, "lease", "held").await;
     eprintln!("admitted {first} + {second} ({held} held in leases after the first part)");
     assert_eq!(
         first + second,

@@ -16,6 +16,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod fleet;
 pub mod inproc;
 pub mod load;
 pub mod proxy;

@@ -1,0 +1,91 @@
+//! Several tollgates serving one quota: wait until they know of each other, and send them
+//! requests for one key, spread or all at once, counting what was admitted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
+
+use super::{InProcess, poll, readyz, request};
+
+/// Waits (10 s at most) until every server counts `n` live replicas from the membership set.
+pub fn wait_for_replicas(servers: &[&InProcess], n: u64) {
+    for s in servers {
+        let seen = poll(Duration::from_secs(10), || {
+            let (_, body) = readyz(s.admin);
+            (body["fallback"]["replicas"] == n
+                && body["fallback"]["replicas_source"] == "membership")
+                .then_some(())
+        });
+        assert!(
+            seen.is_some(),
+            "never saw {n} replicas: {}",
+            readyz(s.admin).1
+        );
+    }
+}
+
+/// `per_server` requests for `tenant` in `domain` through each server, from 4 clients each
+/// sending one at a time; how many were admitted.
+pub async fn admitted(
+    servers: &[InProcess],
+    domain: &str,
+    tenant: &str,
+    per_server: usize,
+) -> usize {
+    let mut tasks = Vec::new();
+    for server in servers {
+        for _ in 0..4 {
+            let mut client = server.client().await;
+            let (domain, tenant) = (domain.to_string(), tenant.to_string());
+            tasks.push(tokio::spawn(async move {
+                let mut ok = 0;
+                for _ in 0..per_server.div_ceil(4) {
+                    let r = client
+                        .should_rate_limit(request(&domain, &[&[("tenant", &tenant)]]))
+                        .await
+                        .expect("answered");
+                    ok += usize::from(r.get_ref().overall_code == Code::Ok as i32);
+                }
+                ok
+            }));
+        }
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total
+}
+
+/// `calls` requests for `tenant` in `domain` released at once (a barrier), spread round-robin
+/// over `clients`; how many were admitted.
+pub async fn burst(
+    clients: &[RateLimitServiceClient<Channel>],
+    domain: &str,
+    tenant: &str,
+    calls: usize,
+) -> usize {
+    let start = Arc::new(tokio::sync::Barrier::new(calls));
+    let tasks: Vec<_> = (0..calls)
+        .map(|i| {
+            let mut client = clients[i % clients.len()].clone();
+            let (start, domain, tenant) = (start.clone(), domain.to_string(), tenant.to_string());
+            tokio::spawn(async move {
+                start.wait().await;
+                let r = client
+                    .should_rate_limit(request(&domain, &[&[("tenant", &tenant)]]))
+                    .await
+                    .expect("answered");
+                r.get_ref().overall_code == Code::Ok as i32
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    admitted
+}
