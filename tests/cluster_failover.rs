@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use common::redis::{TestCluster, command, unique_prefix};
 use common::{InProcess, get, request};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMIT: usize = 40;
 const RULES: &str = "domain: c\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 40}\n";
@@ -22,30 +21,7 @@ const STORE_TIMEOUT_MS: u64 = 500;
 /// admitted. The shared quota admits LIMIT; the local fallback admits LIMIT ÷ replicas per
 /// server instead.
 async fn admitted(servers: &[InProcess], tenant: &str) -> usize {
-    let mut tasks = Vec::new();
-    let per_task = (2 * LIMIT).div_ceil(4 * servers.len());
-    for server in servers {
-        for _ in 0..4 {
-            let mut client = server.client().await;
-            let tenant = tenant.to_string();
-            tasks.push(tokio::spawn(async move {
-                let mut ok = 0;
-                for _ in 0..per_task {
-                    let r = client
-                        .should_rate_limit(request("c", &[&[("tenant", &tenant)]]))
-                        .await
-                        .expect("answered");
-                    ok += usize::from(r.get_ref().overall_code == Code::Ok as i32);
-                }
-                ok
-            }));
-        }
-    }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap();
-    }
-    total
+    common::fleet::admitted(servers, "c", tenant, 2 * LIMIT / servers.len()).await
 }
 
 /// Store calls that failed, summed over kinds (not the keeper's connection attempts).

@@ -16,7 +16,6 @@ use common::redis::unique_prefix;
 use common::request;
 use common::sentinel::TestSentinels;
 use common::tls::TestCerts;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMIT: usize = 60;
 const RULES: &str = "domain: s\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 60}\n";
@@ -25,30 +24,7 @@ const RULES: &str = "domain: s\ndescriptors:\n  - key: tenant\n    rate_limit: {
 /// Through one server this tells the shared quota (LIMIT) from the fallback's local share
 /// (LIMIT ÷ 3).
 async fn admitted(servers: &[InProcess], tenant: &str) -> usize {
-    let mut tasks = Vec::new();
-    let servers_len = servers.len();
-    for server in servers {
-        for _ in 0..4 {
-            let mut client = server.client().await;
-            let tenant = tenant.to_string();
-            tasks.push(tokio::spawn(async move {
-                let mut ok = 0;
-                for _ in 0..(2 * LIMIT).div_ceil(4 * servers_len) {
-                    let r = client
-                        .should_rate_limit(request("s", &[&[("tenant", &tenant)]]))
-                        .await
-                        .expect("answered");
-                    ok += usize::from(r.get_ref().overall_code == Code::Ok as i32);
-                }
-                ok
-            }));
-        }
-    }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap();
-    }
-    total
+    common::fleet::admitted(servers, "s", tenant, 2 * LIMIT / servers.len()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
