@@ -108,6 +108,53 @@ async fn an_acl_user_with_a_password_file_works_and_a_rotation_applies_on_reconn
     assert!(!server.log().contains("second-secret") && !server.log().contains("first-secret"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_wants_a_password_none_given_is_an_auth_failure_not_connected() {
+    // `requirepass` and no credentials: the connection opens, then every command but AUTH and
+    // HELLO answers NOAUTH. That used to pass as "store connected", NOAUTH counted as a script
+    // error, and "SCRIPT LOAD refused" logged several times a second.
+    let redis = TestRedis::start();
+    // Set after the start: the harness checks the server with a PING of its own.
+    redis.cmd::<()>(&["CONFIG", "SET", "requirepass", "set-but-not-given"]);
+    let prefix = unique_prefix("noauth");
+    let server = common::InProcess::start(RULES, |s| {
+        s.store = redis.url();
+        s.key_prefix = prefix.clone();
+    });
+    let body = common::poll(Duration::from_secs(5), || {
+        let (_, body) = readyz(server.admin);
+        (body["store"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("NOAUTH")))
+        .then_some(body)
+    })
+    .unwrap_or_else(|| readyz(server.admin).1);
+    assert_ne!(body["store"]["state"], "connected", "{body}");
+    assert!(
+        body["store"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("NOAUTH")),
+        "/readyz says why: {body}"
+    );
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(request("acl", &[&[("tenant", "x")]]))
+        .await
+        .expect("answered (by the fallback)");
+    let (_, metrics) = get(server.admin, "/metrics");
+    assert!(
+        metrics.contains("tollgate_store_errors_total{kind=\"auth\"}"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("tollgate_store_errors_total{kind=\"script\"}"),
+        "NOAUTH is not a script error: {metrics}"
+    );
+    let log = server.log();
+    assert!(!log.contains("store connected"), "{log}");
+    assert!(!log.contains("SCRIPT LOAD refused"), "{log}");
+}
+
 #[test]
 fn a_wrong_password_is_a_clear_error_without_the_secret() {
     let redis = TestRedis::start();

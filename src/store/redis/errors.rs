@@ -57,6 +57,9 @@ pub(super) fn kind_of(e: &RedisError) -> StoreErrorKind {
         ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
             StoreErrorKind::Auth
         }
+        // A server that wants credentials (none given: NOAUTH) or refuses them: however the
+        // `redis` crate classifies the reply, it is an authentication failure.
+        _ if matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) => StoreErrorKind::Auth,
         // BUSY (a script running long) and OOM pass; others are a script or data problem.
         _ if matches!(e.code(), Some("BUSY" | "OOM")) => StoreErrorKind::Unavailable,
         ErrorKind::Server(_) | ErrorKind::Extension => StoreErrorKind::Script,

@@ -149,7 +149,15 @@ impl Scripts {
                 Ok(got) => {
                     tracing::error!(expected = %sha, %got, "Redis computed another script SHA1")
                 }
-                Err(e) if e.is_io_error() || e.is_unrecoverable_error() => return Err(e),
+                // A lost connection, or one the server will not serve without credentials
+                // (NOAUTH): the connection attempt fails, as an auth failure.
+                Err(e)
+                    if e.is_io_error()
+                        || e.is_unrecoverable_error()
+                        || super::errors::kind_of(&e) == crate::store::StoreErrorKind::Auth =>
+                {
+                    return Err(e);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "SCRIPT LOAD refused; scripts will be sent with EVAL")
                 }
