@@ -393,10 +393,7 @@ impl Settings {
             .iter()
             .any(|s| self.store.starts_with(s))
         {
-            return bad(
-                "store",
-                "expected `memory`, redis://…, redis+cluster://…, redis+sentinel://…, or one of them over TLS (rediss://…, rediss+cluster://…, rediss+sentinel://…)",
-            );
+            return bad("store", &store_hint(&self.store));
         }
         let tls_url = self.store.starts_with("rediss");
         for (key, value) in [
@@ -559,6 +556,32 @@ fn url_credentials(url: &str) -> (bool, bool) {
 }
 
 /// `scheme://user:secret@host` → `scheme://user:***@host` (each host of a cluster URL too).
+/// Why `store` is refused, with what was given (its password redacted) and, for the forms
+/// other tools take (`host:port`, the reference's `REDIS_URL`; a comma list of cluster nodes),
+/// the URL it probably means.
+fn store_hint(store: &str) -> String {
+    let shown = if store.contains("://") {
+        redact_url(store)
+    } else {
+        // No scheme: redacted as if it had one, so `user:pass@host` shows no password.
+        redact_url(&format!("redis://{store}"))
+            .trim_start_matches("redis://")
+            .to_string()
+    };
+    let expected = "expected `memory`, redis://…, redis+cluster://…, redis+sentinel://…, or one of them over TLS (rediss://…, rediss+cluster://…, rediss+sentinel://…)";
+    let guess = if store.contains("://") || store.is_empty() {
+        None
+    } else if store.contains(',') {
+        Some(format!("redis+cluster://{shown}"))
+    } else {
+        Some(format!("redis://{shown}"))
+    };
+    match guess {
+        Some(url) => format!("'{shown}': {expected}; did you mean {url}?"),
+        None => format!("'{shown}': {expected}"),
+    }
+}
+
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
@@ -675,7 +698,17 @@ mod tests {
             .to_string()
         };
         assert!(load("store_timeout_ms", "0").contains("store_timeout_ms: must be at least 1"));
-        assert!(load("store", "memcached://x").contains("store:"));
+        assert!(load("store", "memcached://x").contains("store: 'memcached://x': expected"));
+        // The reference's REDIS_URL form, and a node list: what was given, and the likely URL.
+        assert!(
+            load("store", "127.0.0.1:6379").contains("'127.0.0.1:6379'")
+                && load("store", "127.0.0.1:6379").contains("did you mean redis://127.0.0.1:6379?")
+        );
+        assert!(load("store", "a:1,b:2").contains("did you mean redis+cluster://a:1,b:2?"));
+        assert!(
+            !load("store", "u:secret@h:1").contains("secret"),
+            "the password is not echoed"
+        );
         assert!(load("key_prefix", "a{b").contains("key_prefix"));
         assert!(
             load("grpc_addr", "not-an-address").contains("grpc_addr"),

@@ -50,13 +50,23 @@ impl Node {
             if matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL"))
     }
 
-    /// A short name for the node's kind, for error messages.
-    pub fn kind(&self) -> &'static str {
+    /// What the node is, for error messages: a scalar is shown as written (a quoted one as
+    /// "the string \"5\"", so `requests_per_unit: "5"` says why it is not a number), cut to
+    /// 40 characters.
+    pub fn kind(&self) -> String {
         match &self.value {
-            Value::Scalar { .. } if self.is_null() => "null",
-            Value::Scalar { .. } => "a scalar",
-            Value::Seq(_) => "a list",
-            Value::Map(_) => "a mapping",
+            Value::Scalar { .. } if self.is_null() => "null".into(),
+            Value::Scalar { text, quoted } => {
+                let shown: String = text.chars().take(40).collect();
+                let more = if shown.len() < text.len() { "…" } else { "" };
+                if *quoted {
+                    format!("the string \"{shown}{more}\"")
+                } else {
+                    format!("`{shown}{more}`")
+                }
+            }
+            Value::Seq(_) => "a list".into(),
+            Value::Map(_) => "a mapping".into(),
         }
     }
 }
@@ -461,10 +471,10 @@ mod tests {
             [
                 (1, "1 is too large (at most 0)".to_string()),
                 (2, "must not be negative (found -5)".into()),
-                (3, "expected a whole number, found a scalar".into()),
+                (3, "expected a whole number, found the string \"7\"".into()),
                 (1, "expected true or false".into()),
                 (5, "expected a string, found null".into()),
-                (1, "expected a list, found a scalar".into()),
+                (1, "expected a list, found `1`".into()),
             ]
         );
         assert!(fields(&mut out, f["f"], "f", &[]).is_none());
