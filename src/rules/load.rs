@@ -48,8 +48,18 @@ pub fn load_path(path: &Path, opts: LoadOptions) -> Result<RuleSet, RulesError> 
             // Loading nothing is valid (every request is allowed) but seldom what was meant:
             // a wrong path, or files named `*.json` or `*.txt`. Say so instead of going quiet.
             if empty_dir {
+                // A path one level too high is the usual mistake: name where the files are.
+                let below = subdirs_with_rules(path);
+                let hint = if below.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; rules files are in {} (point the rules path there)",
+                        below.join(", ")
+                    )
+                };
                 set.warnings.push(format!(
-                    "{}: no rules files (*.yaml, *.yml) in this directory: no domain is limited, every request is allowed",
+                    "{}: no rules files (*.yaml, *.yml) in this directory: no domain is limited, every request is allowed{hint}",
                     path.display()
                 ));
             }
@@ -63,7 +73,28 @@ pub fn load_path(path: &Path, opts: LoadOptions) -> Result<RuleSet, RulesError> 
     }
 }
 
-/// The rules files in a directory: `*.yaml` and `*.yml`, no dotfiles, sorted by name.
+/// The subdirectories of `dir` (not dot-directories) that hold rules files, as `name/`, sorted.
+fn subdirs_with_rules(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = entries
+        .filter_map(|e| e.ok()?.path().canonicalize().ok())
+        .filter(|p| p.is_dir())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| !n.starts_with('.'))
+        })
+        .filter(|p| list_dir(p).is_ok_and(|files| !files.is_empty()))
+        .filter_map(|p| Some(format!("{}/", p.file_name()?.to_str()?)))
+        .collect();
+    found.sort();
+    found
+}
+
+/// The rules files in a directory: `*.yaml` and `*.yml` (in any case: `EDGE.YAML` too), no
+/// dotfiles, sorted by name.
 fn list_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir)? {
@@ -71,7 +102,8 @@ fn list_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
-        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        let lower = name.to_ascii_lowercase();
+        let yaml = lower.ends_with(".yaml") || lower.ends_with(".yml");
         // is_file follows symlinks: ConfigMap files are links into `..data/`.
         if !name.starts_with('.') && yaml && path.is_file() {
             files.push(path);
@@ -177,10 +209,21 @@ mod tests {
                 dir.display()
             )]
         );
-        // One rules file, even one without descriptors, is not "no rules files".
-        std::fs::write(dir.join("edge.yaml"), "domain: edge\n").unwrap();
+        // The rules one level down: the warning says where they are.
+        std::fs::create_dir(dir.join("rules")).unwrap();
+        std::fs::write(dir.join("rules").join("edge.yaml"), "domain: edge\n").unwrap();
+        let set = load_path(dir, LoadOptions::default()).unwrap();
+        assert!(
+            set.warnings[0].ends_with("; rules files are in rules/ (point the rules path there)"),
+            "{:?}",
+            set.warnings
+        );
+        // One rules file, even one without descriptors, is not "no rules files"; the
+        // extension's case does not matter.
+        std::fs::write(dir.join("EDGE.YAML"), "domain: edge\n").unwrap();
         let set = load_path(dir, LoadOptions::default()).unwrap();
         assert!(set.warnings.is_empty(), "{:?}", set.warnings);
+        assert_eq!(set.files.len(), 1, "{:?}", set.files);
     }
 
     #[test]
