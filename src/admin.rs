@@ -159,24 +159,13 @@ async fn json_decide(
     }
 }
 
-/// Indented: read by people (`curl …/config`) far more than by programs.
 async fn config(State(s): State<Arc<AdminState>>) -> Response {
     let rules = s.handler.rules.load();
-    let body = json!({
+    Json(json!({
         "settings": s.settings,
         "store": s.handler.limiter.store().name(),
         "store_state": s.handler.limiter.store().state(),
         "rules": RulesView::new(&rules),
-    });
-    match serde_json::to_string_pretty(&body) {
-        Ok(mut text) => {
-            text.push('\n');
-            ([(header::CONTENT_TYPE, "application/json")], text).into_response()
-        }
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Json(json!({ "error": e.to_string() })),
-        )
-            .into_response(),
-    }
+    }))
+    .into_response()
 }

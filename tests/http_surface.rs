@@ -210,10 +210,6 @@ async fn config_shows_rules_and_settings_with_secrets_redacted() {
     let (code, out) = get(server.admin, "/config");
     assert_eq!(code, 200);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert!(
-        out.starts_with("{\n  \"") && out.ends_with("}\n"),
-        "indented for people: {out}"
-    );
     assert_eq!(v["settings"]["key_prefix"], "cfg:");
     let limits = v["rules"]["domains"][0]["limits"].as_array().unwrap();
     assert_eq!(limits.len(), 4, "{out}");
