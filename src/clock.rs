@@ -82,10 +82,29 @@ mod tests {
     }
 
     #[test]
-    fn system_clock_is_monotonic_and_near_now() {
+    fn system_clock_follows_real_time_and_reads_now() {
         let c = Clock::system();
-        let a = c.mono_ms();
-        assert!(c.mono_ms() >= a);
-        assert!(c.wall_ms() > 1_600_000_000_000);
+        let (mono, wall) = (c.mono_ms(), c.wall_ms());
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        // Both readings move with real time (a clock stuck at its start, or one that counts
+        // in another unit, fails), and the wall reading is the Unix time in milliseconds.
+        let (moved, wall_moved) = (c.mono_ms() - mono, c.wall_ms().saturating_sub(wall));
+        assert!(
+            (30..5_000).contains(&moved),
+            "monotonic moved {moved} ms in 30 ms"
+        );
+        assert!(
+            (30..5_000).contains(&wall_moved),
+            "wall moved {wall_moved} ms in 30 ms"
+        );
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert!(
+            unix_ms.abs_diff(c.wall_ms()) < 1_000,
+            "{} vs {unix_ms}",
+            c.wall_ms()
+        );
     }
 }

@@ -555,7 +555,6 @@ fn url_credentials(url: &str) -> (bool, bool) {
     }
 }
 
-/// `scheme://user:secret@host` → `scheme://user:***@host` (each host of a cluster URL too).
 /// Why `store` is refused, with what was given (its password redacted) and, for the forms
 /// other tools take (`host:port`, the reference's `REDIS_URL`; a comma list of cluster nodes),
 /// the URL it probably means.
@@ -582,6 +581,7 @@ fn store_hint(store: &str) -> String {
     }
 }
 
+/// `scheme://user:secret@host` → `scheme://user:***@host` (each host of a cluster URL too).
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();

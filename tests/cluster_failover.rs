@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::load::fallback_decisions;
 use common::redis::{TestCluster, command, unique_prefix};
 use common::{InProcess, get, request};
 
@@ -17,21 +18,26 @@ const LIMIT: usize = 40;
 const RULES: &str = "domain: c\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 40}\n";
 const STORE_TIMEOUT_MS: u64 = 500;
 
-/// 2 × LIMIT requests for `tenant`, spread over `servers` (4 clients each); how many were
-/// admitted. The shared quota admits LIMIT; the local fallback admits LIMIT ÷ replicas per
-/// server instead.
+/// 2 × LIMIT requests for `tenant`, split unevenly over `servers` (4 clients each); how many
+/// were admitted. The shared quota admits LIMIT; servers on the local fallback admit less
+/// (`fleet::admitted_unevenly` says how much).
 async fn admitted(servers: &[InProcess], tenant: &str) -> usize {
-    common::fleet::admitted(servers, "c", tenant, 2 * LIMIT / servers.len()).await
+    common::fleet::admitted_unevenly(servers, "c", tenant, 2 * LIMIT).await
 }
 
 /// Store calls that failed, summed over kinds (not the keeper's connection attempts).
 fn failed_calls(server: &InProcess) -> f64 {
-    get(server.admin, "/metrics")
-        .1
-        .lines()
-        .filter(|l| l.starts_with("tollgate_store_errors_total{") && !l.contains("connect\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::metric_sum(server.admin, "tollgate_store_errors_total", &[])
+        - common::metric_sum(
+            server.admin,
+            "tollgate_store_errors_total",
+            &["kind=\"connect\""],
+        )
+}
+
+/// Fallback decisions summed over `servers`.
+fn fallback(servers: &[InProcess]) -> f64 {
+    servers.iter().map(|s| fallback_decisions(s.admin)).sum()
 }
 
 /// The primary that holds `tenant`'s bucket, found by asking each primary for the key.
@@ -61,6 +67,11 @@ async fn a_killed_primary_is_replaced_by_its_replica_and_the_quota_is_exact_agai
 
     // Exact before the fault; the victim is the primary holding this tenant's bucket.
     assert_eq!(admitted(&servers, "before").await, LIMIT);
+    assert_eq!(
+        fallback(&servers),
+        0.0,
+        "the fallback decided before the fault"
+    );
     let primaries = cluster.primary_ports();
     assert_eq!(primaries.len(), 3, "three primaries: {primaries:?}");
     let victim = holder(&primaries, &prefix, "before").expect("a primary holds the bucket");
@@ -214,7 +225,19 @@ async fn a_killed_primary_is_replaced_by_its_replica_and_the_quota_is_exact_agai
         "the old primary did not rejoin as a replica"
     );
     let errors_before: f64 = servers.iter().map(failed_calls).sum();
+    let fallback_before = fallback(&servers);
     assert_eq!(admitted(&servers, "rejoined").await, LIMIT);
     assert_eq!(servers.iter().map(failed_calls).sum::<f64>(), errors_before);
+    assert_eq!(
+        fallback(&servers),
+        fallback_before,
+        "the fallback decided after the old primary rejoined"
+    );
+    // The store decided: the bucket is in a primary of the current slot map.
+    let primaries = cluster.primary_ports();
+    assert!(
+        holder(&primaries, &prefix, "rejoined").is_some(),
+        "no primary holds the bucket: {primaries:?}"
+    );
     drop(cluster);
 }

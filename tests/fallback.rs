@@ -62,12 +62,12 @@ fn metric(server: &InProcess, line_start: &str) -> Option<f64> {
 
 /// Store calls that failed (not the keeper's connection attempts).
 fn failed_calls(server: &InProcess) -> f64 {
-    get(server.admin, "/metrics")
-        .1
-        .lines()
-        .filter(|l| l.starts_with("tollgate_store_errors_total{") && !l.contains("connect\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::metric_sum(server.admin, "tollgate_store_errors_total", &[])
+        - common::metric_sum(
+            server.admin,
+            "tollgate_store_errors_total",
+            &["kind=\"connect\""],
+        )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,8 +243,13 @@ async fn membership_follows_replicas_that_leave_or_die() {
         .arg("membership-interval-ms", "200")
         .start();
     wait_for_replicas(&[&a, &b], 3);
-    // A graceful stop leaves the set at once.
+    // A graceful stop leaves the set at once: by the time the stop returns, its member is
+    // gone from the set in Redis (ageing out would take three intervals, 600 ms, longer).
+    let set = format!("{prefix}{{members}}");
+    let members = || redis.cmd::<u64>(&["ZCARD", &set]);
+    assert_eq!(members(), 3);
     b.shutdown().expect("graceful stop");
+    assert_eq!(members(), 2, "the stopped replica is still in the set");
     wait_for_replicas(&[&a], 2);
     // A killed replica ages out after three intervals.
     drop(killed);

@@ -86,18 +86,23 @@ async fn a_paused_redis_times_out_fast_answers_unavailable_then_recovers() {
         err.is_transient() && err.kind == StoreErrorKind::Timeout,
         "{err:?}"
     );
+    // It waited out the 100 ms timeout and not much more: a call gives up when its node has
+    // been silent for the timeout, plus however late this busy process is to notice. The
+    // bound catches a timeout applied twice or tripled, not this machine's jitter.
+    eprintln!("the store gave up after {took:?}");
     assert!(
-        took < Duration::from_millis(1_000),
-        "answered after {took:?}, the pause lasts 2 s"
+        took >= Duration::from_millis(100) && took < Duration::from_millis(250),
+        "gave up after {took:?}; the timeout is 100 ms, the pause 2 s"
     );
     // tollgate: UNAVAILABLE, as fast.
     let started = Instant::now();
     let err = client.should_rate_limit(req.clone()).await.unwrap_err();
     let took = started.elapsed();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    eprintln!("tollgate answered after {took:?}");
     assert!(
-        took < Duration::from_millis(1_000),
-        "answered in {took:?}, before the pause ended"
+        took >= Duration::from_millis(100) && took < Duration::from_millis(250),
+        "answered in {took:?}; the store timeout is 100 ms, the pause 2 s"
     );
     // Still ready: a Redis blip must not pull replicas out of the Service.
     let (code, ready) = readyz(server.admin);
@@ -150,7 +155,10 @@ async fn a_killed_redis_errors_fast_then_reconnects_on_restart() {
     let started = Instant::now();
     let err = client.should_rate_limit(req.clone()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    assert!(started.elapsed() < Duration::from_secs(1));
+    // A refused connection is known at once: no waiting for the 100 ms timeout.
+    let took = started.elapsed();
+    eprintln!("killed: tollgate answered after {took:?}");
+    assert!(took < Duration::from_millis(100), "answered after {took:?}");
     let down = poll_async(Duration::from_secs(10), || async {
         (store.state() == "disconnected").then_some(())
     })
@@ -225,7 +233,10 @@ async fn an_unreachable_redis_at_startup_is_no_error_and_is_picked_up_later() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
-    assert!(started.elapsed() < Duration::from_secs(1));
+    // Nobody listens: refused at once, without waiting for the 100 ms timeout.
+    let took = started.elapsed();
+    eprintln!("unreachable: tollgate answered after {took:?}");
+    assert!(took < Duration::from_millis(100), "answered after {took:?}");
 
     // Redis appears later on that port: both pick it up by themselves.
     let _redis = TestRedis::start_on(port);

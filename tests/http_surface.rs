@@ -8,6 +8,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use tollgate::clock::Clock;
 
 const RULES: &str = r#"
 domain: api
@@ -80,7 +81,15 @@ async fn several_limits_on_one_key_report_the_most_constrained_with_headers() {
 
 #[tokio::test]
 async fn custom_periods_burst_and_retry_after_that_can_never_fit() {
-    let server = InProcess::start(RULES, |s| s.response_headers = true);
+    // On a manual clock 100 s into a 5-minute window of the epoch: the fixed window resets in
+    // 200 s. Ignoring `unit_multiplier` (a 1-minute window) would say 20, and a token bucket
+    // of 1 per 5 minutes 300.
+    // 1_700_000_100_000 is a multiple of 300_000 ms: a window of the epoch starts there.
+    let window_start_ms = 1_700_000_100_000;
+    let server = InProcess::builder(RULES)
+        .settings(|s| s.response_headers = true)
+        .clock(Clock::manual(window_start_ms + 100_000))
+        .start();
     let mut client = server.client().await;
     let r = client
         .should_rate_limit(request("api", &[&[("export", "e")]]))
@@ -88,7 +97,7 @@ async fn custom_periods_burst_and_retry_after_that_can_never_fit() {
         .unwrap()
         .into_inner();
     let reset = r.statuses[0].duration_until_reset.unwrap().seconds;
-    assert!((1..=300).contains(&reset), "a 5-minute window: {reset}");
+    assert_eq!(reset, 200, "a 5-minute fixed window, 100 s in");
     // burst 3 on 10/hour: three at once, then over.
     let bulk = request("api", &[&[("bulk", "b")]]);
     for _ in 0..3 {
@@ -216,6 +225,20 @@ async fn config_shows_rules_and_settings_with_secrets_redacted() {
     assert_eq!(limits[0]["path"], "tenant");
     assert_eq!(limits[2]["rate"]["unit_multiplier"], 5);
     assert_eq!(v["store"], "memory");
+
+    // A password given as a setting (nobody listens on the port: the store is down, and the
+    // server serves from its fallback) shows only as `***`.
+    let port = common::free_port();
+    let secret = "hunter2-not-shown";
+    let server = InProcess::start(RULES, |s| {
+        s.store = format!("redis://127.0.0.1:{port}");
+        s.store_password = secret.into();
+    });
+    let (code, out) = get(server.admin, "/config");
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["settings"]["store_password"], "***", "{out}");
+    assert!(!out.contains(secret), "{out}");
 }
 
 #[tokio::test]

@@ -83,13 +83,12 @@ async fn two_bursts_a_lease_ttl_apart_admit_exactly_the_limit() {
 fn granted(servers: &[InProcess]) -> f64 {
     servers
         .iter()
-        .flat_map(|s| {
-            common::get(s.admin, "/metrics")
-                .1
-                .lines()
-                .filter(|l| l.starts_with("tollgate_lease_tokens_total{") && l.contains("granted"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .collect::<Vec<_>>()
+        .map(|s| {
+            common::metric_sum(
+                s.admin,
+                "tollgate_lease_tokens_total",
+                &["event=\"granted\""],
+            )
         })
         .sum()
 }

@@ -184,7 +184,8 @@ fn eval_at(conn: &mut ::redis::Connection, source: &str, op: &Op, now_ms: u64) -
 }
 
 /// `with_test_clock` for `lease.lua`, which sets a TTL on several paths: every `PEXPIRE` of
-/// the bucket key writes its TTL into the `ttl` field instead.
+/// the bucket key writes its TTL into the `ttl` field instead, which the lease test compares
+/// with the TTL the Rust state implies after every call that set one.
 fn lease_with_test_clock() -> String {
     let time = "redis.call('TIME')";
     assert_eq!(
@@ -509,6 +510,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
         prop::collection::vec((step(), lease_step()), 1..=MAX_TAKES),
     );
     let (cases, granted_extra, returned) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    let ttls_checked = Cell::new(0);
     check(
         (params, steps),
         |((token_bucket, cap, refill, window_ms), (start, steps))| {
@@ -567,16 +569,32 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                 };
                 want.reset_ms = want.reset_ms.min(MAX_WAIT);
                 want.retry_ms = want.retry_ms.map(|r| r.min(MAX_WAIT));
+                // The TTL field is cleared before each call, so after it the field is there
+                // exactly when this call set a TTL.
+                let fields = ["t", "ts", "w", "c", "ttl"];
+                let read = |conn: &mut ::redis::Connection| -> Vec<Option<String>> {
+                    ::redis::cmd("HMGET")
+                        .arg(k)
+                        .arg(&fields)
+                        .query(conn)
+                        .unwrap()
+                };
+                ::redis::cmd("HDEL")
+                    .arg(k)
+                    .arg("ttl")
+                    .query::<()>(conn)
+                    .unwrap();
+                let before = read(conn);
                 let got = eval_at(conn, source, &op, now);
                 let at = format!("{op:?} at {now}");
                 prop_assert_eq!(got, want, "{}", at);
+                let stored = read(conn);
+                // Wrote a state (a deleted key is no state, and needs no TTL).
+                let wrote = stored[..4] != before[..4] && stored[..4].iter().any(Option::is_some);
+                let ttl: Option<u64> = stored[4].as_deref().map(|t| t.parse().unwrap());
                 if token_bucket {
-                    // The same two numbers, bit for bit, or no key for a full bucket.
-                    let stored: Vec<Option<String>> = ::redis::cmd("HMGET")
-                        .arg(k)
-                        .arg(&["t", "ts"])
-                        .query(conn)
-                        .unwrap();
+                    // The same two numbers, bit for bit, or no key for a full bucket; a call
+                    // that stored a state set its TTL to the time until the bucket is full.
                     match tb_state {
                         None => prop_assert!(stored[0].is_none(), "{}: full is not stored", at),
                         Some(s) => {
@@ -588,8 +606,42 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                                 "{}",
                                 at
                             );
+                            prop_assert!(!wrote || ttl.is_some(), "{}: stored without a TTL", at);
+                            if let Some(ttl) = ttl {
+                                let full_in = bucket::token_idle_after_ms(s, p).min(MAX_WAIT);
+                                prop_assert_eq!(ttl, full_in, "{}: TTL is time-to-full", at);
+                            }
                         }
                     }
+                } else {
+                    // The count in the current window, as the script and the Rust hold it (a
+                    // missing key or another window's state count 0), and a call that wrote
+                    // the window set it to expire when the window ends.
+                    let start = now - now % window_ms;
+                    let stored_count = match (&stored[2], &stored[3]) {
+                        (Some(w), Some(c)) if w.parse::<u64>().unwrap() == start => {
+                            c.parse::<u64>().unwrap()
+                        }
+                        _ => 0,
+                    };
+                    // The script caps a count past the limit at limit + 1 (the Rust
+                    // saturates): every reader treats any count past the limit alike.
+                    let rust_count = fw_state
+                        .filter(|w| w.start_ms == start)
+                        .map_or(0, |w| w.count.min(cap.saturating_add(1)));
+                    prop_assert_eq!(stored_count, rust_count, "{}: the window's count", at);
+                    prop_assert!(!wrote || ttl.is_some(), "{}: stored without a TTL", at);
+                    if let Some(ttl) = ttl {
+                        prop_assert_eq!(
+                            ttl,
+                            start + window_ms - now,
+                            "{}: expires at the window's end",
+                            at
+                        );
+                    }
+                }
+                if ttl.is_some() {
+                    ttls_checked.set(ttls_checked.get() + 1);
                 }
                 if let Action::Claim(ask) = op.action {
                     granted_extra.set(granted_extra.get() + usize::from(got.granted > ask.need));
@@ -603,10 +655,16 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
         },
     );
     eprintln!(
-        "lease: {} cases, {} claims granted beyond their need, {} give-backs",
+        "lease: {} cases, {} claims granted beyond their need, {} give-backs, {} TTLs compared",
         cases.get(),
         granted_extra.get(),
-        returned.get()
+        returned.get(),
+        ttls_checked.get()
+    );
+    assert!(
+        ttls_checked.get() > 200,
+        "{} TTLs compared",
+        ttls_checked.get()
     );
     assert!(cases.get() >= CASES, "{} cases ran", cases.get());
     assert!(

@@ -160,8 +160,31 @@ async fn request_spans_reach_the_collector_and_are_flushed_on_shutdown() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_collector_costs_requests_nothing_and_does_not_hold_up_the_exit() {
-    let port = common::free_port();
-    let mut tollgate = three_requests(&format!("http://127.0.0.1:{port}")).await;
+    // A collector that never answers: the kernel accepts the connection into the backlog and
+    // nobody reads it, so every export waits for its 3 s timeout. A request that waited for
+    // its span's export would take that long; each must be answered at once.
+    let blackhole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", blackhole.local_addr().unwrap());
+    let mut tollgate = TestServer::builder(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .arg("otlp-endpoint", &endpoint)
+    .start();
+    let mut client = tollgate.client().await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let started = std::time::Instant::now();
+        client
+            .should_rate_limit(request("d", &[&[("k", "v")]]))
+            .await
+            .unwrap();
+        slowest = slowest.max(started.elapsed());
+    }
+    eprintln!("slowest of 20 requests with a silent collector: {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a request took {slowest:?}: it waited for the export (timeout 3 s)"
+    );
     let started = std::time::Instant::now();
     let status = tollgate.terminate();
     assert!(status.success(), "{}", tollgate.log());

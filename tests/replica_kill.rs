@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::load::fallback_decisions;
 use common::redis::{TestRedis, unique_prefix};
 use common::{TestServer, get, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -72,14 +73,6 @@ fn hammer(
             })
         })
         .collect()
-}
-
-fn fallback_decisions(admin: SocketAddr) -> f64 {
-    let (_, text) = get(admin, "/metrics");
-    text.lines()
-        .filter(|l| l.starts_with("tollgate_decisions_total{") && l.contains("fallback"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

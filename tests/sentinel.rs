@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::InProcess;
+use common::load::fallback_decisions;
 use common::redis::unique_prefix;
 use common::request;
 use common::sentinel::TestSentinels;
@@ -20,11 +21,16 @@ use common::tls::TestCerts;
 const LIMIT: usize = 60;
 const RULES: &str = "domain: s\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 60}\n";
 
-/// 2 × LIMIT concurrent requests for `tenant` spread over `servers`; how many were admitted.
-/// Through one server this tells the shared quota (LIMIT) from the fallback's local share
-/// (LIMIT ÷ 3).
+/// 2 × LIMIT concurrent requests for `tenant` split unevenly over `servers`; how many were
+/// admitted. The uneven split tells the shared quota (LIMIT) from a fleet on the fallback's
+/// local shares (less than LIMIT): see `fleet::admitted_unevenly`.
 async fn admitted(servers: &[InProcess], tenant: &str) -> usize {
-    common::fleet::admitted(servers, "s", tenant, 2 * LIMIT / servers.len()).await
+    common::fleet::admitted_unevenly(servers, "s", tenant, 2 * LIMIT).await
+}
+
+/// Fallback decisions summed over `servers`.
+fn fallback(servers: &[InProcess]) -> f64 {
+    servers.iter().map(|s| fallback_decisions(s.admin)).sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -42,6 +48,11 @@ async fn three_replicas_share_one_quota_through_sentinel_and_survive_a_failover(
         })
         .collect();
     assert_eq!(admitted(&servers, "before").await, LIMIT);
+    assert_eq!(
+        fallback(&servers),
+        0.0,
+        "the fallback decided before the failover"
+    );
 
     // Load on other tenants while the Sentinels move the primary: every request answered.
     let stop = Arc::new(AtomicBool::new(false));
@@ -105,11 +116,17 @@ async fn three_replicas_share_one_quota_through_sentinel_and_survive_a_failover(
     })
     .await
     .unwrap();
-    assert_eq!(admitted(&servers[..1], "demoted").await, LIMIT);
     stop.store(true, Ordering::Relaxed);
     for l in load {
         l.await.unwrap();
     }
+    let before = fallback(&servers);
+    assert_eq!(admitted(&servers, "demoted").await, LIMIT);
+    assert_eq!(
+        fallback(&servers),
+        before,
+        "the fallback decided after the old primary was demoted"
+    );
     assert!(answered.load(Ordering::Relaxed) > 0);
     // The new primary holds the buckets.
     let keys: Vec<String> = common::redis::command(
@@ -140,6 +157,11 @@ async fn sentinel_over_mutual_tls_shares_one_quota_and_follows_a_failover() {
         .collect();
     assert!(set.url().starts_with("rediss+sentinel://"));
     assert_eq!(admitted(&servers, "before").await, LIMIT);
+    assert_eq!(
+        fallback(&servers),
+        0.0,
+        "the fallback decided before the failover"
+    );
     let keys: Vec<String> = common::redis::command(
         set.primary_port(),
         &["KEYS", &format!("{prefix}*tenant=before|*")],

@@ -35,14 +35,46 @@ pub async fn admitted(
     tenant: &str,
     per_server: usize,
 ) -> usize {
+    admitted_split(servers, domain, tenant, &vec![per_server; servers.len()]).await
+}
+
+/// `total` requests for `tenant` in `domain` split *unevenly* over `servers`: each server but
+/// the first sends `total / (4 × servers)`, the first sends the rest; how many were admitted.
+///
+/// An even split cannot tell the shared quota from the local fallback: with `total` ≥ 2 ×
+/// the limit, each of N replicas admits its share (limit ÷ N) and the fleet admits exactly the
+/// limit either way. Split like this, a fleet on the fallback admits (N + 1) ÷ 2N of the limit
+/// (N ≥ 2), and through one server of a fleet of N, 1 ÷ N of it.
+pub async fn admitted_unevenly(
+    servers: &[InProcess],
+    domain: &str,
+    tenant: &str,
+    total: usize,
+) -> usize {
+    let small = total / (4 * servers.len());
+    let mut counts = vec![small; servers.len()];
+    counts[0] = total - small * (servers.len() - 1);
+    admitted_split(servers, domain, tenant, &counts).await
+}
+
+/// `counts[i]` requests for `tenant` in `domain` through `servers[i]`, from 4 clients per
+/// server each sending one at a time; how many were admitted.
+pub async fn admitted_split(
+    servers: &[InProcess],
+    domain: &str,
+    tenant: &str,
+    counts: &[usize],
+) -> usize {
     let mut tasks = Vec::new();
-    for server in servers {
-        for _ in 0..4 {
+    for (server, &count) in servers.iter().zip(counts) {
+        for client_no in 0..4 {
             let mut client = server.client().await;
             let (domain, tenant) = (domain.to_string(), tenant.to_string());
+            // The first `count % 4` clients send one more, so the server sends exactly `count`.
+            let sends = count / 4 + usize::from(client_no < count % 4);
             tasks.push(tokio::spawn(async move {
                 let mut ok = 0;
-                for _ in 0..per_server.div_ceil(4) {
+                for _ in 0..sends {
                     let r = client
                         .should_rate_limit(request(&domain, &[&[("tenant", &tenant)]]))
                         .await

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
-use super::{client_of, get, request};
+use super::{client_of, request};
 
 /// Latencies (µs) and errors of one phase.
 #[derive(Default)]
@@ -100,11 +100,7 @@ impl Load {
 
 /// Decisions the fallback has made so far (`tollgate_decisions_total{outcome="fallback_*"}`).
 pub fn fallback_decisions(admin: SocketAddr) -> f64 {
-    let (_, text) = get(admin, "/metrics");
-    text.lines()
-        .filter(|l| l.starts_with("tollgate_decisions_total{") && l.contains("fallback"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    super::metric_sum(admin, "tollgate_decisions_total", &["outcome=\"fallback_"])
 }
 
 /// How long until the fallback stops deciding (its count still for 300 ms), at most `limit`.

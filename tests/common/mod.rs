@@ -111,6 +111,37 @@ where
     }
 }
 
+/// The sum of `/metrics` samples of the metric `name` whose line contains every one of `parts`
+/// (label fragments such as `outcome="ok"`); 0 when there are none.
+pub fn metric_sum(admin: SocketAddr, name: &str, parts: &[&str]) -> f64 {
+    let (_, text) = get(admin, "/metrics");
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .filter(|l| parts.iter().all(|p| l.contains(p)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        // An empty f64 sum is -0.0, which prints as "-0".
+        + 0.0
+}
+
+/// Whether a connection to loopback `port` has bytes waiting that the process holding it has
+/// not read (`/proc/net/tcp`: an established socket with that local port and a non-zero
+/// receive queue): a stopped process's peer has connected and written to it.
+pub fn unread_bytes_on(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table.lines().skip(1).any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let local_port = f.get(1).and_then(|a| a.rsplit(':').next());
+        let rx_queue = f.get(4).and_then(|q| q.split(':').nth(1));
+        local_port.and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
+            && f.get(3) == Some(&"01")
+            && rx_queue.and_then(|q| u64::from_str_radix(q, 16).ok()) > Some(0)
+    })
+}
+
 /// A minimal HTTP/1.1 request (the admin port speaks plain HTTP/1.1). Returns (status, body).
 pub fn http(
     addr: SocketAddr,
@@ -247,6 +278,11 @@ impl TestServer {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The exit status, if the process has exited.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// Sends SIGTERM and waits for the exit status.

@@ -234,6 +234,11 @@ impl TestRedis {
         command(self.port, args).unwrap_or_else(|e| panic!("{args:?} on :{}: {e}", self.port))
     }
 
+    /// The server's process id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILLs the server (no shutdown, no save) and waits for it to go.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
