@@ -52,14 +52,28 @@ end
 
 if algorithm == 1 then
   -- Token bucket: as token_bucket.lua (same refill arithmetic, same storage rule).
-  local function wait_ms(missing)
-    if missing <= 0 then
+  local function refilled(elapsed_ms)
+    return elapsed_ms * refill / window_ms
+  end
+  -- As token_bucket.lua's wait_ms (TokenBucketParams::wait_ms): stepped on until the sum is
+  -- there, for large numbers.
+  local EPSILON = 2.220446049250313e-16 -- 2^-52
+  local function wait_ms(tokens, target)
+    if tokens >= target then
       return 0
     end
-    if refill > 0 then
-      return math.min(math.ceil(missing * window_ms / refill), MAX_INT)
+    if refill <= 0 then
+      return nil
     end
-    return nil
+    local ms = math.ceil((target - tokens) * window_ms / refill)
+    local step = math.max(math.ceil(target * EPSILON * window_ms / refill), 1)
+    for _ = 1, 4 do
+      if tokens + refilled(ms) >= target then
+        break
+      end
+      ms = ms + step
+    end
+    return math.min(ms, MAX_INT)
   end
 
   local state = redis.call('HMGET', KEYS[1], 't', 'ts')
@@ -71,7 +85,7 @@ if algorithm == 1 then
     if elapsed < 0 then
       elapsed = 0
     end
-    tokens = math.min(capacity, tonumber(state[1]) + elapsed * refill / window_ms)
+    tokens = math.min(capacity, tonumber(state[1]) + refilled(elapsed))
   else
     last_ms = now_ms
     tokens = capacity
@@ -87,13 +101,13 @@ if algorithm == 1 then
     elseif need > capacity then
       retry_ms = -1
     else
-      retry_ms = wait_ms(need - tokens) or -1
+      retry_ms = wait_ms(tokens, need) or -1
     end
   else
     tokens = math.min(capacity, tokens + need)
   end
 
-  local reset_ms = wait_ms(capacity - tokens) or window_ms
+  local reset_ms = wait_ms(tokens, capacity) or window_ms
   if tokens >= capacity then
     if stored then
       redis.call('DEL', KEYS[1])

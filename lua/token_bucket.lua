@@ -41,16 +41,26 @@ local function refilled(elapsed_ms)
   return elapsed_ms * refill / window_ms
 end
 
--- TokenBucketParams::wait_ms: ms for `missing` tokens to refill, rounded up; nil if nothing
--- refills.
-local function wait_ms(missing)
-  if missing <= 0 then
+-- TokenBucketParams::wait_ms: ms until `tokens` become `target` as this arithmetic sees it,
+-- rounded up; nil if nothing refills. The quotient can land one ulp short when the numbers
+-- are large: step on by the time one ulp of `target` takes to refill (at most four steps).
+local EPSILON = 2.220446049250313e-16 -- 2^-52, Rust's f64::EPSILON
+local function wait_ms(tokens, target)
+  if tokens >= target then
     return 0
   end
-  if refill > 0 then
-    return math.min(math.ceil(missing * window_ms / refill), MAX_INT)
+  if refill <= 0 then
+    return nil
   end
-  return nil
+  local ms = math.ceil((target - tokens) * window_ms / refill)
+  local step = math.max(math.ceil(target * EPSILON * window_ms / refill), 1)
+  for _ = 1, 4 do
+    if tokens + refilled(ms) >= target then
+      break
+    end
+    ms = ms + step
+  end
+  return math.min(ms, MAX_INT)
 end
 
 local state = redis.call('HMGET', KEYS[1], 't', 'ts')
@@ -81,11 +91,11 @@ if allowed then
 elseif cost > capacity then
   retry_ms = -1
 else
-  retry_ms = wait_ms(need - tokens) or -1
+  retry_ms = wait_ms(tokens, need) or -1
 end
 
 -- A bucket that never refills is reported to reset at its window, like the reference.
-local reset_ms = wait_ms(capacity - tokens) or window_ms
+local reset_ms = wait_ms(tokens, capacity) or window_ms
 
 if tokens >= capacity then
   -- Full: identical to a missing key, so store nothing.

@@ -21,13 +21,13 @@ use tonic::transport::Channel;
 const RULES: &str =
     "domain: f\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
 
-/// tollgate on `store` with a 100 ms store timeout and `fallback: error`, so a store failure
+/// tollgate on `store` with the given store timeout and `fallback: error`, so a store failure
 /// reaches the client as UNAVAILABLE (the other modes are in `fallback.rs`).
-fn server(store: &str) -> InProcess {
+fn server(store: &str, store_timeout_ms: u64) -> InProcess {
     InProcess::start(RULES, |s| {
         s.store = store.to_string();
         s.key_prefix = unique_prefix("faults");
-        s.store_timeout_ms = 100;
+        s.store_timeout_ms = store_timeout_ms;
         s.fallback = tollgate::limiter::FallbackMode::Error;
     })
 }
@@ -66,11 +66,25 @@ async fn readyz_store_state_becomes(server: &InProcess, want: &[&str]) -> serde_
     })
 }
 
+/// The store timeout while Redis is paused: long enough that one timeout of slack is more
+/// than this shared machine's scheduling jitter.
+const PAUSED_TIMEOUT_MS: u64 = 300;
+
+/// At least one timeout, and less than two.
+fn waited_one_timeout(took: Duration) -> bool {
+    let t = Duration::from_millis(PAUSED_TIMEOUT_MS);
+    took >= t && took < 2 * t
+}
+
+/// Where nothing listens: a timeout long enough that a refusal seen before half of it was
+/// known at once, not waited for.
+const REFUSED_TIMEOUT_MS: u64 = 2_000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_times_out_fast_answers_unavailable_then_recovers() {
     let redis = TestRedis::start();
-    let store = connect(&redis.url(), 100).await;
-    let server = server(&redis.url());
+    let store = connect(&redis.url(), PAUSED_TIMEOUT_MS).await;
+    let server = server(&redis.url(), PAUSED_TIMEOUT_MS);
     let mut client = server.client().await;
     let req = request("f", &[&[("k", "v")]]);
     let k = key(&unique_prefix("pause"), "k");
@@ -86,13 +100,13 @@ async fn a_paused_redis_times_out_fast_answers_unavailable_then_recovers() {
         err.is_transient() && err.kind == StoreErrorKind::Timeout,
         "{err:?}"
     );
-    // It waited out the 100 ms timeout and not much more: a call gives up when its node has
-    // been silent for the timeout, plus however late this busy process is to notice. The
-    // bound catches a timeout applied twice or tripled, not this machine's jitter.
+    // It waited out the timeout and not much more: a call gives up when its node has been
+    // silent for the timeout, plus however late this busy process is to notice. The bound
+    // (one timeout of slack) catches a timeout applied twice, not this machine's jitter.
     eprintln!("the store gave up after {took:?}");
     assert!(
-        took >= Duration::from_millis(100) && took < Duration::from_millis(250),
-        "gave up after {took:?}; the timeout is 100 ms, the pause 2 s"
+        waited_one_timeout(took),
+        "gave up after {took:?}; the timeout is {PAUSED_TIMEOUT_MS} ms, the pause 2 s"
     );
     // tollgate: UNAVAILABLE, as fast.
     let started = Instant::now();
@@ -101,8 +115,8 @@ async fn a_paused_redis_times_out_fast_answers_unavailable_then_recovers() {
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     eprintln!("tollgate answered after {took:?}");
     assert!(
-        took >= Duration::from_millis(100) && took < Duration::from_millis(250),
-        "answered in {took:?}; the store timeout is 100 ms, the pause 2 s"
+        waited_one_timeout(took),
+        "answered in {took:?}; the store timeout is {PAUSED_TIMEOUT_MS} ms, the pause 2 s"
     );
     // Still ready: a Redis blip must not pull replicas out of the Service.
     let (code, ready) = readyz(server.admin);
@@ -137,8 +151,8 @@ async fn a_paused_redis_times_out_fast_answers_unavailable_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_errors_fast_then_reconnects_on_restart() {
     let mut redis = TestRedis::start();
-    let store = connect(&redis.url(), 500).await;
-    let server = server(&redis.url());
+    let store = connect(&redis.url(), REFUSED_TIMEOUT_MS).await;
+    let server = server(&redis.url(), REFUSED_TIMEOUT_MS);
     let mut client = server.client().await;
     let req = request("f", &[&[("k", "v")]]);
     let k = key(&unique_prefix("kill"), "k");
@@ -155,10 +169,13 @@ async fn a_killed_redis_errors_fast_then_reconnects_on_restart() {
     let started = Instant::now();
     let err = client.should_rate_limit(req.clone()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    // A refused connection is known at once: no waiting for the 100 ms timeout.
+    // A refused connection is known at once: no waiting for the timeout.
     let took = started.elapsed();
     eprintln!("killed: tollgate answered after {took:?}");
-    assert!(took < Duration::from_millis(100), "answered after {took:?}");
+    assert!(
+        took < Duration::from_millis(REFUSED_TIMEOUT_MS / 2),
+        "answered after {took:?}; the timeout is {REFUSED_TIMEOUT_MS} ms"
+    );
     let down = poll_async(Duration::from_secs(10), || async {
         (store.state() == "disconnected").then_some(())
     })
@@ -205,7 +222,7 @@ async fn a_killed_redis_errors_fast_then_reconnects_on_restart() {
 async fn an_unreachable_redis_at_startup_is_no_error_and_is_picked_up_later() {
     let port = free_port();
     let url = format!("redis://127.0.0.1:{port}");
-    let store = connect(&url, 500).await;
+    let store = connect(&url, REFUSED_TIMEOUT_MS).await;
     assert_eq!(store.state(), "disconnected");
     let started = Instant::now();
     let err = store
@@ -217,12 +234,12 @@ async fn an_unreachable_redis_at_startup_is_no_error_and_is_picked_up_later() {
         "{err:?}"
     );
     assert!(
-        started.elapsed() < Duration::from_millis(100),
+        started.elapsed() < Duration::from_millis(REFUSED_TIMEOUT_MS / 2),
         "fails fast: {:?}",
         started.elapsed()
     );
     // tollgate starts and is ready: tollgate itself is fine; the body says the store is not.
-    let server = server(&url);
+    let server = server(&url, REFUSED_TIMEOUT_MS);
     let (code, ready) = readyz(server.admin);
     assert_eq!(code, 200, "ready: tollgate itself is fine: {ready}");
     assert_eq!(ready["store"]["state"], "disconnected", "{ready}");
@@ -233,10 +250,13 @@ async fn an_unreachable_redis_at_startup_is_no_error_and_is_picked_up_later() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
-    // Nobody listens: refused at once, without waiting for the 100 ms timeout.
+    // Nobody listens: refused at once, without waiting for the timeout.
     let took = started.elapsed();
     eprintln!("unreachable: tollgate answered after {took:?}");
-    assert!(took < Duration::from_millis(100), "answered after {took:?}");
+    assert!(
+        took < Duration::from_millis(REFUSED_TIMEOUT_MS / 2),
+        "answered after {took:?}; the timeout is {REFUSED_TIMEOUT_MS} ms"
+    );
 
     // Redis appears later on that port: both pick it up by themselves.
     let _redis = TestRedis::start_on(port);

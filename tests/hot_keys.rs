@@ -331,10 +331,13 @@ async fn over_limit_cache_spares_the_store_until_the_key_refills() {
 
     let calls = script_calls(&redis);
     let mut seen = Vec::new();
+    // (sent, answered, Retry-After): the server decided between the first two.
     while refused_at.elapsed() < Duration::from_millis(1_500) {
+        let sent = refused_at.elapsed();
         let r = client.should_rate_limit(ask()).await.unwrap().into_inner();
         assert_eq!(r.overall_code, Code::OverLimit as i32);
-        seen.push((refused_at.elapsed(), retry_after(&r).expect("Retry-After")));
+        let answered = refused_at.elapsed();
+        seen.push((sent, answered, retry_after(&r).expect("Retry-After")));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(
@@ -344,28 +347,35 @@ async fn over_limit_cache_spares_the_store_until_the_key_refills() {
         seen.len()
     );
     // Counting down: 2 s at first, 1 s once the wait is under a second. The switch comes
-    // between 1 s − slack and 1 s after `refused_at`; answers around it are not judged.
-    let margin = Duration::from_millis(30);
+    // between 1 s − slack and 1 s after `refused_at`. An answer decided wholly before that
+    // span (answered before it starts) must say 2, one sent after it must say 1; the few
+    // whose round trip overlaps it are not judged. 2 ms cover the server's whole-ms clock.
+    let tick = Duration::from_millis(2);
     let (early, late) = (
-        Duration::from_secs(1).saturating_sub(slack + margin),
-        Duration::from_secs(1) + margin,
+        Duration::from_secs(1).saturating_sub(slack + tick),
+        Duration::from_secs(1) + tick,
     );
-    for (at, secs) in &seen {
-        if *at < early {
+    for (sent, answered, secs) in &seen {
+        if *answered < early {
             assert_eq!(
                 *secs, 2,
-                "Retry-After at {at:?} (slack {slack:?}): {seen:?}"
+                "Retry-After answered at {answered:?} (slack {slack:?}): {seen:?}"
             );
-        } else if *at > late {
+        } else if *sent > late {
             assert_eq!(
                 *secs, 1,
-                "Retry-After at {at:?} (slack {slack:?}): {seen:?}"
+                "Retry-After sent at {sent:?} (slack {slack:?}): {seen:?}"
             );
         }
     }
     assert!(
-        seen.iter().any(|(at, s)| *at > late && *s == 1),
+        seen.iter().any(|(sent, _, s)| *sent > late && *s == 1),
         "never counted down: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|(_, answered, s)| *answered < early && *s == 2),
+        "never said 2 s: {seen:?}"
     );
     let cached = common::metric_sum(
         server.admin,

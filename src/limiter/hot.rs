@@ -732,7 +732,11 @@ mod tests {
     /// than the limit, with time passing (refills, leases expire), housekeeping, and replicas
     /// stopped gracefully (leases given back) or killed (leases lost) and replaced. Over the
     /// whole run, no more than the bucket gave: 10 + what refilled. Over every span, at most
-    /// the README's bound: capacity + refill × span + replicas × (max_batch + cost).
+    /// the README's bound: capacity + refill × span + replicas × (max_batch + cost). And
+    /// from below: a request the store refused (not one the over-limit cache refused from
+    /// memory) was refused because the shared bucket could not pay its cost. Tokens held in
+    /// other replicas' leases may be why, but never tokens the bucket still has: a limiter
+    /// that refuses too much fails here.
     mod leasing_property {
         use std::sync::Arc;
 
@@ -740,6 +744,7 @@ mod tests {
 
         use super::super::super::fixture::rules;
         use super::super::super::{Code, Limiter, LimiterConfig, Request, RequestDescriptor};
+        use super::super::HotKeyConfig;
         use super::hot;
         use crate::clock::Clock;
         use crate::store::{MemoryStore, Store};
@@ -768,14 +773,47 @@ mod tests {
             ]
         }
 
-        fn new_replica(store: &Arc<Store>, clock: &Clock) -> Limiter {
+        /// A replica, and its metrics (to tell a refusal from the over-limit cache).
+        fn new_replica(store: &Arc<Store>, clock: &Clock) -> (Limiter, Arc<Metrics>) {
             let config = LimiterConfig {
                 key_prefix: "t:".into(),
                 hot: hot(),
                 clock: clock.clone(),
                 ..LimiterConfig::default()
             };
-            Limiter::on_shared_store(store.clone(), config, Arc::new(Metrics::new()))
+            let metrics = Arc::new(Metrics::new());
+            (
+                Limiter::on_shared_store(store.clone(), config, metrics.clone()),
+                metrics,
+            )
+        }
+
+        /// Refusals a replica made from its over-limit cache so far.
+        fn cached_refusals(metrics: &Metrics) -> u64 {
+            metrics
+                .render()
+                .lines()
+                .find(|l| {
+                    l.starts_with("tollgate_local_decisions_total{")
+                        && l.contains("reason=\"over_limit_cache\"")
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or(0)
+        }
+
+        /// Whole tokens in the shared bucket now, read by a limiter with no lease and no
+        /// cache (a check: it takes nothing).
+        async fn balance(probe: &Limiter, rules: &crate::rules::RuleSet) -> u64 {
+            let req = Request {
+                domain: "edge",
+                descriptors: vec![RequestDescriptor {
+                    entries: vec![("leased_fast", "k")],
+                    hits_addend: Some(0),
+                    limit_override: None,
+                }],
+                hits_addend: 0,
+            };
+            u64::from(probe.decide(rules, &req).await.unwrap().statuses[0].remaining)
         }
 
         proptest! {
@@ -787,8 +825,19 @@ mod tests {
                 let rules = rules();
                 let clock = Clock::manual(1_700_000_000_000);
                 let store = Arc::new(Store::Memory(MemoryStore::new(clock.clone())));
-                let mut replicas: Vec<Limiter> = (0..REPLICAS).map(|_| new_replica(&store, &clock)).collect();
+                let mut replicas: Vec<(Limiter, Arc<Metrics>)> = (0..REPLICAS).map(|_| new_replica(&store, &clock)).collect();
+                let probe = Limiter::on_shared_store(
+                    store.clone(),
+                    LimiterConfig {
+                        key_prefix: "t:".into(),
+                        hot: HotKeyConfig::default(),
+                        clock: clock.clone(),
+                        ..LimiterConfig::default()
+                    },
+                    Arc::new(Metrics::new()),
+                );
                 let start = clock.mono_ms();
+
                 // (time, cost) of every admitted request.
                 let mut admitted: Vec<(u64, u64)> = Vec::new();
                 rt.block_on(async {
@@ -804,19 +853,30 @@ mod tests {
                                     }],
                                     hits_addend: 0,
                                 };
-                                let d = replicas[replica].decide(&rules, &req).await.unwrap();
+                                let (limiter, metrics) = &replicas[replica];
+                                let cached_before = cached_refusals(metrics);
+                                let d = limiter.decide(&rules, &req).await.unwrap();
                                 if d.statuses[0].code == Code::Ok {
                                     admitted.push((clock.mono_ms(), cost));
+                                } else if cached_refusals(metrics) == cached_before {
+                                    // The clock stands still and nothing is given back
+                                    // between the refusal and this look (claims sent ahead
+                                    // only take more), so the bucket is as the store saw it
+                                    // or emptier.
+                                    let left = balance(&probe, &rules).await;
+                                    if left >= cost {
+                                        return Err(format!("replica {replica} refused a cost of {cost} with {left} tokens in the bucket"));
+                                    }
                                 }
                             }
                             Step::Advance(ms) => clock.advance_ms(ms),
                             Step::Maintain(replica) => {
-                                replicas[replica].maintain();
-                                replicas[replica].return_ended_leases().await;
+                                replicas[replica].0.maintain();
+                                replicas[replica].0.return_ended_leases().await;
                             }
                             Step::Stop { replica, graceful } => {
                                 if graceful {
-                                    replicas[replica].return_leases().await;
+                                    replicas[replica].0.return_leases().await;
                                 }
                                 replicas[replica] = new_replica(&store, &clock);
                             }
@@ -824,7 +884,8 @@ mod tests {
                         // Let claims sent ahead in the background land.
                         tokio::task::yield_now().await;
                     }
-                });
+                    Ok(())
+                }).map_err(TestCaseError::fail)?;
                 let end = clock.mono_ms();
                 let total: u64 = admitted.iter().map(|&(_, c)| c).sum();
                 let refilled = (end - start) as f64 * PER_MS;

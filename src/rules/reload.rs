@@ -1,10 +1,15 @@
 //! Rules reload: poll the rules path, and swap a new [`RuleSet`] in when its files change.
 //!
-//! Polling (size + modification time of each file, every `reload_interval_ms`) rather than
-//! inotify, because a Kubernetes ConfigMap update swaps a `..data` symlink, which file
-//! watchers miss or report twice, and polling needs no extra dependency. A new set that fails
-//! to load is logged with every error and counted; the rules in force stay.
+//! Polling (each file's size, modification time and a hash of its content, every
+//! `reload_interval_ms`) rather than inotify, because a Kubernetes ConfigMap update swaps a
+//! `..data` symlink, which file watchers miss or report twice, and polling needs no extra
+//! dependency. The content hash is there because size and mtime alone miss an edit that keeps
+//! the size within one mtime tick (a changed digit, two lines swapped; coarse-mtime
+//! filesystems make the tick a second or more). Rules files are a few KB, so reading them each
+//! poll is cheap. A new set that fails to load is logged with every error and counted; the
+//! rules in force stay.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -15,8 +20,9 @@ use super::load::{LoadOptions, load_path};
 use super::model::RuleSet;
 use crate::telemetry::{Metrics, ResultLabels};
 
-/// Size and modification time of each file under the rules path.
-pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+/// Size, modification time and content hash (`None`: unreadable, e.g. a directory) of each
+/// file under the rules path.
+pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, Option<u64>)>;
 
 /// What identifies the current content of the rules path, cheaply.
 pub fn fingerprint(path: &Path) -> Fingerprint {
@@ -34,7 +40,12 @@ pub fn fingerprint(path: &Path) -> Fingerprint {
         .filter_map(|f| {
             // metadata() follows symlinks: a ConfigMap update changes the target's mtime.
             let m = std::fs::metadata(&f).ok()?;
-            Some((f, m.len(), m.modified().ok()))
+            let content = std::fs::read(&f).ok().map(|bytes| {
+                let mut h = DefaultHasher::new();
+                bytes.hash(&mut h);
+                h.finish()
+            });
+            Some((f, m.len(), m.modified().ok(), content))
         })
         .collect();
     out.sort();
@@ -121,5 +132,30 @@ mod tests {
         std::fs::write(&file, "domain: two\n").unwrap();
         assert!(reload_once(&file, opts, &rules, &metrics));
         assert!(rules.load().domains.contains_key("two"));
+    }
+
+    /// An edit that keeps the size and the modification time (a changed digit within one
+    /// mtime tick) is still a change.
+    #[test]
+    fn a_same_size_edit_within_one_mtime_tick_changes_the_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("r.yaml");
+        std::fs::write(&file, "requests_per_unit: 5\n").unwrap();
+        let mtime = std::fs::metadata(&file).unwrap().modified().unwrap();
+        let before = fingerprint(dir.path());
+        std::fs::write(&file, "requests_per_unit: 6\n").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        let after = fingerprint(dir.path());
+        assert_eq!(
+            (after[0].1, after[0].2),
+            (before[0].1, before[0].2),
+            "same size and mtime"
+        );
+        assert_ne!(after, before, "the content changed");
     }
 }

@@ -20,8 +20,26 @@ pub struct TestEnvoy {
 
 impl TestEnvoy {
     /// Starts Envoy in front of the tollgate gRPC port `rls`, with `(from, to)` text
-    /// substitutions applied to the example config.
+    /// substitutions applied to the example config. Its ports come from [`free_port`], which
+    /// another process may take before Envoy binds them: an Envoy that exits because a port
+    /// is in use is started again on new ports (three tries).
     pub fn start(rls: SocketAddr, substitutions: &[(&str, &str)]) -> TestEnvoy {
+        for attempt in 1.. {
+            match Self::try_start(rls, substitutions) {
+                Ok(envoy) => return envoy,
+                Err(log) if attempt < 3 && log.contains("in use") => {
+                    eprintln!(
+                        "envoy: a port was taken before it bound it; new ports (try {attempt})"
+                    );
+                }
+                Err(log) => panic!("envoy exited early:\n{log}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    /// One start; `Err(log)` when Envoy exited before it was ready.
+    fn try_start(rls: SocketAddr, substitutions: &[(&str, &str)]) -> Result<TestEnvoy, String> {
         let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/envoy/envoy.yaml");
         let mut config = std::fs::read_to_string(&example).expect("read examples/envoy/envoy.yaml");
         let (front, upstream, admin) = (free_port(), free_port(), free_port());
@@ -59,18 +77,23 @@ impl TestEnvoy {
             admin: SocketAddr::from(([127, 0, 0, 1], admin)),
             dir,
         };
+        let mut exited = false;
         let ready = poll(Duration::from_secs(20), || {
-            if let Ok(Some(status)) = envoy.child.try_wait() {
-                panic!("envoy exited early ({status}):\n{}", envoy.log());
+            if let Ok(Some(_)) = envoy.child.try_wait() {
+                exited = true;
+                return Some(false);
             }
-            (get(envoy.admin, "/ready").0 == 200).then_some(())
+            (get(envoy.admin, "/ready").0 == 200).then_some(true)
         });
+        if exited {
+            return Err(envoy.log());
+        }
         assert!(
-            ready.is_some(),
+            ready == Some(true),
             "envoy not ready within 20 s:\n{}",
             envoy.log()
         );
-        envoy
+        Ok(envoy)
     }
 
     pub fn log(&self) -> String {

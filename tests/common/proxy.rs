@@ -1,7 +1,10 @@
 //! A TCP proxy on a loopback port, between tollgate and Redis, that can make the network slow
 //! (a delay before every chunk it forwards, each way) and cut every connection through it (as
-//! a broken network path or a middlebox restart would). Runs on the test's tokio runtime;
-//! stops, with its connections, on drop.
+//! a broken network path or a middlebox restart would), and counts what tollgate sends: the
+//! `EVALSHA` commands and the chunks that carry them (one per round trip for a caller that
+//! waits for each answer; the pool's PINGs are not counted) and the times a chosen string
+//! (a descriptor value) went by, seen as they arrive, before any delay. Runs on the test's
+//! tokio runtime; stops, with its connections, on drop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,9 +19,20 @@ use tokio::task::JoinHandle;
 pub struct Proxy {
     pub addr: SocketAddr,
     delay_us: Arc<AtomicU64>,
+    sent: Arc<Sent>,
     /// Bumped to cut every connection open at that moment.
     cut: watch::Sender<u64>,
     accept: JoinHandle<()>,
+}
+
+/// What tollgate sent towards Redis through the proxy.
+#[derive(Default)]
+struct Sent {
+    script_chunks: AtomicU64,
+    evalsha: AtomicU64,
+    /// The string [`Proxy::count_sent`] looks for, and how often it went by since.
+    needle: std::sync::Mutex<Vec<u8>>,
+    needle_seen: AtomicU64,
 }
 
 impl Proxy {
@@ -30,10 +44,12 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let delay_us = Arc::new(AtomicU64::new(0));
         let (cut, _) = watch::channel(0u64);
-        let (delay, cuts) = (delay_us.clone(), cut.clone());
+        let sent = Arc::new(Sent::default());
+        let (delay, cuts, counts) = (delay_us.clone(), cut.clone(), sent.clone());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (delay, mut cut) = (delay.clone(), cuts.subscribe());
+                let counts = counts.clone();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
@@ -44,8 +60,8 @@ impl Proxy {
                     let (sr, sw) = server.into_split();
                     // Dropping both directions closes both sockets: the connection is cut.
                     tokio::select! {
-                        _ = pump(cr, sw, delay.clone()) => {}
-                        _ = pump(sr, cw, delay) => {}
+                        _ = pump(cr, sw, delay.clone(), Some(counts)) => {}
+                        _ = pump(sr, cw, delay, None) => {}
                         _ = cut.changed() => {}
                     }
                 });
@@ -54,6 +70,7 @@ impl Proxy {
         Proxy {
             addr,
             delay_us,
+            sent,
             cut,
             accept,
         }
@@ -67,6 +84,28 @@ impl Proxy {
     /// Every chunk waits this long before it is forwarded (0: no delay).
     pub fn set_delay(&self, d: Duration) {
         self.delay_us.store(d.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    /// Chunks carrying script calls that tollgate has written towards Redis: one per round
+    /// trip while each call waits for its answer before the next is sent.
+    pub fn script_chunks_sent(&self) -> u64 {
+        self.sent.script_chunks.load(Ordering::SeqCst)
+    }
+
+    /// `EVALSHA` commands tollgate has sent (counted on arrival, before any delay).
+    pub fn evalsha_sent(&self) -> u64 {
+        self.sent.evalsha.load(Ordering::SeqCst)
+    }
+
+    /// From now on, counts the times `needle` goes by towards Redis (see [`Proxy::seen`]).
+    pub fn count_sent(&self, needle: &str) {
+        *self.sent.needle.lock().unwrap() = needle.as_bytes().to_vec();
+        self.sent.needle_seen.store(0, Ordering::SeqCst);
+    }
+
+    /// Times the string given to [`Proxy::count_sent`] went by since.
+    pub fn seen(&self) -> u64 {
+        self.sent.needle_seen.load(Ordering::SeqCst)
     }
 
     /// Closes every connection open now (new ones are accepted as usual).
@@ -86,6 +125,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay_us: Arc<AtomicU64>,
+    counts: Option<Arc<Sent>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -93,6 +133,21 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if let Some(counts) = &counts {
+            let evalsha = buf[..n].windows(7).filter(|w| w == b"EVALSHA").count() as u64;
+            counts.evalsha.fetch_add(evalsha, Ordering::SeqCst);
+            counts
+                .script_chunks
+                .fetch_add(u64::from(evalsha > 0), Ordering::SeqCst);
+            let needle = counts.needle.lock().unwrap().clone();
+            if !needle.is_empty() {
+                let hits = buf[..n]
+                    .windows(needle.len())
+                    .filter(|w| *w == needle)
+                    .count();
+                counts.needle_seen.fetch_add(hits as u64, Ordering::SeqCst);
+            }
+        }
         let delay = delay_us.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_micros(delay)).await;
