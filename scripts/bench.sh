@@ -44,6 +44,10 @@ start_redis() { # port [extra args…]
 
 # --- the stores -------------------------------------------------------------------------
 RP=$(free_port); start_redis "$RP"
+# A primary with one replica, for the cost of `store_wait_replicas` (same setup with and without).
+WP=$(free_port); start_redis "$WP"
+WR=$(free_port); start_redis "$WR" --replicaof 127.0.0.1 "$WP"
+wait_for bash -c "redis-cli -p $WR info replication | grep -q master_link_status:up"
 C1=$(free_port); C2=$(free_port); C3=$(free_port)
 for p in $C1 $C2 $C3; do start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf; done
 redis-cli --cluster create 127.0.0.1:$C1 127.0.0.1:$C2 127.0.0.1:$C3 --cluster-replicas 0 --cluster-yes >/dev/null
@@ -82,6 +86,8 @@ start_tollgate memory memory; MEM=$GRPC; MEM_PID=$PID
 start_tollgate redis "redis://127.0.0.1:$RP"; RED=$GRPC; RED_PID=$PID
 start_tollgate cluster "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; CLU=$GRPC; CLU_PID=$PID
 start_tollgate leased "redis://127.0.0.1:$RP" --lease-max-batch 500 --key-prefix leased:; LEASED=$GRPC; LEASED_PID=$PID
+start_tollgate replicated "redis://127.0.0.1:$WP"; REPL=$GRPC; REPL_PID=$PID
+start_tollgate wait "redis://127.0.0.1:$WP" --store-wait-replicas 1 --store-wait-timeout-ms 50 --key-prefix wait:; WAIT=$GRPC; WAIT_PID=$PID
 
 script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
   local total=0 n
@@ -114,14 +120,19 @@ run() { # label target server-pid keys descriptor-key redis-ports…
 # and noisy: the best of two is the steadier estimate of what each path can do).
 for pass in 1 2; do
   for keys in 1 100000; do
-    if [ $keys = 1 ]; then hot="redis-leased cluster-sharded"; else hot=""; fi
-    if [ $pass = 1 ]; then order="baseline memory redis $hot cluster"; else order="cluster $hot redis memory baseline"; fi
+    # With a replica, with and without WAIT: 100,000 keys only (what WAIT costs does not
+    # depend on how hot a key is).
+    if [ $keys = 1 ]; then hot="redis-leased cluster-sharded"; repl=""; else hot=""; repl="redis-replicated redis-wait"; fi
+    if [ $pass = 1 ]; then order="baseline memory redis $repl $hot cluster"; else order="cluster $hot redis-wait redis-replicated redis memory baseline"; fi
+    [ $keys = 1 ] && order=${order//redis-wait/} && order=${order//redis-replicated/}
     for s in $order; do
       case $s in
         baseline) run baseline "$NOOP" "$NOOP_PID" "$keys" tenant ;;
         memory) run memory "$MEM" "$MEM_PID" "$keys" tenant ;;
         redis) run redis "$RED" "$RED_PID" "$keys" tenant "$RP" ;;
         redis-leased) run redis-leased "$LEASED" "$LEASED_PID" "$keys" tenant "$RP" ;;
+        redis-replicated) run redis-replicated "$REPL" "$REPL_PID" "$keys" tenant "$WP" ;;
+        redis-wait) run redis-wait "$WAIT" "$WAIT_PID" "$keys" tenant "$WP" ;;
         cluster) run cluster "$CLU" "$CLU_PID" "$keys" tenant "$C1" "$C2" "$C3" ;;
         cluster-sharded) run cluster-sharded "$CLU" "$CLU_PID" "$keys" shard "$C1" "$C2" "$C3" ;;
       esac
@@ -187,7 +198,7 @@ print("| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | sc
 print("|---|---|---|---|---|---|---|---|---|---|")
 for keys in (1, 100000):
     base = best[("baseline", keys)]["rps"]
-    for label in ("baseline", "memory", "redis", "redis-leased", "cluster", "cluster-sharded"):
+    for label in ("baseline", "memory", "redis", "redis-replicated", "redis-wait", "redis-leased", "cluster", "cluster-sharded"):
         if (label, keys) not in best:
             continue
         r = best[(label, keys)]

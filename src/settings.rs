@@ -114,6 +114,10 @@ settings! {
         "timeout to connect to the store";
     store_timeout_ms: u64 = 10,
         "how long a store node may stay silent (no reply to any call) before a call to it gives up; a busy replica's own queueing does not count";
+    store_wait_replicas: u64 = 0,
+        "after each store call's writes, WAIT until this many Redis replicas hold them (narrows what a failover can forget; 0: off)";
+    store_wait_timeout_ms: u64 = 5,
+        "how long that WAIT may take (1 ms or more, below store_timeout_ms); a WAIT that comes back short is counted, logged and not retried";
     grpc_tls_cert: String = String::new(),
         "PEM certificate chain for TLS on the gRPC port (with grpc_tls_key; empty: plain h2c)";
     grpc_tls_key: String = String::new(),
@@ -459,6 +463,25 @@ impl Settings {
                 "store_tls_cert and store_tls_key go together (mutual TLS needs both)",
             );
         }
+        if self.store_wait_replicas > 0 {
+            if self.store == "memory" {
+                return bad(
+                    "store_wait_replicas",
+                    "WAIT is for Redis replicas: the memory store has none (set it to 0)",
+                );
+            }
+            if self.store_wait_timeout_ms == 0
+                || self.store_wait_timeout_ms >= self.store_timeout_ms
+            {
+                return bad(
+                    "store_wait_timeout_ms",
+                    &format!(
+                        "must be at least 1 and below store_timeout_ms ({} ms): a WAIT blocks its connection, and 0 would block it for ever",
+                        self.store_timeout_ms
+                    ),
+                );
+            }
+        }
         if self.key_prefix.contains(['{', '}']) {
             return bad(
                 "key_prefix",
@@ -753,6 +776,37 @@ mod tests {
         );
         let e = with("rediss://r:6380", "store_sentinel_password").unwrap_err();
         assert!(e.contains("store_sentinel_password"), "{e}");
+    }
+
+    #[test]
+    fn wait_needs_redis_and_a_timeout_below_the_store_timeout() {
+        let with = |store: &str, replicas: &str, timeout: &str| {
+            Settings::load(&Sources {
+                flags: vec![
+                    ("store", store.to_string()),
+                    ("store_wait_replicas", replicas.to_string()),
+                    ("store_wait_timeout_ms", timeout.to_string()),
+                ],
+                ..Sources::default()
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert!(with("redis://r:6379", "1", "5").is_ok());
+        // Off: the timeout is not looked at.
+        assert!(with("memory", "0", "0").is_ok());
+        let e = with("memory", "1", "5").unwrap_err();
+        assert!(
+            e.contains("store_wait_replicas") && e.contains("memory"),
+            "{e}"
+        );
+        for timeout in ["0", "10", "50"] {
+            let e = with("redis://r:6379", "1", timeout).unwrap_err();
+            assert!(
+                e.contains("store_wait_timeout_ms") && e.contains("below store_timeout_ms (10 ms)"),
+                "{timeout}: {e}"
+            );
+        }
     }
 
     #[test]

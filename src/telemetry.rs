@@ -28,6 +28,7 @@ pub const STORE_CALL_DURATION: &str = "tollgate_store_call_duration_seconds";
 pub const STORE_CONNECTIONS: &str = "tollgate_store_connections";
 pub const FALLBACK_ACTIVE: &str = "tollgate_fallback_active";
 pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions";
+pub const STORE_WAIT_SHORT: &str = "tollgate_store_wait_short";
 pub const REPLICAS: &str = "tollgate_replicas";
 pub const REPLICAS_FROM_MEMBERSHIP: &str = "tollgate_replicas_from_membership";
 pub const LEASE_CLAIMS: &str = "tollgate_lease_claims";
@@ -166,6 +167,8 @@ pub struct StoreMetrics {
     /// 1 while a node's circuit is open (its requests go to the fallback).
     pub fallback_active: Family<NodeLabels, Gauge>,
     pub breaker_transitions: Family<TransitionLabels, Counter>,
+    /// Store calls whose `WAIT` (`store_wait_replicas`) came back short.
+    pub wait_short: Counter,
 }
 
 impl StoreMetrics {
@@ -260,6 +263,12 @@ impl Metrics {
             "Circuit breaker transitions by node and new state (open, closed)",
             breaker_transitions.clone(),
         );
+        let wait_short = Counter::default();
+        registry.register(
+            STORE_WAIT_SHORT,
+            "Store calls whose WAIT (store_wait_replicas) was acknowledged by fewer replicas within store_wait_timeout_ms: their writes could be lost in a failover",
+            wait_short.clone(),
+        );
         let replicas = Gauge::default();
         registry.register(
             REPLICAS,
@@ -308,6 +317,7 @@ impl Metrics {
                 connections,
                 fallback_active,
                 breaker_transitions,
+                wait_short,
             },
             replicas,
             replicas_from_membership,

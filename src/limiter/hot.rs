@@ -541,6 +541,11 @@ impl HotKeys {
                 Ok(_) => {
                     returned += op.cost;
                     self.count_token_event(class, "returned", op.cost);
+                    // The bucket has tokens again: this replica's cached refusal of the key
+                    // (from before the give-back) would refuse them until the refill time.
+                    if let Some(cache) = &self.cache {
+                        cache.forget(&op.key);
+                    }
                 }
                 Err(e) => {
                     lost += op.cost;

@@ -13,6 +13,11 @@
 //! starts when the answer arrives, so the cache refuses at most one round trip longer than the
 //! store would; never shorter. Every replica keeps its own cache; a replica that has not seen
 //! the refusal asks the store, which refuses it (and so fills that replica's cache).
+//!
+//! Tokens can come back sooner than the refill would bring them: an ended lease's give-back.
+//! The replica that gives them back forgets its entry for the key ([`OverLimitCache::forget`]),
+//! so its next request asks the store; other replicas' entries stand until they end (they
+//! refuse a little longer than the store would: under-admission, never over).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -130,6 +135,13 @@ impl OverLimitCache {
         self.len.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Drops the entry for `key`, if any: tokens went back to its bucket.
+    pub(super) fn forget(&self, key: &str) {
+        if self.shard(key).remove(key).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Drops ended entries; returns how many are left.
     pub(super) fn sweep(&self, now_ms: u64) -> usize {
         for shard in self.shards.iter() {
@@ -191,6 +203,18 @@ mod tests {
         );
         assert!(c.check("k", K, 2, 1_100).is_none(), "fits at `until`");
         assert_eq!(c.sweep(1_100), 0);
+    }
+
+    #[test]
+    fn a_forgotten_key_asks_the_store_again() {
+        let cache = OverLimitCache::new(10);
+        cache.record("k", K, 1, &refused(Some(5_000)), 0);
+        assert!(cache.check("k", K, 1, 10).is_some());
+        cache.forget("k");
+        assert!(cache.check("k", K, 1, 10).is_none());
+        // Forgetting an absent key changes nothing (the count stays right).
+        cache.forget("k");
+        assert_eq!(cache.sweep(10), 0);
     }
 
     #[test]

@@ -81,7 +81,7 @@ impl Proxy {
         format!("redis://{}", self.addr)
     }
 
-    /// Every chunk waits this long before it is forwarded (0: no delay).
+    /// Every chunk is forwarded this long after it arrived (0: at once): the link's latency.
     pub fn set_delay(&self, d: Duration) {
         self.delay_us.store(d.as_micros() as u64, Ordering::SeqCst);
     }
@@ -121,39 +121,59 @@ impl Drop for Proxy {
     }
 }
 
+/// Forwards `from` to `to`, each chunk `delay_us` after it arrived: a link's latency, not a
+/// cap on its throughput (chunks behind a delayed one are read and timed meanwhile). Ends
+/// when the data read before `from` closed has been written, or `to` fails. Dropped (a cut),
+/// it loses whatever it had not written yet, as a lost host's link does.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay_us: Arc<AtomicU64>,
     counts: Option<Arc<Sent>>,
 ) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if let Some(counts) = &counts {
-            let evalsha = buf[..n].windows(7).filter(|w| w == b"EVALSHA").count() as u64;
-            counts.evalsha.fetch_add(evalsha, Ordering::SeqCst);
-            counts
-                .script_chunks
-                .fetch_add(u64::from(evalsha > 0), Ordering::SeqCst);
-            let needle = counts.needle.lock().unwrap().clone();
-            if !needle.is_empty() {
-                let hits = buf[..n]
-                    .windows(needle.len())
-                    .filter(|w| *w == needle)
-                    .count();
-                counts.needle_seen.fetch_add(hits as u64, Ordering::SeqCst);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if let Some(counts) = &counts {
+                count(counts, &buf[..n]);
+            }
+            let due = tokio::time::Instant::now()
+                + Duration::from_micros(delay_us.load(Ordering::SeqCst));
+            if tx.send((due, buf[..n].to_vec())).is_err() {
+                return;
             }
         }
-        let delay = delay_us.load(Ordering::SeqCst);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_micros(delay)).await;
+    };
+    let writer = async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
+    };
+    tokio::select! {
+        _ = writer => {}
+        // The reader's end drops the channel's sender: the writer then drains and ends.
+        _ = async { reader.await; std::future::pending::<()>().await } => {}
+    }
+}
+
+/// Counts what tollgate sent in one chunk.
+fn count(counts: &Sent, chunk: &[u8]) {
+    let evalsha = chunk.windows(7).filter(|w| w == b"EVALSHA").count() as u64;
+    counts.evalsha.fetch_add(evalsha, Ordering::SeqCst);
+    counts
+        .script_chunks
+        .fetch_add(u64::from(evalsha > 0), Ordering::SeqCst);
+    let needle = counts.needle.lock().unwrap().clone();
+    if !needle.is_empty() {
+        let hits = chunk.windows(needle.len()).filter(|w| *w == needle).count();
+        counts.needle_seen.fetch_add(hits as u64, Ordering::SeqCst);
     }
 }

@@ -113,6 +113,10 @@ pub struct RedisConfig {
     /// The Sentinels' own credentials (`redis+sentinel://`).
     pub sentinel_username: String,
     pub sentinel_password: String,
+    /// `WAIT` after each call's scripts: this many replicas (0: no `WAIT`), within this
+    /// many ms (see [`scripts`]).
+    pub wait_replicas: u64,
+    pub wait_timeout_ms: u64,
 }
 
 impl RedisConfig {
@@ -133,6 +137,8 @@ impl RedisConfig {
             password_file: s.store_password_file.clone(),
             sentinel_username: s.store_sentinel_username.clone(),
             sentinel_password: s.store_sentinel_password.clone(),
+            wait_replicas: s.store_wait_replicas,
+            wait_timeout_ms: s.store_wait_timeout_ms,
         }
     }
 }
@@ -181,6 +187,13 @@ impl RedisStore {
             cfg.connect_timeout,
             metrics.store.clone(),
             redact_url(&cfg.url),
+            (cfg.wait_replicas > 0).then(|| scripts::Wait {
+                replicas: cfg.wait_replicas,
+                // Validated > 0 in the settings; `max` keeps `WAIT … 0` (for ever) out anyway.
+                timeout_ms: cfg.wait_timeout_ms.max(1),
+                short: metrics.store.wait_short.clone(),
+                log: OutageLog::new("store WAITs (store_wait_replicas acknowledging each write)"),
+            }),
         ));
         let connected = pool.tend().await;
         if connected {

@@ -93,6 +93,7 @@ impl Pool {
         connect_timeout: Duration,
         metrics: StoreMetrics,
         display_url: String,
+        wait: Option<super::scripts::Wait>,
     ) -> Pool {
         let size = size.max(1);
         metrics
@@ -109,7 +110,7 @@ impl Pool {
                 })
                 .collect(),
             next: AtomicUsize::new(0),
-            scripts: Scripts::new(),
+            scripts: Scripts::new(wait),
             connect_timeout,
             wake: Arc::new(Notify::new()),
             healthy: AtomicBool::new(false),

@@ -9,12 +9,22 @@
 //! `EVAL` and the full source, which runs them and caches the script again on that node; ops
 //! of the same pipeline that did run are not repeated. [`Scripts::load`] preloads the scripts
 //! on every new connection (`SCRIPT LOAD`).
+//!
+//! With `store_wait_replicas` set ([`Wait`]), each pipeline ends with `WAIT <replicas>
+//! <timeout>`: the call's answer waits until that many replicas hold its writes, or the
+//! timeout. On a cluster the `WAIT` rides in the slot's pipeline, so it goes to the node that
+//! ran the scripts (alone, the client would send it to every primary). Redis replication is
+//! asynchronous, so without it a primary that dies right after answering can take the last
+//! writes with it and a promoted replica readmits their tokens; with it, only writes whose
+//! `WAIT` came back short (counted, logged) can be lost that way. It narrows the window; it
+//! cannot close it.
 
 use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind, Value};
 
 use super::errors::CallError;
-use crate::store::{Action, Op, OpKind, Outcome, StoreError};
+use super::outage::OutageLog;
+use crate::store::{Action, Op, OpKind, Outcome, StoreError, StoreErrorKind};
 
 /// `lua/token_bucket.lua`, compiled into the binary.
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
@@ -100,17 +110,60 @@ impl ScriptCall {
     }
 }
 
-/// The SHA1s `EVALSHA` names the scripts by.
+/// `WAIT` after each call's scripts (`store_wait_replicas`, `store_wait_timeout_ms`).
+#[derive(Debug)]
+pub(super) struct Wait {
+    pub(super) replicas: u64,
+    /// Always > 0 (`WAIT … 0` would block for ever) and below `store_timeout_ms`, so a
+    /// replica that lags does not make the node look silent.
+    pub(super) timeout_ms: u64,
+    /// `tollgate_store_wait_short_total`: calls whose `WAIT` came back short.
+    pub(super) short: prometheus_client::metrics::counter::Counter,
+    /// One log line when `WAIT`s start coming back short, one when they are full again.
+    pub(super) log: OutageLog,
+}
+
+impl Wait {
+    /// Notes a `WAIT` reply: the number of replicas that acknowledged (or an error).
+    fn record(&self, reply: &Value) {
+        let acked = match reply {
+            Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        };
+        let result = match acked {
+            Some(n) if n >= self.replicas => Ok(()),
+            _ => {
+                self.short.inc();
+                Err(StoreError::new(
+                    StoreErrorKind::Timeout,
+                    format!(
+                        "WAIT {} {}: {} (the writes may be lost if this primary fails over now)",
+                        self.replicas,
+                        self.timeout_ms,
+                        acked.map_or_else(
+                            || format!("refused: {reply:?}"),
+                            |n| format!("{n} replicas acknowledged")
+                        )
+                    ),
+                ))
+            }
+        };
+        self.log.record(&result);
+    }
+}
+
+/// The SHA1s `EVALSHA` names the scripts by, and the `WAIT` that follows them, if any.
 #[derive(Debug)]
 pub(super) struct Scripts {
     token_bucket: String,
     fixed_window: String,
     sliding_window: String,
     lease: String,
+    wait: Option<Wait>,
 }
 
 impl Scripts {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(wait: Option<Wait>) -> Self {
         Scripts {
             token_bucket: redis::Script::new(TOKEN_BUCKET_LUA).get_hash().to_string(),
             fixed_window: redis::Script::new(FIXED_WINDOW_LUA).get_hash().to_string(),
@@ -118,6 +171,7 @@ impl Scripts {
                 .get_hash()
                 .to_string(),
             lease: redis::Script::new(LEASE_LUA).get_hash().to_string(),
+            wait,
         }
     }
 
@@ -180,7 +234,7 @@ pub(super) async fn eval_ops<C: ConnectionLike>(
     ops: &[&Op],
     scripts: &Scripts,
 ) -> Result<OpResults, CallError> {
-    let replies = pipeline(conn, ops.iter().copied(), |call| {
+    let replies = pipeline(conn, ops.iter().copied(), scripts.wait.as_ref(), |call| {
         Script::Sha(scripts.sha(call))
     })
     .await?;
@@ -198,7 +252,10 @@ pub(super) async fn eval_ops<C: ConnectionLike>(
     }
     if !missing.is_empty() {
         let retry = missing.iter().map(|&i| ops[i]);
-        let replies = pipeline(conn, retry, |call| Script::Source(call.source())).await?;
+        let replies = pipeline(conn, retry, scripts.wait.as_ref(), |call| {
+            Script::Source(call.source())
+        })
+        .await?;
         for (i, reply) in missing.into_iter().zip(replies) {
             out[i] = parse_outcome(reply, ops[i]).map_err(CallError::into_store_error);
         }
@@ -212,15 +269,16 @@ enum Script<'a> {
     Source(&'static str),
 }
 
-/// Sends one `EVALSHA`/`EVAL` per op as one pipeline; one reply per op, errors included
-/// (one op's `NOSCRIPT` must not hide the others' answers).
+/// Sends one `EVALSHA`/`EVAL` per op as one pipeline, then the `WAIT` if there is one; one
+/// reply per op, errors included (one op's `NOSCRIPT` must not hide the others' answers).
 async fn pipeline<'a, 'o, C: ConnectionLike>(
     conn: &mut C,
     ops: impl ExactSizeIterator<Item = &'o Op>,
+    wait: Option<&Wait>,
     script: impl Fn(&ScriptCall) -> Script<'a>,
 ) -> Result<Vec<Value>, CallError> {
     let expected = ops.len();
-    let mut pipe = redis::Pipeline::with_capacity(expected);
+    let mut pipe = redis::Pipeline::with_capacity(expected + 1);
     pipe.ignore_errors();
     for op in ops {
         let call = ScriptCall::for_op(op);
@@ -234,13 +292,22 @@ async fn pipeline<'a, 'o, C: ConnectionLike>(
         cmd.arg(1).arg(&op.key).arg(call.argv());
         pipe.add_command(cmd);
     }
-    let replies: Vec<Value> = pipe.query_async(conn).await?;
-    if replies.len() != expected {
+    if let Some(w) = wait {
+        pipe.cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
+    }
+    let mut replies: Vec<Value> = pipe.query_async(conn).await?;
+    if replies.len() != expected + usize::from(wait.is_some()) {
         return Err(CallError::Reply(format!(
-            "{} replies for {} ops",
+            "{} replies for {} ops{}",
             replies.len(),
-            expected
+            expected,
+            if wait.is_some() { " and a WAIT" } else { "" }
         )));
+    }
+    if let Some(w) = wait
+        && let Some(reply) = replies.pop()
+    {
+        w.record(&reply);
     }
     Ok(replies)
 }
