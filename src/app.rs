@@ -296,7 +296,32 @@ async fn serve_loaded(
     // Envoy opens another connection when a connection's streams are all in use: the cap bounds
     // what one connection can queue, and max_concurrent_requests bounds the whole process.
     server = server.max_concurrent_streams(Some(settings.grpc_max_concurrent_streams));
+    // A peer that goes silent or stops reading (its window full, our responses unread) does not
+    // answer PINGs either: it is disconnected instead of holding its streams' buffers for ever.
+    if settings.grpc_keepalive_interval_ms > 0 {
+        server = server
+            .http2_keepalive_interval(Some(Duration::from_millis(
+                settings.grpc_keepalive_interval_ms,
+            )))
+            .http2_keepalive_timeout(Some(Duration::from_millis(
+                settings.grpc_keepalive_timeout_ms,
+            )));
+    }
+    // Request bytes being received, for the whole process (see service/inflight.rs).
+    let budget = crate::service::inflight::Budget::new(
+        settings.max_request_bytes_in_flight,
+        settings.max_message_bytes,
+        handler
+            .metrics
+            .refused
+            .get_or_create(&crate::telemetry::RefusedLabels {
+                what: "request_bytes",
+            })
+            .clone(),
+    );
     let grpc = server
+        .layer(crate::service::decode_errors::DecodeErrorsLayer)
+        .layer(crate::service::inflight::InFlightLayer::new(budget))
         .add_service(health_service)
         .add_service(rls)
         .serve_with_incoming_shutdown(

@@ -130,8 +130,14 @@ settings! {
         "after GOAWAY, how long requests in flight on an aged connection may take before it is closed";
     max_concurrent_requests: usize = 10_000,
         "requests being decided at once (gRPC and /json); past it a request is refused at once with RESOURCE_EXHAUSTED (Envoy applies its failure mode) rather than queued";
-    grpc_max_concurrent_streams: u32 = 1_000,
+    grpc_max_concurrent_streams: u32 = 100,
         "HTTP/2 streams per gRPC connection, advertised to the client (Envoy opens another connection past it)";
+    max_request_bytes_in_flight: usize = 16 << 20,
+        "bytes of gRPC request messages being received at once, for the whole process; past it a stream's next data fails it with RESOURCE_EXHAUSTED instead of being buffered";
+    grpc_keepalive_interval_ms: u64 = 10_000,
+        "HTTP/2 PING to each gRPC client after this long without a frame from it (0: off)";
+    grpc_keepalive_timeout_ms: u64 = 20_000,
+        "a client that does not answer that PING within this long is disconnected (a silent peer, or one that stopped reading)";
     fallback: FallbackMode = FallbackMode::Local,
         "when the store cannot answer: local (quota ÷ live replicas, in memory), open, closed, or error (gRPC UNAVAILABLE)";
     breaker_failures: u32 = 3,
@@ -166,8 +172,8 @@ settings! {
         "longest descriptor key";
     max_value_bytes: usize = 4_096,
         "longest descriptor value";
-    max_message_bytes: usize = 1 << 20,
-        "largest gRPC request message";
+    max_message_bytes: usize = 64 << 10,
+        "largest gRPC request message (a real RLS request is a few hundred bytes)";
     unready_without_rules: bool = false,
         "/readyz answers 503 while no domain is loaded (a wrong rules path keeps the replica out of service)";
     reload_interval_ms: u64 = 2_000,
@@ -463,6 +469,12 @@ impl Settings {
                 "store_tls_cert and store_tls_key go together (mutual TLS needs both)",
             );
         }
+        if self.grpc_keepalive_interval_ms > 0 && self.grpc_keepalive_timeout_ms == 0 {
+            return bad(
+                "grpc_keepalive_timeout_ms",
+                "must be at least 1 while grpc_keepalive_interval_ms is on (0 turns the PINGs off)",
+            );
+        }
         if self.store_wait_replicas > 0 {
             if self.store == "memory" {
                 return bad(
@@ -497,6 +509,10 @@ impl Settings {
             ("max_key_bytes", self.max_key_bytes as u64),
             ("max_value_bytes", self.max_value_bytes as u64),
             ("max_message_bytes", self.max_message_bytes as u64),
+            (
+                "max_request_bytes_in_flight",
+                self.max_request_bytes_in_flight as u64,
+            ),
             (
                 "max_concurrent_requests",
                 self.max_concurrent_requests as u64,

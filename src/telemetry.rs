@@ -29,6 +29,7 @@ pub const STORE_CONNECTIONS: &str = "tollgate_store_connections";
 pub const FALLBACK_ACTIVE: &str = "tollgate_fallback_active";
 pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions";
 pub const STORE_WAIT_SHORT: &str = "tollgate_store_wait_short";
+pub const REFUSED: &str = "tollgate_refused";
 pub const REPLICAS: &str = "tollgate_replicas";
 pub const REPLICAS_FROM_MEMBERSHIP: &str = "tollgate_replicas_from_membership";
 pub const LEASE_CLAIMS: &str = "tollgate_lease_claims";
@@ -73,6 +74,12 @@ pub struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
+}
+
+/// What a peer was refused (`request_bytes`: past `max_request_bytes_in_flight`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub what: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -143,6 +150,8 @@ pub struct Metrics {
     /// count or the floor (a replica that started while the store was down).
     pub replicas_from_membership: Gauge,
     pub hot: HotKeyMetrics,
+    /// What hostile or overloading peers were refused, by what (see [`RefusedLabels`]).
+    pub refused: Family<RefusedLabels, Counter>,
 }
 
 /// Leasing, the over-limit cache and shard retries (`limiter/lease.rs`, `overlimit.rs`,
@@ -263,6 +272,12 @@ impl Metrics {
             "Circuit breaker transitions by node and new state (open, closed)",
             breaker_transitions.clone(),
         );
+        let refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            REFUSED,
+            "What peers were refused to keep the process bounded, by what (request_bytes: a gRPC stream failed with RESOURCE_EXHAUSTED past max_request_bytes_in_flight)",
+            refused.clone(),
+        );
         let wait_short = Counter::default();
         registry.register(
             STORE_WAIT_SHORT,
@@ -321,6 +336,7 @@ impl Metrics {
             },
             replicas,
             replicas_from_membership,
+            refused,
         }
     }
 

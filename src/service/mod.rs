@@ -5,6 +5,8 @@
 //! Flow: proto request (and the caller's trace context, [`trace_context`]) → [`rls::to_request`] (bounds, INVALID_ARGUMENT) → `Limiter::decide`
 //! against the rules in force → [`response::to_proto`] (statuses, headers) → metrics.
 
+pub mod decode_errors;
+pub mod inflight;
 pub mod json;
 pub mod response;
 pub mod rls;

@@ -1,0 +1,241 @@
+//! Hostile gRPC peers against the real binary at its default settings (loopback, bounded):
+//!
+//! - **Unfinished messages**: 16 connections × 100 streams, each a 64 KiB message sent one
+//!   byte short, so tonic would buffer every one of them (100 MiB) waiting for the last byte.
+//!   The request-bytes budget (`max_request_bytes_in_flight`, 16 MiB) fails the streams past
+//!   it with RESOURCE_EXHAUSTED (counted); the server's RSS grows by less than 64 MiB; a
+//!   legitimate request and `/healthz` are answered meanwhile.
+//! - **A peer that stops reading** (its connection no longer polled: no frame read, no PING
+//!   answered) is disconnected by the HTTP/2 keepalive (1 s + 1 s here), not kept for ever.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{TestServer, get, metric_sum, poll_async, request};
+use tokio::net::TcpStream;
+
+const RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+
+/// The largest message the default `max_message_bytes` (64 KiB) lets through.
+const MESSAGE: usize = 64 << 10;
+
+/// Resident memory of `pid` (kB), from /proc.
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+fn should_rate_limit(addr: SocketAddr) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
+/// One HTTP/2 connection with `streams` requests, each a gRPC frame that announces a
+/// `MESSAGE`-byte message and sends all of it but the last byte. The connection is driven in
+/// the background and stays open while the returned handle lives.
+async fn unfinished_messages(addr: SocketAddr, streams: usize) -> Vec<h2::SendStream<Bytes>> {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut client = client;
+    let mut held = Vec::new();
+    let mut frame = vec![0u8; 5 + MESSAGE - 1];
+    frame[1..5].copy_from_slice(&(MESSAGE as u32).to_be_bytes());
+    let frame = Bytes::from(frame);
+    for _ in 0..streams {
+        client = client.ready().await.expect("a stream slot");
+        let (_response, mut stream) = client
+            .send_request(should_rate_limit(addr), false)
+            .expect("send headers");
+        stream.send_data(frame.clone(), false).expect("send data");
+        held.push(stream);
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_messages_are_bounded_by_the_request_bytes_budget() {
+    let server = TestServer::builder(RULES).start();
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(request("edge", &[&[("tenant", "warm")]]))
+        .await
+        .expect("warm-up");
+    let before = rss_kb(server.pid());
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        held.push(unfinished_messages(server.grpc, 100).await);
+    }
+    // The server has read what it will: the refusals stop growing and RSS settles.
+    let refused = || {
+        metric_sum(
+            server.admin,
+            "tollgate_refused_total",
+            &["what=\"request_bytes\""],
+        )
+    };
+    let mut last = (-1.0, 0);
+    let settled = poll_async(Duration::from_secs(20), || {
+        let now = (refused(), rss_kb(server.pid()));
+        let stable = now.0 > 0.0 && now.0 == last.0 && now.1.abs_diff(last.1) < 1024;
+        last = now;
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stable.then_some(())
+        }
+    })
+    .await;
+    let (refused_streams, after) = (refused(), rss_kb(server.pid()));
+    let grown_mib = after.saturating_sub(before) as f64 / 1024.0;
+    println!(
+        "1,600 unfinished 64 KiB messages (100 MiB): {refused_streams} streams refused, RSS {} → {} MiB (+{grown_mib:.1} MiB)",
+        before / 1024,
+        after / 1024
+    );
+    assert!(settled.is_some(), "never settled:\n{}", server.log());
+    // 16 MiB of budget is 256 messages: most of the 1,600 are refused.
+    assert!(refused_streams >= 1_000.0, "{refused_streams} refused");
+    // What the budget holds costs about twice its size in RSS (tonic reserves each message
+    // whole, the allocator rounds up), plus ~20 MiB for 1,600 streams on 16 connections
+    // (measured: +54 to +60 MiB; without the budget, +160 MiB and still growing with the
+    // number of streams).
+    assert!(grown_mib < 96.0, "RSS grew {grown_mib:.1} MiB");
+
+    // Legitimate traffic is still answered while the attack holds its streams: its messages
+    // arrive whole in one frame, so the full budget does not refuse them.
+    let mut took = Vec::new();
+    for i in 0..40 {
+        let started = Instant::now();
+        let tenant = format!("t{i}");
+        client
+            .should_rate_limit(request("edge", &[&[("tenant", tenant.as_str())]]))
+            .await
+            .expect("a legitimate request during the attack");
+        took.push(started.elapsed());
+    }
+    took.sort();
+    let (p95, slowest) = (took[37], took[39]);
+    println!("legitimate requests during the attack: p95 {p95:?}, slowest {slowest:?}");
+    assert!(p95 < Duration::from_millis(100), "p95 {p95:?}");
+    assert!(slowest < Duration::from_secs(1), "slowest {slowest:?}");
+    assert_eq!(get(server.admin, "/healthz").0, 200);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_is_disconnected_by_the_keepalive() {
+    let server = TestServer::builder(RULES)
+        .arg("grpc-keepalive-interval-ms", "1000")
+        .arg("grpc-keepalive-timeout-ms", "1000")
+        .start();
+    let tcp = TcpStream::connect(server.grpc).await.expect("connect");
+    let (client, mut connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    // Drive the connection until the requests are out, then stop reading it (keep it open).
+    let (freeze, frozen) = tokio::sync::oneshot::channel::<()>();
+    let parked = Arc::new(tokio::sync::Mutex::new(None));
+    let park = parked.clone();
+    let driver = tokio::spawn(async move {
+        tokio::select! {
+            _ = &mut connection => {}
+            _ = frozen => { *park.lock().await = Some(connection); }
+        }
+    });
+    let mut client = client.ready().await.expect("ready");
+    // An empty message (a 5-byte gRPC frame of length 0).
+    let body = vec![0u8; 5];
+    let (_response, mut stream) = client
+        .send_request(should_rate_limit(server.grpc), false)
+        .expect("send");
+    stream
+        .send_data(Bytes::from(body), true)
+        .expect("an empty message");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    freeze.send(()).unwrap();
+    driver.await.unwrap();
+    // Not read for longer than the keepalive interval + timeout.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut connection = parked.lock().await.take().expect("parked");
+    // Read again: the server has closed the connection (GOAWAY / EOF), so the driver ends.
+    let closed = tokio::time::timeout(Duration::from_secs(2), &mut connection).await;
+    assert!(
+        closed.is_ok(),
+        "the server kept a peer that stopped answering PINGs:\n{}",
+        server.log()
+    );
+}
+
+/// The `grpc-status` of a ShouldRateLimit whose message is `payload` (headers of a
+/// trailers-only answer, else the trailers).
+async fn grpc_status_of(addr: SocketAddr, payload: &[u8]) -> String {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut client = client.ready().await.expect("ready");
+    let mut message = vec![0u8];
+    message.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    message.extend_from_slice(payload);
+    let (response, mut stream) = client
+        .send_request(should_rate_limit(addr), false)
+        .expect("send");
+    stream
+        .send_data(Bytes::from(message), true)
+        .expect("send data");
+    let response = response.await.expect("an answer");
+    let status = |h: &http::HeaderMap| {
+        h.get("grpc-status")
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+    };
+    if let Some(s) = status(response.headers()) {
+        return s;
+    }
+    let mut body = response.into_body();
+    while body.data().await.is_some() {}
+    let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
+    status(&trailers).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_are_invalid_argument() {
+    let server = TestServer::builder(RULES).start();
+    // Not protobuf at all (a field with wire type 7).
+    assert_eq!(
+        grpc_status_of(server.grpc, &[0xff, 0xff, 0xff, 0xff]).await,
+        "3"
+    );
+    // `domain` (field 1, a string) that is not UTF-8.
+    assert_eq!(
+        grpc_status_of(server.grpc, &[0x0a, 2, 0xff, 0xfe]).await,
+        "3"
+    );
+    // A request that decodes but is wrong keeps its own INVALID_ARGUMENT; a valid one is OK.
+    assert_eq!(
+        grpc_status_of(server.grpc, &[0x0a, 4, b'e', b'd', b'g', b'e']).await,
+        "3"
+    );
+    let valid = prost::Message::encode_to_vec(&request("edge", &[&[("tenant", "a")]]));
+    assert_eq!(grpc_status_of(server.grpc, &valid).await, "0");
+}
