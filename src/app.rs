@@ -273,6 +273,17 @@ async fn serve_loaded(
         stopped(stop_rx.clone()),
     ));
 
+    // Past the open-files limit, accept fails with EMFILE before the cap is reached (and the
+    // store's and admin's sockets fail too): say so now rather than under an attack.
+    if let Some(limit) = crate::service::listener::open_files_limit()
+        && (settings.grpc_max_connections as u64).saturating_add(256) > limit
+    {
+        tracing::warn!(
+            grpc_max_connections = settings.grpc_max_connections,
+            open_files_limit = limit,
+            "grpc_max_connections is near the open-files limit (nofile): raise the limit or lower the setting"
+        );
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<RateLimitServiceServer<Rls>>()
@@ -325,7 +336,20 @@ async fn serve_loaded(
         .add_service(health_service)
         .add_service(rls)
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            crate::service::listener::incoming(
+                listeners.grpc,
+                crate::service::listener::Limits {
+                    max_connections: settings.grpc_max_connections,
+                    handshake_timeout: Duration::from_millis(settings.grpc_handshake_timeout_ms),
+                    refused: handler
+                        .metrics
+                        .refused
+                        .get_or_create(&crate::telemetry::RefusedLabels {
+                            what: "connections",
+                        })
+                        .clone(),
+                },
+            ),
             stopped(stop_rx.clone()),
         );
     let admin = axum::serve(listeners.admin, admin::router(admin_state.clone()))

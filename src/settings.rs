@@ -134,6 +134,10 @@ settings! {
         "HTTP/2 streams per gRPC connection, advertised to the client (Envoy opens another connection past it)";
     max_request_bytes_in_flight: usize = 16 << 20,
         "bytes of gRPC request messages being received at once, for the whole process; past it a stream's next data fails it with RESOURCE_EXHAUSTED instead of being buffered";
+    grpc_max_connections: usize = 4_096,
+        "open gRPC connections at most (keep it below the process's open-files limit); past it a new connection is accepted and closed at once";
+    grpc_handshake_timeout_ms: u64 = 5_000,
+        "a new gRPC connection must send its first 64 bytes (the HTTP/2 preface, or a TLS ClientHello) within this long, or it is closed";
     grpc_keepalive_interval_ms: u64 = 10_000,
         "HTTP/2 PING to each gRPC client after this long without a frame from it (0: off)";
     grpc_keepalive_timeout_ms: u64 = 20_000,
@@ -513,6 +517,8 @@ impl Settings {
                 "max_request_bytes_in_flight",
                 self.max_request_bytes_in_flight as u64,
             ),
+            ("grpc_max_connections", self.grpc_max_connections as u64),
+            ("grpc_handshake_timeout_ms", self.grpc_handshake_timeout_ms),
             (
                 "max_concurrent_requests",
                 self.max_concurrent_requests as u64,

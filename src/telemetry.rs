@@ -76,7 +76,8 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
-/// What a peer was refused (`request_bytes`: past `max_request_bytes_in_flight`).
+/// What a peer was refused (`request_bytes`: past `max_request_bytes_in_flight`;
+/// `connections`: past `grpc_max_connections`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabels {
     pub what: &'static str,
@@ -275,7 +276,7 @@ impl Metrics {
         let refused = Family::<RefusedLabels, Counter>::default();
         registry.register(
             REFUSED,
-            "What peers were refused to keep the process bounded, by what (request_bytes: a gRPC stream failed with RESOURCE_EXHAUSTED past max_request_bytes_in_flight)",
+            "What peers were refused to keep the process bounded, by what (request_bytes: a gRPC stream failed with RESOURCE_EXHAUSTED past max_request_bytes_in_flight; connections: a gRPC connection closed past grpc_max_connections)",
             refused.clone(),
         );
         let wait_short = Counter::default();

@@ -239,3 +239,89 @@ async fn undecodable_requests_are_invalid_argument() {
     let valid = prost::Message::encode_to_vec(&request("edge", &[&[("tenant", "a")]]));
     assert_eq!(grpc_status_of(server.grpc, &valid).await, "0");
 }
+
+/// Whether the server closes `tcp` within `within` (EOF or reset on read).
+async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            // The server's SETTINGS and the like: keep reading.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_connections_a_connection_is_closed_at_once_and_healthz_answers() {
+    let server = TestServer::builder(RULES)
+        .arg("grpc-max-connections", "8")
+        .start();
+    // Eight HTTP/2 connections, idle but alive.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let tcp = TcpStream::connect(server.grpc).await.expect("connect");
+        let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        held.push((client, tokio::spawn(connection)));
+    }
+    let mut ninth = TcpStream::connect(server.grpc)
+        .await
+        .expect("the kernel accepts");
+    assert!(
+        closed_within(&mut ninth, Duration::from_secs(2)).await,
+        "a ninth connection was kept"
+    );
+    assert_eq!(get(server.admin, "/healthz").0, 200);
+    let refused = metric_sum(
+        server.admin,
+        "tollgate_refused_total",
+        &["what=\"connections\""],
+    );
+    assert!(refused >= 1.0, "refusal not counted: {refused}");
+    // Closing them makes room: a client is served again.
+    for (_, driver) in held {
+        driver.abort();
+    }
+    let answered = poll_async(Duration::from_secs(10), || async {
+        let mut client = common::client_of(server.grpc).await;
+        client
+            .should_rate_limit(request("edge", &[&[("tenant", "after")]]))
+            .await
+            .ok()
+    })
+    .await;
+    assert!(answered.is_some(), "no room after the connections closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_sends_its_preface_a_byte_at_a_time_is_closed() {
+    use tokio::io::AsyncWriteExt;
+    let server = TestServer::builder(RULES)
+        .arg("grpc-handshake-timeout-ms", "1000")
+        .start();
+    let mut slow = TcpStream::connect(server.grpc).await.expect("connect");
+    let started = Instant::now();
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut closed = false;
+    // 20 of its 24 bytes over 4 s, never the whole preface (so no protocol error ends it).
+    for &byte in &preface[..20] {
+        if slow.write_all(&[byte]).await.is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let closed = closed || closed_within(&mut slow, Duration::from_secs(1)).await;
+    let took = started.elapsed();
+    assert!(closed, "a byte-at-a-time preface was kept {took:?}");
+    assert!(took < Duration::from_secs(6), "closed after {took:?}");
+    // A normal client is not affected.
+    let mut client = common::client_of(server.grpc).await;
+    client
+        .should_rate_limit(request("edge", &[&[("tenant", "normal")]]))
+        .await
+        .expect("a normal client");
+}

@@ -8,6 +8,7 @@
 pub mod decode_errors;
 pub mod inflight;
 pub mod json;
+pub mod listener;
 pub mod response;
 pub mod rls;
 pub mod tls;

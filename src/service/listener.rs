@@ -1,0 +1,206 @@
+//! The gRPC port's accept loop: a cap on open connections and a deadline on the handshake.
+//!
+//! Each connection accepted from the listener takes a permit of `grpc_max_connections`; the
+//! permit goes back when the connection closes. Past the cap a new connection is accepted and
+//! closed at once (counted in `tollgate_refused_total{what="connections"}`, warned about at
+//! most every 10 s), so the listener's backlog never fills with peers that wait for nothing.
+//! An `accept` error (out of file descriptors: `EMFILE`) is warned about the same way and
+//! the loop pauses 100 ms instead of spinning on it.
+//!
+//! A new connection must deliver its first [`HANDSHAKE_BYTES`] within
+//! `grpc_handshake_timeout_ms` (the HTTP/2 preface and SETTINGS frame, or a TLS ClientHello,
+//! are more than that): a peer that sends its preface a byte at a time, or nothing, is closed
+//! then instead of holding a connection and its buffers for ever. Once it has, the HTTP/2
+//! keepalive (`grpc_keepalive_*`) watches it.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures_util::Stream;
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// Bytes a new connection must send within the handshake timeout.
+pub const HANDSHAKE_BYTES: usize = 64;
+
+/// How often a refused connection or an accept error is logged at most.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The accept loop's settings and counters.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub handshake_timeout: Duration,
+    /// `tollgate_refused_total{what="connections"}`.
+    pub refused: Counter,
+}
+
+/// The connections of `listener`, capped and deadlined as the module doc says.
+pub fn incoming(
+    listener: TcpListener,
+    limits: Limits,
+) -> impl Stream<Item = Result<Conn, io::Error>> + Send + 'static {
+    let state = Accept {
+        listener,
+        permits: Arc::new(Semaphore::new(limits.max_connections)),
+        limits,
+        started: Instant::now(),
+        last_warning_ms: AtomicU64::new(0),
+    };
+    futures_util::stream::unfold(state, |state| async move {
+        let conn = state.next().await;
+        Some((Ok(conn), state))
+    })
+}
+
+struct Accept {
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+    limits: Limits,
+    started: Instant,
+    /// ms since `started` of the last warning (0: none yet).
+    last_warning_ms: AtomicU64,
+}
+
+impl Accept {
+    /// The next connection within the cap.
+    async fn next(&self) -> Conn {
+        loop {
+            let (tcp, peer) = match self.listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    self.warn(|| tracing::warn!(error = %e, "gRPC accept failed (out of file descriptors?); pausing 100 ms"));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+                self.limits.refused.inc();
+                let max = self.limits.max_connections;
+                self.warn(|| tracing::warn!(%peer, max, "gRPC connection refused: grpc_max_connections are open"));
+                drop(tcp);
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            return Conn {
+                tcp,
+                _permit: permit,
+                handshake: Some(Box::pin(tokio::time::sleep(self.limits.handshake_timeout))),
+                seen: 0,
+            };
+        }
+    }
+
+    /// Runs `log` unless a warning was logged within [`WARN_EVERY`].
+    fn warn(&self, log: impl FnOnce()) {
+        let now = self.started.elapsed().as_millis() as u64 + 1;
+        let last = self.last_warning_ms.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= WARN_EVERY.as_millis() as u64)
+            && self
+                .last_warning_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            log();
+        }
+    }
+}
+
+/// An accepted connection: its permit, and the handshake deadline until it has sent
+/// [`HANDSHAKE_BYTES`].
+pub struct Conn {
+    tcp: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    handshake: Option<Pin<Box<Sleep>>>,
+    seen: usize,
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(deadline) = &mut this.handshake
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no handshake within grpc_handshake_timeout_ms",
+            )));
+        }
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.tcp).poll_read(cx, buf);
+        if this.handshake.is_some() {
+            this.seen += buf.filled().len() - before;
+            if this.seen >= HANDSHAKE_BYTES {
+                this.handshake = None;
+            }
+        }
+        read
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.tcp.connect_info()
+    }
+}
+
+/// The soft limit on open files of this process (`/proc/self/limits`), where there is one.
+pub fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_open_files_limit_is_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(super::open_files_limit().is_some_and(|n| n > 0));
+        }
+    }
+}
