@@ -11,6 +11,11 @@
 //! Readiness is about tollgate itself: a store outage does not pull replicas out of the
 //! Service (that would turn a Redis blip into a full outage); the store state is reported
 //! in the body and in metrics instead.
+//!
+//! The port speaks HTTP/1 only ([`serve`]): at most `admin_max_connections` connections
+//! (past it one is closed at once), each request's headers within `admin_header_timeout_ms`,
+//! a `/json` body of at most `max_message_bytes`. A stop signal stops accepting and lets the
+//! connections finish their requests in flight.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,11 +57,56 @@ pub fn router(state: Arc<AdminState>) -> Router {
     // `/json` is the one admin route that changes state (it spends tokens): `admin_json: false`
     // leaves it out, with an answer that says why rather than a bare 404.
     let router = if state.settings.admin_json {
-        router.route("/json", post(json_decide))
+        // The same bound as a gRPC message: a body past it is refused (413) unread.
+        let limit = axum::extract::DefaultBodyLimit::max(state.settings.max_message_bytes);
+        router.route("/json", post(json_decide).layer(limit))
     } else {
         router.route("/json", any(json_off))
     };
     router.with_state(state)
+}
+
+/// Serves `router` on the connections `accept` gives (HTTP/1, with a header read timeout of
+/// `header_timeout`) until `stop`; then stops accepting, asks every connection to close after
+/// its request in flight, and returns once they have.
+pub async fn serve(
+    accept: crate::service::listener::Accept,
+    router: Router,
+    header_timeout: std::time::Duration,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let (closing, closed) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(stop);
+    loop {
+        let conn = tokio::select! {
+            conn = accept.next() => conn,
+            _ = &mut stop => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut closed = closed.clone();
+        connections.spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(conn), service);
+            tokio::pin!(conn);
+            let ended = tokio::select! {
+                _ = conn.as_mut() => true,
+                // (The guard `wait_for` returns is dropped inside: it is not Send.)
+                _ = async { let _ = closed.wait_for(|c| *c).await; } => false,
+            };
+            if !ended {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        });
+        // Reap the connections that ended, so the set holds only open ones.
+        while connections.try_join_next().is_some() {}
+    }
+    let _ = closing.send(true);
+    while connections.join_next().await.is_some() {}
+    Ok(())
 }
 
 async fn json_off() -> Response {

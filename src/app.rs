@@ -339,8 +339,11 @@ async fn serve_loaded(
             crate::service::listener::incoming(
                 listeners.grpc,
                 crate::service::listener::Limits {
+                    port: "gRPC",
                     max_connections: settings.grpc_max_connections,
-                    handshake_timeout: Duration::from_millis(settings.grpc_handshake_timeout_ms),
+                    handshake_timeout: Some(Duration::from_millis(
+                        settings.grpc_handshake_timeout_ms,
+                    )),
                     refused: handler
                         .metrics
                         .refused
@@ -352,8 +355,26 @@ async fn serve_loaded(
             ),
             stopped(stop_rx.clone()),
         );
-    let admin = axum::serve(listeners.admin, admin::router(admin_state.clone()))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let admin = admin::serve(
+        crate::service::listener::Accept::new(
+            listeners.admin,
+            crate::service::listener::Limits {
+                port: "admin",
+                max_connections: settings.admin_max_connections,
+                handshake_timeout: None,
+                refused: handler
+                    .metrics
+                    .refused
+                    .get_or_create(&crate::telemetry::RefusedLabels {
+                        what: "admin_connections",
+                    })
+                    .clone(),
+            },
+        ),
+        admin::router(admin_state.clone()),
+        Duration::from_millis(settings.admin_header_timeout_ms),
+        stopped(stop_rx.clone()),
+    );
 
     admin_state.set_ready(true);
     tracing::info!(%grpc_addr, %admin_addr, store = handler.limiter.store().name(), "tollgate ready");

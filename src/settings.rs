@@ -78,6 +78,10 @@ settings! {
         "address of the Envoy RateLimitService (gRPC)";
     admin_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8080)),
         "address of the admin HTTP port (/healthz /readyz /metrics /config /json)";
+    admin_max_connections: usize = 256,
+        "open admin connections at most (probes and scrapers need a few); past it a new connection is accepted and closed at once";
+    admin_header_timeout_ms: u64 = 5_000,
+        "an admin request's headers must arrive within this long, or the connection is closed";
     admin_json: bool = true,
         "serve POST /json on the admin port (decisions over HTTP: it spends tokens); false where more than operators reach that port";
     store: String = "memory".to_string(),
@@ -518,6 +522,8 @@ impl Settings {
                 self.max_request_bytes_in_flight as u64,
             ),
             ("grpc_max_connections", self.grpc_max_connections as u64),
+            ("admin_max_connections", self.admin_max_connections as u64),
+            ("admin_header_timeout_ms", self.admin_header_timeout_ms),
             ("grpc_handshake_timeout_ms", self.grpc_handshake_timeout_ms),
             (
                 "max_concurrent_requests",

@@ -7,6 +7,11 @@
 //!   legitimate request and `/healthz` are answered meanwhile.
 //! - **A peer that stops reading** (its connection no longer polled: no frame read, no PING
 //!   answered) is disconnected by the HTTP/2 keepalive (1 s + 1 s here), not kept for ever.
+//! - **Connections**: past `grpc_max_connections` (or `admin_max_connections`) a new one is
+//!   closed at once, counted, while `/healthz` answers; a preface (or an admin request's
+//!   headers) sent a byte at a time is closed at the handshake (header) timeout.
+//! - **Codes**: undecodable protobuf and non-UTF-8 strings are INVALID_ARGUMENT; a `/json`
+//!   body past `max_message_bytes` is 413.
 
 mod common;
 
@@ -324,4 +329,63 @@ async fn a_peer_that_sends_its_preface_a_byte_at_a_time_is_closed() {
         .should_rate_limit(request("edge", &[&[("tenant", "normal")]]))
         .await
         .expect("a normal client");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_headers_sent_a_byte_at_a_time_are_closed_at_the_header_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let server = TestServer::builder(RULES)
+        .arg("admin-header-timeout-ms", "1000")
+        .start();
+    let mut slow = TcpStream::connect(server.admin).await.expect("connect");
+    let started = Instant::now();
+    let mut closed = false;
+    for &byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaa" {
+        if slow.write_all(&[byte]).await.is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let closed = closed || closed_within(&mut slow, Duration::from_secs(1)).await;
+    let took = started.elapsed();
+    assert!(closed && took < Duration::from_secs(6), "kept {took:?}");
+    assert_eq!(get(server.admin, "/healthz").0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_admin_max_connections_a_connection_is_closed_and_json_bodies_are_capped() {
+    let server = TestServer::builder(RULES)
+        .arg("admin-max-connections", "4")
+        .start();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(TcpStream::connect(server.admin).await.expect("connect"));
+    }
+    let mut fifth = TcpStream::connect(server.admin)
+        .await
+        .expect("the kernel accepts");
+    assert!(
+        closed_within(&mut fifth, Duration::from_secs(2)).await,
+        "a fifth admin connection was kept"
+    );
+    drop(held);
+    let healthy = poll_async(Duration::from_secs(5), || async {
+        (get(server.admin, "/healthz").0 == 200).then_some(())
+    })
+    .await;
+    assert!(healthy.is_some(), "no room after the connections closed");
+    let refused = metric_sum(
+        server.admin,
+        "tollgate_refused_total",
+        &["what=\"admin_connections\""],
+    );
+    assert!(refused >= 1.0, "not counted: {refused}");
+    // A /json body past max_message_bytes (64 KiB) is refused unread.
+    let big = format!(
+        r#"{{"domain":"edge","descriptors":[],"pad":"{}"}}"#,
+        "x".repeat(70_000)
+    );
+    let (status, _) = common::http(server.admin, "POST", "/json", &big).unwrap();
+    assert_eq!(status, 413);
 }

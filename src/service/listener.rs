@@ -1,17 +1,20 @@
-//! The gRPC port's accept loop: a cap on open connections and a deadline on the handshake.
+//! The accept loop of both ports: a cap on open connections and, on the gRPC port, a deadline
+//! on the handshake.
 //!
-//! Each connection accepted from the listener takes a permit of `grpc_max_connections`; the
-//! permit goes back when the connection closes. Past the cap a new connection is accepted and
-//! closed at once (counted in `tollgate_refused_total{what="connections"}`, warned about at
-//! most every 10 s), so the listener's backlog never fills with peers that wait for nothing.
-//! An `accept` error (out of file descriptors: `EMFILE`) is warned about the same way and
-//! the loop pauses 100 ms instead of spinning on it.
+//! Each connection accepted from the listener takes a permit of the port's cap
+//! (`grpc_max_connections`, `admin_max_connections`); the permit goes back when the
+//! connection closes. Past the cap a new connection is accepted and closed at once (counted in
+//! `tollgate_refused_total{what="connections"}` or `{what="admin_connections"}`, warned about
+//! at most every 10 s), so the listener's backlog never fills with peers that wait for
+//! nothing. An `accept` error (out of file descriptors: `EMFILE`) is warned about the same way
+//! and the loop pauses 100 ms instead of spinning on it.
 //!
-//! A new connection must deliver its first [`HANDSHAKE_BYTES`] within
+//! On the gRPC port a new connection must deliver its first [`HANDSHAKE_BYTES`] within
 //! `grpc_handshake_timeout_ms` (the HTTP/2 preface and SETTINGS frame, or a TLS ClientHello,
 //! are more than that): a peer that sends its preface a byte at a time, or nothing, is closed
 //! then instead of holding a connection and its buffers for ever. Once it has, the HTTP/2
-//! keepalive (`grpc_keepalive_*`) watches it.
+//! keepalive (`grpc_keepalive_*`) watches it. The admin port (HTTP/1) has hyper's header
+//! read timeout instead (see `admin.rs`).
 
 use std::io;
 use std::pin::Pin;
@@ -37,31 +40,29 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The accept loop's settings and counters.
 #[derive(Clone, Debug)]
 pub struct Limits {
+    /// For the log lines: `gRPC` or `admin`.
+    pub port: &'static str,
     pub max_connections: usize,
-    pub handshake_timeout: Duration,
-    /// `tollgate_refused_total{what="connections"}`.
+    /// `None`: no deadline on the first bytes.
+    pub handshake_timeout: Option<Duration>,
+    /// `tollgate_refused_total{what=…}`.
     pub refused: Counter,
 }
 
-/// The connections of `listener`, capped and deadlined as the module doc says.
+/// The connections of `listener`, capped and deadlined as the module doc says, as the stream
+/// tonic serves.
 pub fn incoming(
     listener: TcpListener,
     limits: Limits,
 ) -> impl Stream<Item = Result<Conn, io::Error>> + Send + 'static {
-    let state = Accept {
-        listener,
-        permits: Arc::new(Semaphore::new(limits.max_connections)),
-        limits,
-        started: Instant::now(),
-        last_warning_ms: AtomicU64::new(0),
-    };
-    futures_util::stream::unfold(state, |state| async move {
+    futures_util::stream::unfold(Accept::new(listener, limits), |state| async move {
         let conn = state.next().await;
         Some((Ok(conn), state))
     })
 }
 
-struct Accept {
+/// A listener with its cap: [`Accept::next`] is the next connection within it.
+pub struct Accept {
     listener: TcpListener,
     permits: Arc<Semaphore>,
     limits: Limits,
@@ -71,13 +72,24 @@ struct Accept {
 }
 
 impl Accept {
+    pub fn new(listener: TcpListener, limits: Limits) -> Self {
+        Accept {
+            listener,
+            permits: Arc::new(Semaphore::new(limits.max_connections)),
+            limits,
+            started: Instant::now(),
+            last_warning_ms: AtomicU64::new(0),
+        }
+    }
+
     /// The next connection within the cap.
-    async fn next(&self) -> Conn {
+    pub async fn next(&self) -> Conn {
         loop {
             let (tcp, peer) = match self.listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    self.warn(|| tracing::warn!(error = %e, "gRPC accept failed (out of file descriptors?); pausing 100 ms"));
+                    let port = self.limits.port;
+                    self.warn(|| tracing::warn!(port, error = %e, "accept failed (out of file descriptors?); pausing 100 ms"));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -85,7 +97,8 @@ impl Accept {
             let Ok(permit) = self.permits.clone().try_acquire_owned() else {
                 self.limits.refused.inc();
                 let max = self.limits.max_connections;
-                self.warn(|| tracing::warn!(%peer, max, "gRPC connection refused: grpc_max_connections are open"));
+                let port = self.limits.port;
+                self.warn(|| tracing::warn!(port, %peer, max, "connection refused: the port's max connections are open"));
                 drop(tcp);
                 continue;
             };
@@ -93,7 +106,10 @@ impl Accept {
             return Conn {
                 tcp,
                 _permit: permit,
-                handshake: Some(Box::pin(tokio::time::sleep(self.limits.handshake_timeout))),
+                handshake: self
+                    .limits
+                    .handshake_timeout
+                    .map(|t| Box::pin(tokio::time::sleep(t))),
                 seen: 0,
             };
         }
