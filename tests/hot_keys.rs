@@ -194,6 +194,15 @@ async fn leased_key_stays_within_the_documented_bound() {
             (accounted - supplied).abs() <= 3.0,
             "{admitted} admitted + {held} left in the bucket = {accounted}, but {supplied:.1} were supplied: leased tokens were lost or spent twice"
         );
+        // And from below: twice the limit was offered until the end, so the bucket ends
+        // nearly empty. What it may hold is what the three leases gave back at SIGTERM (at
+        // most B + 1 each) and a token or two of refill: a limiter that refuses while the
+        // bucket has tokens leaves more.
+        let most = 3.0 * (batch as f64 + 1.0) + 2.0;
+        assert!(
+            held <= most,
+            "{held} tokens left in the bucket (at most {most}) after twice the limit was offered: too much was refused"
+        );
     }
 }
 
