@@ -243,6 +243,19 @@ async fn undecodable_requests_are_invalid_argument() {
     );
     let valid = prost::Message::encode_to_vec(&request("edge", &[&[("tenant", "a")]]));
     assert_eq!(grpc_status_of(server.grpc, &valid).await, "0");
+    // A descriptor flood: a whole 64 KiB message of empty descriptors (2 bytes each: 32,000
+    // of them, past max_descriptors). The message cap bounds what decoding it costs (at the
+    // old 1 MiB default: 524,280 descriptors, +47 MB and 100 ms each).
+    let mut flood = vec![0x0a, 4, b'e', b'd', b'g', b'e'];
+    while flood.len() + 2 <= MESSAGE {
+        flood.extend_from_slice(&[0x12, 0]);
+    }
+    let started = Instant::now();
+    assert_eq!(grpc_status_of(server.grpc, &flood).await, "3");
+    println!(
+        "a 64 KiB descriptor flood refused in {:?}",
+        started.elapsed()
+    );
 }
 
 /// Whether the server closes `tcp` within `within` (EOF or reset on read).
@@ -258,6 +271,23 @@ async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
             Ok(Ok(_)) => {}
         }
     }
+}
+
+/// Sends `bytes` to `addr` one at a time, `gap` apart, and then waits a second more; how long
+/// until the server closed the connection, or `None` if it never did.
+async fn trickle(addr: SocketAddr, bytes: &[u8], gap: Duration) -> Option<Duration> {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    let started = Instant::now();
+    for &byte in bytes {
+        if tcp.write_all(&[byte]).await.is_err() {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(gap).await;
+    }
+    closed_within(&mut tcp, Duration::from_secs(1))
+        .await
+        .then(|| started.elapsed())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,26 +333,16 @@ async fn past_max_connections_a_connection_is_closed_at_once_and_healthz_answers
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_sends_its_preface_a_byte_at_a_time_is_closed() {
-    use tokio::io::AsyncWriteExt;
     let server = TestServer::builder(RULES)
         .arg("grpc-handshake-timeout-ms", "1000")
         .start();
-    let mut slow = TcpStream::connect(server.grpc).await.expect("connect");
-    let started = Instant::now();
-    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    let mut closed = false;
     // 20 of its 24 bytes over 4 s, never the whole preface (so no protocol error ends it).
-    for &byte in &preface[..20] {
-        if slow.write_all(&[byte]).await.is_err() {
-            closed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let closed = closed || closed_within(&mut slow, Duration::from_secs(1)).await;
-    let took = started.elapsed();
-    assert!(closed, "a byte-at-a-time preface was kept {took:?}");
-    assert!(took < Duration::from_secs(6), "closed after {took:?}");
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let closed = trickle(server.grpc, &preface[..20], Duration::from_millis(200)).await;
+    assert!(
+        closed.is_some_and(|t| t < Duration::from_secs(3)),
+        "a byte-at-a-time preface was kept: {closed:?}"
+    );
     // A normal client is not affected.
     let mut client = common::client_of(server.grpc).await;
     client
@@ -333,23 +353,16 @@ async fn a_peer_that_sends_its_preface_a_byte_at_a_time_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_headers_sent_a_byte_at_a_time_are_closed_at_the_header_timeout() {
-    use tokio::io::AsyncWriteExt;
     let server = TestServer::builder(RULES)
         .arg("admin-header-timeout-ms", "1000")
         .start();
-    let mut slow = TcpStream::connect(server.admin).await.expect("connect");
-    let started = Instant::now();
-    let mut closed = false;
-    for &byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaa" {
-        if slow.write_all(&[byte]).await.is_err() {
-            closed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let closed = closed || closed_within(&mut slow, Duration::from_secs(1)).await;
-    let took = started.elapsed();
-    assert!(closed && took < Duration::from_secs(6), "kept {took:?}");
+    // 50 bytes of headers over 5 s, never their end.
+    let head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaa";
+    let closed = trickle(server.admin, head, Duration::from_millis(100)).await;
+    assert!(
+        closed.is_some_and(|t| t < Duration::from_secs(3)),
+        "headers sent a byte at a time were kept: {closed:?}"
+    );
     assert_eq!(get(server.admin, "/healthz").0, 200);
 }
 
