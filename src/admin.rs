@@ -3,7 +3,7 @@
 //! | route          | answer |
 //! |----------------|--------|
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
-//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded); a JSON body: status, rules (domains, limits), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
+//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded; with `unready_until_store_answers`, until the store first answered); a JSON body: status, rules (domains, limits, when loaded, the last failed reload's error), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
 //! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry.rs` |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (the only route that changes state: it spends tokens) |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit |
@@ -40,6 +40,8 @@ pub struct AdminState {
     pub handler: Arc<Handler>,
     /// Already redacted: shown as is on `/config`.
     pub settings: Settings,
+    /// When the rules in force were loaded, and the last failed reload since.
+    pub reload: Arc<crate::rules::reload::ReloadStatus>,
 }
 
 impl AdminState {
@@ -130,6 +132,8 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         (false, "not ready")
     } else if domains == 0 && s.settings.unready_without_rules {
         (false, "no rules loaded")
+    } else if s.settings.unready_until_store_answers && !store.answered_once() {
+        (false, "store never answered")
     } else {
         (true, "ready")
     };
@@ -144,9 +148,16 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     if !warnings.is_empty() {
         store_body["warnings"] = json!(warnings);
     }
+    let mut rules_body = rules_status(domains, limits, &s.reload.view());
+    let unknown = limiter.unknown_domains();
+    if !unknown.is_empty() {
+        // Requests named these domains and no rules file declares them: their descriptors
+        // are not limited (often Envoy's `domain` differs from the rules' in case or spelling).
+        rules_body["unknown_domains"] = json!(unknown);
+    }
     let body = json!({
         "status": status,
-        "rules": { "domains": domains, "limits": limits },
+        "rules": rules_body,
         "store": store_body,
         "fallback": {
             "mode": limiter.fallback_mode().name(),
@@ -161,6 +172,22 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (code, Json(body))
+}
+
+/// The `rules` object of `/readyz` and `/config`: counts, when the rules in force were loaded
+/// (Unix ms), and, while the files on disk are broken, the last failed reload's error.
+fn rules_status(
+    domains: usize,
+    limits: usize,
+    view: &crate::rules::reload::StatusView,
+) -> serde_json::Value {
+    let mut rules =
+        json!({ "domains": domains, "limits": limits, "loaded_at_unix_ms": view.loaded_at_ms });
+    if let Some((at, error)) = &view.failed {
+        rules["reload_failed_at_unix_ms"] = json!(at);
+        rules["reload_error"] = json!(error);
+    }
+    rules
 }
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
@@ -211,11 +238,13 @@ async fn json_decide(
 
 async fn config(State(s): State<Arc<AdminState>>) -> Response {
     let rules = s.handler.rules.load();
+    let (domains, _, limits) = rules.counts();
     Json(json!({
         "settings": s.settings,
         "store": s.handler.limiter.store().name(),
         "store_state": s.handler.limiter.store().state(),
         "rules": RulesView::new(&rules),
+        "rules_status": rules_status(domains, limits, &s.reload.view()),
     }))
     .into_response()
 }

@@ -208,10 +208,13 @@ async fn serve_loaded(
 
     // One shutdown signal fanned out to every task.
     let (stop_tx, stop_rx) = watch::channel(false);
+    let reload_status = Arc::new(rules::reload::ReloadStatus::default());
+    reload_status.loaded();
     let admin_state = Arc::new(AdminState {
         ready: false.into(),
         handler: handler.clone(),
         settings: settings.redacted(),
+        reload: reload_status.clone(),
     });
     {
         let admin_state = admin_state.clone();
@@ -254,8 +257,11 @@ async fn serve_loaded(
             settings.rules.clone(),
             loaded.fingerprint,
             load_options(&settings),
-            rules,
-            metrics,
+            rules::reload::Reloaded {
+                rules,
+                metrics,
+                status: reload_status,
+            },
             Duration::from_millis(settings.reload_interval_ms),
             stopped(stop_rx.clone()),
         ));
@@ -377,7 +383,13 @@ async fn serve_loaded(
     );
 
     admin_state.set_ready(true);
-    tracing::info!(%grpc_addr, %admin_addr, store = handler.limiter.store().name(), "tollgate ready");
+    // "ready" only when /readyz says so: with no rules and unready_without_rules it answers 503.
+    let store_name = handler.limiter.store().name();
+    if settings.unready_without_rules && handler.rules.load().counts().0 == 0 {
+        tracing::warn!(%grpc_addr, %admin_addr, store = store_name, "tollgate listening, not ready: no rules loaded (unready_without_rules)");
+    } else {
+        tracing::info!(%grpc_addr, %admin_addr, store = store_name, "tollgate ready");
+    }
     // If either server fails, stop the other too: a half-alive replica would stay "ready".
     let grpc = async { grpc.await.map_err(AppError::Grpc) };
     let admin = async { admin.await.map_err(AppError::Admin) };

@@ -184,6 +184,8 @@ settings! {
         "largest gRPC request message (a real RLS request is a few hundred bytes)";
     unready_without_rules: bool = false,
         "/readyz answers 503 while no domain is loaded (a wrong rules path keeps the replica out of service)";
+    unready_until_store_answers: bool = false,
+        "/readyz answers 503 until the store has answered once since start (a wrong Redis address keeps the replica out of service); later outages do not unready it";
     reload_interval_ms: u64 = 2_000,
         "how often to look for changed rules files (0: never)";
     log_level: String = "info".to_string(),

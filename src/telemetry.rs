@@ -30,6 +30,7 @@ pub const FALLBACK_ACTIVE: &str = "tollgate_fallback_active";
 pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions";
 pub const STORE_WAIT_SHORT: &str = "tollgate_store_wait_short";
 pub const REFUSED: &str = "tollgate_refused";
+pub const UNKNOWN_DOMAINS: &str = "tollgate_unknown_domain_requests";
 pub const REPLICAS: &str = "tollgate_replicas";
 pub const REPLICAS_FROM_MEMBERSHIP: &str = "tollgate_replicas_from_membership";
 pub const LEASE_CLAIMS: &str = "tollgate_lease_claims";
@@ -74,6 +75,13 @@ pub struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
+}
+
+/// A domain no rules file declares, as the request named it (the first
+/// `UNKNOWN_DOMAIN_NAMES` names, then `(other)`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DomainLabels {
+    pub domain: Arc<str>,
 }
 
 /// What a peer was refused (`request_bytes`: past `max_request_bytes_in_flight`;
@@ -153,6 +161,8 @@ pub struct Metrics {
     pub hot: HotKeyMetrics,
     /// What hostile or overloading peers were refused, by what (see [`RefusedLabels`]).
     pub refused: Family<RefusedLabels, Counter>,
+    /// Requests for domains no rules file declares, by the name they gave.
+    pub unknown_domains: Family<DomainLabels, Counter>,
 }
 
 /// Leasing, the over-limit cache and shard retries (`limiter/lease.rs`, `overlimit.rs`,
@@ -273,6 +283,12 @@ impl Metrics {
             "Circuit breaker transitions by node and new state (open, closed)",
             breaker_transitions.clone(),
         );
+        let unknown_domains = Family::<DomainLabels, Counter>::default();
+        registry.register(
+            UNKNOWN_DOMAINS,
+            "Requests for a domain no rules file declares, by the domain they named (the first 100 names, then (other)): often a case or spelling mismatch between Envoy's domain and the rules",
+            unknown_domains.clone(),
+        );
         let refused = Family::<RefusedLabels, Counter>::default();
         registry.register(
             REFUSED,
@@ -338,6 +354,7 @@ impl Metrics {
             replicas,
             replicas_from_membership,
             refused,
+            unknown_domains,
         }
     }
 

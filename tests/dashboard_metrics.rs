@@ -112,6 +112,12 @@ async fn every_metric_the_alerts_and_the_dashboard_query_is_exposed() {
     // sharded key driven past its limit so empty shards are retried.
     send(&server, "tenant", "a", 8).await;
     send(&server, "hot", "h", 12).await;
+    // A request for a domain the rules do not declare (the unknown-domain alert's series).
+    let _ = server
+        .client()
+        .await
+        .should_rate_limit(request("Dash", &[&[("tenant", "a")]]))
+        .await;
 
     // A rules reload: a changed file is picked up by the watcher.
     std::fs::write(

@@ -368,3 +368,39 @@ fn the_store_password_is_redacted_on_config_and_in_logs() {
     assert!(log.contains("redis://user:***@127.0.0.1"), "{log}");
     assert!(!log.contains("s3cret"), "{log}");
 }
+
+/// `unready_until_store_answers`: a wrong Redis address keeps the replica unready (it would
+/// otherwise roll out green and decide from its local share for ever); once Redis answers it
+/// is ready, and a later outage does not unready it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_gate_a_store_that_never_answered_keeps_the_replica_unready() {
+    let port = free_port();
+    let server = InProcess::builder(RULES)
+        .settings(|s| {
+            s.store = format!("redis://127.0.0.1:{port}");
+            s.key_prefix = unique_prefix("gate");
+            s.unready_until_store_answers = true;
+        })
+        .ready_status(503)
+        .start();
+    let (code, body) = readyz(server.admin);
+    assert_eq!(
+        (code, body["status"].as_str()),
+        (503, Some("store never answered")),
+        "{body}"
+    );
+    let mut redis = TestRedis::start_on(port);
+    let ready = poll_async(Duration::from_secs(15), || async {
+        (readyz(server.admin).0 == 200).then_some(())
+    })
+    .await;
+    assert!(
+        ready.is_some(),
+        "never ready once Redis answered:\n{}",
+        server.log()
+    );
+    // An outage after that is the fallback's business, not readiness's.
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(readyz(server.admin).0, 200);
+}

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::inproc::InProcess;
-use common::{poll, readyz, request, run_tollgate, temp_dir};
+use common::{get, poll, readyz, request, run_tollgate, temp_dir};
 
 const RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
 
@@ -82,6 +82,13 @@ fn unready_without_rules_until_a_domain_is_loaded() {
     assert_eq!(code, 503, "{body}");
     assert_eq!(body["status"], "no rules loaded", "{body}");
     assert_eq!(body["rules"]["domains"], 0, "{body}");
+    // The log does not say "ready" while /readyz says 503.
+    let log = server.log();
+    assert!(
+        log.contains("tollgate listening, not ready: no rules loaded")
+            && !log.contains("tollgate ready"),
+        "{log}"
+    );
     // The rules arrive (a ConfigMap fixed, say): the reload makes the replica ready.
     std::fs::write(server.rules_dir().join("edge.yaml"), RULES).unwrap();
     let ready = poll(Duration::from_secs(10), || {
@@ -182,4 +189,89 @@ async fn aged_grpc_connections_are_closed_gracefully_so_clients_rebalance() {
     let (failed, retries, errors) = steady_traffic(proxy, 1_000).await;
     assert_eq!((failed, retries), (0, 0), "{errors:#?}");
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
+}
+
+/// A broken edit of the rules files is visible on `/readyz` and `/config` (the error with
+/// file:line, and when), while the rules in force stay; fixing the file clears it.
+#[test]
+fn a_failed_reload_shows_on_readyz_and_config_until_fixed() {
+    let server = InProcess::builder(RULES)
+        .settings(|s| s.reload_interval_ms = 100)
+        .start();
+    let (_, before) = readyz(server.admin);
+    let loaded_at = before["rules"]["loaded_at_unix_ms"].as_u64().unwrap();
+    assert!(
+        loaded_at > 0 && before["rules"].get("reload_error").is_none(),
+        "{before}"
+    );
+    let file = std::fs::read_dir(server.rules_dir())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(&file, "domain: edge\nnot_a_field: 1\n").unwrap();
+    let failed = poll(Duration::from_secs(10), || {
+        let (code, body) = readyz(server.admin);
+        body["rules"]
+            .get("reload_error")
+            .is_some()
+            .then_some((code, body))
+    })
+    .unwrap_or_else(|| panic!("the failed reload never showed:\n{}", server.log()));
+    let (code, body) = failed;
+    assert_eq!(code, 200, "the rules in force still serve: {body}");
+    let error = body["rules"]["reload_error"].as_str().unwrap();
+    let name = file.file_name().unwrap().to_str().unwrap();
+    assert!(
+        error.contains(&format!("{name}:2")) && error.contains("not_a_field"),
+        "{error}"
+    );
+    assert_eq!(
+        body["rules"]["loaded_at_unix_ms"].as_u64(),
+        Some(loaded_at),
+        "{body}"
+    );
+    assert!(body["rules"]["reload_failed_at_unix_ms"].as_u64() >= Some(loaded_at));
+    let (_, config) = get(server.admin, "/config");
+    assert!(config.contains("not_a_field"), "{config}");
+    // Fixed: reloaded, and the error is gone.
+    std::fs::write(&file, RULES).unwrap();
+    let fixed = poll(Duration::from_secs(10), || {
+        let (_, body) = readyz(server.admin);
+        body["rules"].get("reload_error").is_none().then_some(body)
+    });
+    assert!(
+        fixed.is_some(),
+        "the error stayed after the fix:\n{}",
+        server.log()
+    );
+}
+
+/// Envoy's `domain: Edge` against rules for `edge`: nothing limits those requests, so each
+/// new name is logged once, counted by name, and listed on `/readyz`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_domain_is_logged_once_counted_and_listed() {
+    let server = InProcess::start(RULES, |_| {});
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        let r = client
+            .should_rate_limit(request("Edge", &[&[("tenant", "a")]]))
+            .await
+            .expect("answered (OK: no rule)");
+        assert_eq!(r.get_ref().overall_code, 1, "OK");
+    }
+    let (_, body) = readyz(server.admin);
+    assert_eq!(
+        body["rules"]["unknown_domains"],
+        serde_json::json!(["Edge"]),
+        "{body}"
+    );
+    let log = server.log();
+    assert_eq!(log.matches("no rules file declares").count(), 1, "{log}");
+    let metrics = get(server.admin, "/metrics").1;
+    assert!(
+        metrics.contains(r#"tollgate_unknown_domain_requests_total{domain="Edge"} 3"#),
+        "{metrics}"
+    );
 }

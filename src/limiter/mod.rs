@@ -229,6 +229,11 @@ impl Limiter {
         &self.config.replicas
     }
 
+    /// Domains requests named that no rules file declares (the first 100 names).
+    pub fn unknown_domains(&self) -> Vec<String> {
+        self.tally.unknown_domains()
+    }
+
     /// The global fallback mode.
     pub fn fallback_mode(&self) -> FallbackMode {
         self.fallback.mode
@@ -243,7 +248,7 @@ impl Limiter {
     /// UNAVAILABLE so Envoy's failure mode applies).
     pub async fn decide(&self, rules: &RuleSet, req: &Request<'_>) -> Result<Decision, StoreError> {
         let Some(domain) = rules.domains.get(req.domain) else {
-            self.tally.unknown_domain(req.descriptors.len());
+            self.tally.unknown_domain(req.domain, req.descriptors.len());
             return Ok(Decision::without_limits(req.descriptors.len()));
         };
 

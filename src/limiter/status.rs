@@ -26,6 +26,12 @@ use crate::telemetry::{self, DecisionLabels, Metrics};
 /// of them: request domains are caller input).
 pub const UNKNOWN_DOMAIN: &str = "(unknown)";
 
+/// Distinct unknown domain names counted and shown by name; past it they count as `(other)`
+/// (the names are caller input: a bound on series and on memory).
+pub const UNKNOWN_DOMAIN_NAMES: usize = 100;
+/// Longest unknown domain name kept as given; a longer one is cut (and marked `…`).
+const UNKNOWN_DOMAIN_MAX_LEN: usize = 64;
+
 impl Status {
     /// OK without a limit: no rule (`remaining` 0) or unlimited (`u32::MAX`).
     pub(super) fn no_limit(remaining: u32) -> Self {
@@ -63,6 +69,8 @@ pub(super) struct Tally {
     /// limit's one overflow series (request values are caller input: a bound on series).
     detailed: Mutex<HashMap<Arc<str>, Detailed>>,
     detailed_max: usize,
+    /// Unknown domain names seen (at most [`UNKNOWN_DOMAIN_NAMES`]), each logged once.
+    unknown_names: Mutex<HashSet<Arc<str>>>,
 }
 
 #[derive(Debug)]
@@ -80,7 +88,45 @@ impl Tally {
             no_class: "".into(),
             detailed: Mutex::new(HashMap::new()),
             detailed_max,
+            unknown_names: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The unknown domain names seen so far (at most [`UNKNOWN_DOMAIN_NAMES`]), sorted.
+    pub(super) fn unknown_domains(&self) -> Vec<String> {
+        let names = self.unknown_names.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        out.sort();
+        out
+    }
+
+    /// Counts a request for the unknown `domain` by name; logs each new name once.
+    fn unknown_name(&self, domain: &str) {
+        let name: Arc<str> = if domain.len() > UNKNOWN_DOMAIN_MAX_LEN {
+            let mut end = UNKNOWN_DOMAIN_MAX_LEN;
+            while !domain.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}…", &domain[..end]).into()
+        } else {
+            domain.into()
+        };
+        let label = {
+            let mut names = self.unknown_names.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(known) = names.get(&name) {
+                known.clone()
+            } else if names.len() < UNKNOWN_DOMAIN_NAMES {
+                names.insert(name.clone());
+                tracing::warn!(domain = %name, "a request named a domain no rules file declares (its descriptors are not limited); check Envoy's domain against the rules' (case and spelling)");
+                name
+            } else {
+                "(other)".into()
+            }
+        };
+        self.metrics
+            .unknown_domains
+            .get_or_create(&telemetry::DomainLabels { domain: label })
+            .inc();
     }
 
     /// The metrics class of a limit; with `detailed_metric` the request's values are appended
@@ -112,8 +158,10 @@ impl Tally {
         class
     }
 
-    /// A request for a domain no rules file declares: each descriptor is a `no_rule`.
-    pub(super) fn unknown_domain(&self, descriptors: usize) {
+    /// A request for a domain no rules file declares: counted by its name, and each
+    /// descriptor is a `no_rule`.
+    pub(super) fn unknown_domain(&self, domain: &str, descriptors: usize) {
+        self.unknown_name(domain);
         for _ in 0..descriptors {
             self.count(
                 &self.unknown_domain,
@@ -275,6 +323,32 @@ fn descriptor_status(
 mod tests {
     use super::super::fixture::{fixture, req};
     use super::*;
+
+    #[test]
+    fn unknown_domains_are_counted_by_name_up_to_a_bound() {
+        let f = fixture(false);
+        for _ in 0..3 {
+            f.decide(&req("Edge", &[&[("tenant", "a")]]));
+        }
+        for i in 0..UNKNOWN_DOMAIN_NAMES + 5 {
+            f.decide(&req(&format!("d{i:03}"), &[&[("tenant", "a")]]));
+        }
+        let long = "x".repeat(200);
+        f.decide(&req(&long, &[&[("tenant", "a")]]));
+        let names = f.limiter.unknown_domains();
+        assert_eq!(names.len(), UNKNOWN_DOMAIN_NAMES);
+        assert!(names.contains(&"Edge".to_string()));
+        let text = f.metrics.render();
+        assert!(
+            text.contains(r#"tollgate_unknown_domain_requests_total{domain="Edge"} 3"#),
+            "{text}"
+        );
+        // Past the bound (Edge and d000..d098 fill it): six more names, the long one too.
+        assert!(
+            text.contains(r#"tollgate_unknown_domain_requests_total{domain="(other)"} 7"#),
+            "{text}"
+        );
+    }
 
     #[test]
     fn unknown_domain_and_no_rule_are_ok_without_a_limit() {

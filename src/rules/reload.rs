@@ -20,6 +20,47 @@ use super::load::{LoadOptions, load_path};
 use super::model::RuleSet;
 use crate::telemetry::{Metrics, ResultLabels};
 
+/// What `/readyz` and `/config` say about the rules: when the rules in force were loaded, and
+/// the last reload that failed since then (a good reload clears it), so a broken edit on disk
+/// is visible without reading the log.
+#[derive(Debug, Default)]
+pub struct ReloadStatus {
+    inner: std::sync::Mutex<StatusView>,
+}
+
+/// A copy of [`ReloadStatus`] (times in Unix ms).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusView {
+    pub loaded_at_ms: u64,
+    /// When the last failed reload was tried, and its error (every problem, with file:line).
+    pub failed: Option<(u64, String)>,
+}
+
+impl ReloadStatus {
+    /// The rules in force were loaded just now.
+    pub fn loaded(&self) {
+        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        s.loaded_at_ms = unix_ms();
+        s.failed = None;
+    }
+
+    /// A reload failed just now with `error`; the rules in force stay.
+    pub fn failed(&self, error: String) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).failed = Some((unix_ms(), error));
+    }
+
+    pub fn view(&self) -> StatusView {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Wall-clock time for the status only (what an operator compares with the files' times).
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Size, modification time and content hash (`None`: unreadable, e.g. a directory) of each
 /// file under the rules path.
 pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, Option<u64>)>;
@@ -52,6 +93,14 @@ pub fn fingerprint(path: &Path) -> Fingerprint {
     out
 }
 
+/// What a reload updates: the rules in force, the reload counters, the status the admin port
+/// shows.
+pub struct Reloaded {
+    pub rules: Arc<ArcSwap<RuleSet>>,
+    pub metrics: Arc<Metrics>,
+    pub status: Arc<ReloadStatus>,
+}
+
 /// Polls until `shutdown` resolves; returns then. `loaded` is the fingerprint taken just
 /// *before* the rules in force were read, so an edit made while the service was starting is
 /// picked up at the first tick instead of being missed.
@@ -59,8 +108,7 @@ pub async fn watch(
     path: PathBuf,
     loaded: Fingerprint,
     opts: LoadOptions,
-    rules: Arc<ArcSwap<RuleSet>>,
-    metrics: Arc<Metrics>,
+    into: Reloaded,
     interval: Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -78,16 +126,18 @@ pub async fn watch(
             continue;
         }
         last = now;
-        reload_once(&path, opts, &rules, &metrics);
+        reload_once(&path, opts, &into.rules, &into.metrics, &into.status);
     }
 }
 
-/// Loads the rules path and swaps it in if valid. Returns whether it was swapped.
+/// Loads the rules path and swaps it in if valid (noted in `status` either way). Returns
+/// whether it was swapped.
 pub fn reload_once(
     path: &Path,
     opts: LoadOptions,
     rules: &ArcSwap<RuleSet>,
     metrics: &Metrics,
+    status: &ReloadStatus,
 ) -> bool {
     match load_path(path, opts) {
         Ok(set) => {
@@ -99,10 +149,12 @@ pub fn reload_once(
                 .get_or_create(&ResultLabels { result: "ok" })
                 .inc();
             rules.store(Arc::new(set));
+            status.loaded();
             true
         }
         Err(e) => {
             tracing::error!(path = %path.display(), "rules not reloaded, the rules in force stay: {e}");
+            status.failed(e.to_string());
             metrics
                 .rules_reloads
                 .get_or_create(&ResultLabels { result: "error" })
@@ -127,11 +179,23 @@ mod tests {
         let before = fingerprint(&file);
         std::fs::write(&file, "domain: two\nextra: field\n").unwrap();
         assert_ne!(fingerprint(&file), before);
-        assert!(!reload_once(&file, opts, &rules, &metrics));
+        let status = ReloadStatus::default();
+        status.loaded();
+        let loaded_at = status.view().loaded_at_ms;
+        assert!(!reload_once(&file, opts, &rules, &metrics, &status));
         assert!(rules.load().domains.contains_key("one"));
+        // The failure is kept, with the file and line, and the rules in force keep their time.
+        let view = status.view();
+        let (_, error) = view.failed.clone().expect("the failure is kept");
+        assert!(
+            error.contains("r.yaml:2") && error.contains("extra"),
+            "{error}"
+        );
+        assert_eq!(view.loaded_at_ms, loaded_at);
         std::fs::write(&file, "domain: two\n").unwrap();
-        assert!(reload_once(&file, opts, &rules, &metrics));
+        assert!(reload_once(&file, opts, &rules, &metrics, &status));
         assert!(rules.load().domains.contains_key("two"));
+        assert_eq!(status.view().failed, None, "a good reload clears it");
     }
 
     /// An edit that keeps the size and the modification time (a changed digit within one

@@ -314,4 +314,12 @@ impl Store {
             Store::Redis(r) => r.state(),
         }
     }
+
+    /// Whether the store has answered once since start (the memory store always has).
+    pub fn answered_once(&self) -> bool {
+        match self {
+            Store::Memory(_) => true,
+            Store::Redis(r) => r.answered_once(),
+        }
+    }
 }

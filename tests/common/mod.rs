@@ -388,9 +388,13 @@ impl TestServerBuilder {
 }
 
 /// The gRPC and admin addresses of the "tollgate ready" log line
-/// (`… tollgate ready grpc_addr=127.0.0.1:p admin_addr=127.0.0.1:q …`).
+/// (`… tollgate ready grpc_addr=127.0.0.1:p admin_addr=127.0.0.1:q …`), or of "tollgate
+/// listening, not ready" (listening while `/readyz` says why not).
 fn ready_addrs(log: &str) -> Option<(SocketAddr, SocketAddr)> {
-    let line = strip_ansi(log.lines().find(|l| l.contains("tollgate ready"))?);
+    let line = strip_ansi(
+        log.lines()
+            .find(|l| l.contains("tollgate ready") || l.contains("tollgate listening"))?,
+    );
     // `log_format: json`: the fields are an object.
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
         let field = |name: &str| v["fields"][name].as_str()?.parse().ok();

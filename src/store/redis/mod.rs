@@ -550,6 +550,11 @@ impl RedisStore {
         self.pool.state()
     }
 
+    /// Whether Redis has answered once since start.
+    pub fn answered_once(&self) -> bool {
+        self.pool.answered_once()
+    }
+
     /// Warnings about the Redis configuration (an evicting `maxmemory-policy`).
     pub fn warnings(&self) -> Vec<String> {
         self.pool.warnings()

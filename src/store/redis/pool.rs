@@ -74,6 +74,8 @@ pub(super) struct Pool {
     wake: Arc<Notify>,
     /// False after a call failed transiently, true again after one succeeded.
     healthy: AtomicBool,
+    /// Whether a connection or a call has ever succeeded (`/readyz`'s opt-in gate).
+    answered: AtomicBool,
     /// Why the last connection attempt failed, for the "not connected" error.
     last_connect_error: Mutex<String>,
     /// Redis's eviction policies as of the last new connection (`eviction.rs`), if readable.
@@ -114,6 +116,7 @@ impl Pool {
             connect_timeout,
             wake: Arc::new(Notify::new()),
             healthy: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
             last_connect_error: Mutex::new("not connected yet".to_string()),
             eviction_policies: Mutex::new(None),
             started: Instant::now(),
@@ -175,6 +178,17 @@ impl Pool {
         }
     }
 
+    /// A connection answered or a call succeeded.
+    fn mark_healthy(&self) {
+        self.healthy.store(true, Ordering::Relaxed);
+        self.answered.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether Redis has answered once since start.
+    pub(super) fn answered_once(&self) -> bool {
+        self.answered.load(Ordering::Relaxed)
+    }
+
     pub(super) fn last_connect_error(&self) -> String {
         self.last_connect_error
             .lock()
@@ -215,7 +229,7 @@ impl Pool {
     pub(super) fn call_succeeded(&self, picked: &Picked) {
         let entry = &self.entries[picked.entry];
         entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
-        self.healthy.store(true, Ordering::Relaxed);
+        self.mark_healthy();
         if !entry.live.swap(true, Ordering::Relaxed) {
             self.update_gauge();
         }
@@ -403,7 +417,7 @@ impl Pool {
                         entry.suspect.store(false, Ordering::Relaxed);
                         entry.live.store(true, Ordering::Relaxed);
                         entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
-                        self.healthy.store(true, Ordering::Relaxed);
+                        self.mark_healthy();
                         continue;
                     }
                     Ok(false) => {}
@@ -431,7 +445,7 @@ impl Pool {
                     entry.suspect.store(false, Ordering::Relaxed);
                     entry.live.store(true, Ordering::Relaxed);
                     entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
-                    self.healthy.store(true, Ordering::Relaxed);
+                    self.mark_healthy();
                 }
                 Err(_) => {
                     // An old connection that did not answer a ping in time is kept when a
