@@ -25,7 +25,9 @@
 //! A call gives up ([`StoreErrorKind::Timeout`]) when its **node** has been silent for
 //! `store_timeout_ms`: no reply to any call since the call started (or since the node's last
 //! reply, when later), not counting time this process itself was too busy to run (measured as
-//! how late the call's timer fired). A call that waits behind others on a busy replica (a
+//! how late the call's timer fired, and confirmed by one more pause of a quarter of the
+//! timeout, in which any reply from the node keeps the call waiting). A call that waits behind
+//! others on a busy replica (a
 //! burst of hundreds of calls, a CPU-throttled pod) while Redis keeps answering is therefore
 //! never given up: it would only hand a decision whose tokens Redis spends anyway to the
 //! fallback. A paused or partitioned Redis answers nothing, so its calls give up after the
@@ -414,6 +416,8 @@ impl RedisStore {
         // node's replies may be waiting unread all that time, so it is not node silence.
         let mut lag = Duration::ZERO;
         let mut deadline = started + self.timeout;
+        // Whether the node's silence was confirmed by a last short pause (once per call).
+        let mut confirmed = false;
         let done = loop {
             tokio::select! {
                 biased;
@@ -436,8 +440,22 @@ impl RedisStore {
                 .last_reply(node)
                 .map_or(started, |t| t.max(started));
             let silent_until = heard + self.timeout + lag;
-            if now >= hard || now >= silent_until {
+            if now >= hard {
                 break None;
+            }
+            if now >= silent_until {
+                if confirmed {
+                    break None;
+                }
+                // Before giving up, one short pause (a quarter of the timeout): on an
+                // overcommitted host the connection's reader can sit unscheduled on another
+                // worker, or another thread, with the node's replies already in its socket.
+                // The pause lets it run; a reply heard meanwhile (this call's or another's)
+                // keeps the call waiting. A node that is really silent costs it a quarter of
+                // the timeout more.
+                confirmed = true;
+                deadline = (now + (self.timeout / 4).max(Duration::from_millis(1))).min(hard);
+                continue;
             }
             deadline = silent_until.min(hard);
         };
