@@ -112,3 +112,19 @@ fn tls_settings_without_a_tls_url_stop_startup() {
     assert_ne!(code, 0);
     assert!(err.contains("store_tls_key"), "{err}");
 }
+
+/// `rediss://` to a port that speaks plain-text Redis: the handshake is never answered, and the
+/// error says the likely cause instead of a bare timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_a_plain_text_port_names_the_likely_cause() {
+    let redis = TestRedis::start();
+    let mut s = settings(&format!("rediss://127.0.0.1:{}", redis.port()), 100);
+    s.store_connect_timeout_ms = 300;
+    let store = store(s).await;
+    assert_eq!(store.state(), "disconnected");
+    let error = store.connect_error().expect("the connection error");
+    assert!(
+        error.contains("plain-text Redis never answers the TLS handshake"),
+        "{error}"
+    );
+}

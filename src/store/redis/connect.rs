@@ -516,6 +516,18 @@ fn tls_certificates(cfg: &RedisConfig) -> Result<Option<redis::TlsCertificates>,
             .map_err(|e| config_error(format!("{setting} {path}: {e}")))
     };
     let root_cert = read("store_tls_ca", &cfg.tls_ca)?;
+    // A CA file without a certificate would be accepted here and fail every handshake later as
+    // `UnknownIssuer`, which points at the server: refuse it now, naming the file.
+    if let Some(pem) = &root_cert {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        if !CertificateDer::pem_slice_iter(pem).any(|c| c.is_ok()) {
+            return Err(config_error(format!(
+                "store_tls_ca {}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)",
+                cfg.tls_ca
+            )));
+        }
+    }
     let client_tls = match (
         read("store_tls_cert", &cfg.tls_cert)?,
         read("store_tls_key", &cfg.tls_key)?,
@@ -633,6 +645,31 @@ mod tests {
             "{e}"
         );
         assert!(!e.message.contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in [
+            ("empty.pem", ""),
+            (
+                "key.pem",
+                "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+            ),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            let mut c = cfg("rediss://127.0.0.1:6380");
+            c.tls_ca = path.to_str().unwrap().into();
+            let Err(e) = Connector::parse(&c) else {
+                panic!("{name}: a CA file without a certificate was accepted")
+            };
+            assert!(!e.is_transient());
+            assert!(
+                e.message.contains(name) && e.message.contains("no PEM certificate"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -304,10 +304,20 @@ impl Pool {
                 .errors
                 .get_or_create(&KindLabels { kind })
                 .inc();
+            let mut text = e.to_string();
+            let timed_out = match e {
+                ConnectError::Redis(e) => e.is_timeout(),
+                ConnectError::TimedOut(_) => true,
+            };
+            if timed_out && self.display_url.starts_with("rediss") {
+                // A plain-text Redis reads a ClientHello as a command that never ends and
+                // answers nothing: the handshake times out with no hint of why.
+                text.push_str(" (over TLS: a port that speaks plain-text Redis never answers the TLS handshake; is this Redis's TLS port, or should the URL be redis://?)");
+            }
             *self
                 .last_connect_error
                 .lock()
-                .unwrap_or_else(|p| p.into_inner()) = e.to_string();
+                .unwrap_or_else(|p| p.into_inner()) = text;
         }
         result
     }
