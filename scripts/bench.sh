@@ -33,15 +33,6 @@ NAME=bench
 source scripts/lib.sh
 trap cleanup EXIT INT TERM
 
-start_redis() { # port [extra args…]
-  local port=$1; shift
-  mkdir -p "$TMP/redis-$port"
-  (cd "$TMP/redis-$port" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-     --daemonize no --logfile "$TMP/redis-$port/log" "$@") &
-  PIDS+=($!)
-  wait_for redis-cli -p "$port" ping
-}
-
 # --- the stores -------------------------------------------------------------------------
 RP=$(free_port); start_redis "$RP"
 # A primary with one replica, for the cost of `store_wait_replicas` (same setup with and without).

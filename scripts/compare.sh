@@ -16,10 +16,7 @@ NAME=compare
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 trap cleanup EXIT INT TERM
-RP=$(free_port)
-(cd "$TMP" && exec redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no --logfile "$TMP/redis.log") &
-PIDS+=($!)
-wait_for redis-cli -p "$RP" ping
+RP=$(free_port); start_redis "$RP"
 mkdir -p "$TMP/rules"
 cat > "$TMP/rules/bench.yaml" <<'YAML'
 domain: bench

@@ -1,4 +1,4 @@
-# Helpers shared by bench.sh and soak.sh (sourced, not run). The caller sets NAME (for
+# Helpers shared by bench.sh, soak.sh and compare.sh (sourced, not run). The caller sets NAME (for
 # messages), TMP (a scratch directory) and PIDS=() (the processes it starts) before sourcing,
 # then `trap cleanup EXIT INT TERM`.
 
@@ -26,4 +26,14 @@ while True:
 wait_for() { # command… ; polls up to 15 s
   for _ in $(seq 150); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
   echo "$NAME: timed out waiting for: $*" >&2; return 1
+}
+
+# A throwaway redis-server on the loopback `port` (no persistence), in TMP, stopped by cleanup.
+start_redis() { # port [extra redis-server args…]
+  local port=$1; shift
+  mkdir -p "$TMP/redis-$port"
+  (cd "$TMP/redis-$port" && exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+     --daemonize no --logfile "$TMP/redis-$port/log" "$@") &
+  PIDS+=($!)
+  wait_for redis-cli -p "$port" ping
 }

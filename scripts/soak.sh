@@ -24,10 +24,7 @@ NAME=soak
 source scripts/lib.sh
 trap cleanup EXIT INT TERM
 
-RP=$(free_port)
-(cd "$TMP" && exec redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --logfile "$TMP/redis.log") &
-PIDS+=($!)
-wait_for redis-cli -p "$RP" ping
+RP=$(free_port); start_redis "$RP"
 
 mkdir -p "$TMP/rules" "$OUT"
 cat > "$TMP/rules/soak.yaml" <<'YAML'
