@@ -78,6 +78,11 @@ const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
 /// How often the store's housekeeping runs (the memory store drops idle buckets).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// Streams the server may reset for a peer's protocol errors on one connection (refused past
+/// the stream cap, frames on a closed stream) before it closes the connection: hyper's own
+/// default, which tonic does not pass on (see `serve`).
+const MAX_LOCAL_ERROR_RESETS: usize = 1_024;
+
 /// `tollgate serve`: settings from `sources` (validated before anything starts), logging and
 /// traces, a warning per `TOLLGATE_*` variable of the process that is not a setting, then
 /// [`run`] until Ctrl-C or SIGTERM; buffered spans are flushed on the way out.
@@ -280,8 +285,9 @@ async fn serve_loaded(
     ));
 
     // Past the open-files limit, accept fails with EMFILE before the cap is reached (and the
-    // store's and admin's sockets fail too): say so now rather than under an attack.
-    if let Some(limit) = crate::service::listener::open_files_limit()
+    // store's and admin's sockets fail too): raise it as far as allowed, and say so now if
+    // it is still too low rather than under an attack.
+    if let Some(limit) = crate::service::listener::raise_open_files_limit()
         && (settings.grpc_max_connections as u64).saturating_add(256) > limit
     {
         tracing::warn!(
@@ -313,6 +319,11 @@ async fn serve_loaded(
     // Envoy opens another connection when a connection's streams are all in use: the cap bounds
     // what one connection can queue, and max_concurrent_requests bounds the whole process.
     server = server.max_concurrent_streams(Some(settings.grpc_max_concurrent_streams));
+    // A peer that keeps opening streams past that cap (or sending on streams it was refused)
+    // makes h2 queue a reset for each, in memory, for as long as it sends: 16 such peers grew a
+    // replica by 118 MiB in 6 s. hyper closes such a connection (GOAWAY ENHANCE_YOUR_CALM)
+    // after 1,024 of them, but tonic passes "no limit" down unless told; restore it.
+    server = server.http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS));
     // A peer that goes silent or stops reading (its window full, our responses unread) does not
     // answer PINGs either: it is disconnected instead of holding its streams' buffers for ever.
     if settings.grpc_keepalive_interval_ms > 0 {
@@ -323,6 +334,12 @@ async fn serve_loaded(
             .http2_keepalive_timeout(Some(Duration::from_millis(
                 settings.grpc_keepalive_timeout_ms,
             )));
+    }
+    // A stream whose body never finishes (within the bytes budget below) or a client that
+    // never reads its answer holds a stream slot; the deadline frees it. Envoy's own
+    // grpc-timeout (its 20 ms) is shorter and applies instead.
+    if settings.grpc_request_timeout_ms > 0 {
+        server = server.timeout(Duration::from_millis(settings.grpc_request_timeout_ms));
     }
     // Request bytes being received, for the whole process (see service/inflight.rs).
     let budget = crate::service::inflight::Budget::new(

@@ -146,6 +146,8 @@ settings! {
         "HTTP/2 PING to each gRPC client after this long without a frame from it (0: off)";
     grpc_keepalive_timeout_ms: u64 = 20_000,
         "a client that does not answer that PING within this long is disconnected (a silent peer, or one that stopped reading)";
+    grpc_request_timeout_ms: u64 = 5_000,
+        "a gRPC request not answered within this long (its body included) ends with CANCELLED and frees its stream; a client's shorter grpc-timeout (Envoy sends its own) applies instead (0: none)";
     fallback: FallbackMode = FallbackMode::Local,
         "when the store cannot answer: local (quota ÷ live replicas, in memory), open, closed, or error (gRPC UNAVAILABLE)";
     breaker_failures: u32 = 3,
@@ -483,6 +485,16 @@ impl Settings {
             return bad(
                 "grpc_keepalive_timeout_ms",
                 "must be at least 1 while grpc_keepalive_interval_ms is on (0 turns the PINGs off)",
+            );
+        }
+        if self.grpc_request_timeout_ms > 0 && self.grpc_request_timeout_ms <= self.store_timeout_ms
+        {
+            return bad(
+                "grpc_request_timeout_ms",
+                &format!(
+                    "must be above store_timeout_ms ({} ms), or every request that waits for the store could be cancelled first (0: no timeout)",
+                    self.store_timeout_ms
+                ),
             );
         }
         if self.store_wait_replicas > 0 {
@@ -834,6 +846,28 @@ mod tests {
             let e = with("redis://r:6379", "1", timeout).unwrap_err();
             assert!(
                 e.contains("store_wait_timeout_ms") && e.contains("below store_timeout_ms (10 ms)"),
+                "{timeout}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_request_timeout_is_off_or_above_the_store_timeout() {
+        let with = |timeout: &str| {
+            Settings::load(&Sources {
+                flags: vec![("grpc_request_timeout_ms", timeout.to_string())],
+                ..Sources::default()
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert!(with("0").is_ok());
+        assert!(with("11").is_ok());
+        for timeout in ["1", "10"] {
+            let e = with(timeout).unwrap_err();
+            assert!(
+                e.contains("grpc_request_timeout_ms")
+                    && e.contains("above store_timeout_ms (10 ms)"),
                 "{timeout}: {e}"
             );
         }

@@ -179,6 +179,7 @@ async fn sigterm_drains_a_request_in_flight_and_exits_cleanly() {
         .arg("store", &redis.url())
         .arg("key-prefix", &unique_prefix("drain"))
         .arg("store-timeout-ms", "5000")
+        .arg("grpc-request-timeout-ms", "30000")
         // No heartbeat during the test: the only bytes sent to Redis are the request's.
         .arg("membership-interval-ms", "60000")
         .start();

@@ -15,6 +15,9 @@
 //! then instead of holding a connection and its buffers for ever. Once it has, the HTTP/2
 //! keepalive (`grpc_keepalive_*`) watches it. The admin port (HTTP/1) has hyper's header
 //! read timeout instead (see `admin.rs`).
+//!
+//! Each connection is a file: [`raise_open_files_limit`] lifts the process's soft `nofile`
+//! limit to the hard one at startup, so the caps above are reached before `EMFILE` is.
 
 use std::io;
 use std::pin::Pin;
@@ -204,19 +207,51 @@ impl Connected for Conn {
     }
 }
 
-/// The soft limit on open files of this process (`/proc/self/limits`), where there is one.
-pub fn open_files_limit() -> Option<u64> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    line.split_whitespace().nth(3)?.parse().ok()
+/// Raises this process's soft limit on open files to its hard limit (as Go's runtime does at
+/// start: containers often inherit a soft limit of 1,024 under a hard one of 1,048,576, and
+/// each connection is a file); the soft limit now in force, if there is a finite one.
+pub fn raise_open_files_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let (Some(soft), Some(hard)) = (limit.current, limit.maximum) else {
+        return limit.current;
+    };
+    if soft >= hard {
+        return Some(soft);
+    }
+    let raised = rustix::process::Rlimit {
+        current: Some(hard),
+        maximum: Some(hard),
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => {
+            tracing::info!(
+                from = soft,
+                to = hard,
+                "raised the open-files limit (nofile)"
+            );
+            Some(hard)
+        }
+        Err(e) => {
+            tracing::warn!(soft, hard, error = %e, "could not raise the open-files limit (nofile)");
+            Some(soft)
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_open_files_limit_is_read_on_linux() {
-        if cfg!(target_os = "linux") {
-            assert!(super::open_files_limit().is_some_and(|n| n > 0));
-        }
+    fn the_open_files_limit_is_raised_to_the_hard_limit() {
+        use rustix::process::{Resource, getrlimit};
+        let now = super::raise_open_files_limit();
+        let limit = getrlimit(Resource::Nofile);
+        assert_eq!(now, limit.current);
+        // Raised all the way (an unprivileged process may always raise its soft limit to its
+        // hard one), or there was no finite limit to raise.
+        assert!(
+            limit.maximum.is_none() || limit.current == limit.maximum,
+            "{limit:?}"
+        );
     }
 }
