@@ -28,7 +28,8 @@ use std::time::Instant;
 use tollgate::clock::Clock;
 use tollgate::keys;
 use tollgate::limiter::{Limiter, LimiterConfig};
-use tollgate::rules::load::{LoadOptions, load_sources};
+use tollgate::rules::LoadOptions;
+use tollgate::rules::load::load_sources;
 use tollgate::rules::{Algorithm, Rate, Unit};
 use tollgate::service::response::to_proto;
 use tollgate::service::rls;
@@ -300,7 +301,11 @@ fn allocations_per_decision_on(url: &str) {
         store: url.to_string(),
         ..Settings::default()
     };
-    let store = match rt.block_on(Store::connect(&settings, Clock::system(), &metrics)) {
+    let store = match rt.block_on(Store::connect(
+        tollgate::configs::store_config(&settings),
+        Clock::system(),
+        &metrics,
+    )) {
         // An unreachable Redis still yields a store (the fallback would decide): not counted.
         Ok(store) if store.state() == "connected" => store,
         Ok(store) => {
@@ -322,7 +327,7 @@ fn allocations_per_decision_on(url: &str) {
         LimiterConfig {
             // Own keys: never the ones the load scenarios count.
             key_prefix: "tg-allocs:".into(),
-            ..LimiterConfig::default()
+            ..LimiterConfig::new(Clock::system())
         },
         std::sync::Arc::new(metrics),
     );

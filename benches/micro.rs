@@ -13,10 +13,11 @@ use std::path::PathBuf;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tollgate::keys::bucket_key;
-use tollgate::limiter::bucket::{TokenBucketParams, TokenBucketState, WindowState};
-use tollgate::limiter::bucket::{take_token, take_window};
 use tollgate::limiter::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Status};
-use tollgate::rules::load::{LoadOptions, load_sources};
+use tollgate::quota::bucket::{TokenBucketParams, TokenBucketState, WindowState};
+use tollgate::quota::bucket::{take_token, take_window};
+use tollgate::rules::LoadOptions;
+use tollgate::rules::load::load_sources;
 use tollgate::rules::matcher::find;
 use tollgate::rules::{Algorithm, Rate, RuleSet, Unit};
 use tollgate::service::response::to_proto;

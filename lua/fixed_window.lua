@@ -1,5 +1,5 @@
 -- fixed_window.lua: one atomic fixed-window hit, the Redis twin of `take_window` in
--- src/limiter/bucket.rs (tests/lua_mirror.rs holds the two to the same answers).
+-- src/quota/bucket/fixed_window.rs (tests/lua_mirror.rs holds the two to the same answers).
 --
 -- Windows are epoch-aligned by Redis `TIME` (ms): every replica and the reference
 -- (envoyproxy/ratelimit) agree on where a window starts. Like the reference, every hit is

@@ -1,6 +1,6 @@
 -- lease.lua: claim a lease of tokens from a bucket, or give unspent leased tokens back; the
 -- Redis twin of `claim_token` / `return_token` / `claim_window` / `return_window` in
--- src/limiter/bucket.rs (tests/lua_mirror.rs holds the two to the same answers).
+-- src/quota/bucket/ (token_bucket.rs, fixed_window.rs) (tests/lua_mirror.rs holds the two to the same answers).
 --
 -- A replica that leases a hot key claims several tokens in one call and spends them from memory
 -- (src/limiter/lease.rs). The tokens come out of the very state token_bucket.lua and

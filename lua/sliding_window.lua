@@ -1,5 +1,5 @@
 -- sliding_window.lua: one atomic sliding-window-counter take, the Redis twin of `take_sliding`
--- in src/limiter/bucket.rs (tests/lua_mirror.rs holds the two to the same outcomes
+-- in src/quota/bucket/sliding_window.rs (tests/lua_mirror.rs holds the two to the same outcomes
 -- and stored state under a test clock).
 --
 -- Windows are epoch-aligned by Redis `TIME` (ms), as in fixed_window.lua. The script keeps the

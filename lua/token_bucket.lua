@@ -1,5 +1,5 @@
 -- token_bucket.lua: one atomic token-bucket take, the Redis twin of `take_token` in
--- src/limiter/bucket.rs (tests/lua_mirror.rs holds the two to the same answers).
+-- src/quota/bucket/token_bucket.rs (tests/lua_mirror.rs holds the two to the same answers).
 --
 -- A bucket holds up to `capacity` tokens and refills continuously at `refill` tokens per
 -- `window_ms`; a take of `cost` succeeds when that many tokens are there and removes them; a

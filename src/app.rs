@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
 use crate::clock::Clock;
+use crate::fleet;
 use crate::limiter::{HotKeyConfig, Limiter, LimiterConfig, Replicas};
 use crate::rules::{self, LoadOptions, RulesError};
 use crate::service::rls::Rls;
@@ -162,7 +163,12 @@ async fn serve_loaded(
 
     // A Redis that is down at startup is not an error (the store reconnects in the background
     // and the fallback decides meanwhile); a bad URL is.
-    let store = Store::connect(&settings, clock, &metrics).await?;
+    let store = Store::connect(
+        crate::configs::store_config(&settings),
+        clock.clone(),
+        &metrics,
+    )
+    .await?;
     let replicas = Arc::new(Replicas::new(
         settings.fallback_replicas,
         settings.fallback_min_replicas,
@@ -188,7 +194,7 @@ async fn serve_loaded(
                 // A claim is one store call; waiting a little longer covers its scheduling.
                 claim_wait_ms: settings.store_timeout_ms.saturating_mul(2).max(10),
             },
-            clock: Clock::system(),
+            clock: clock.clone(),
             near_limit_ratio: settings.near_limit_ratio,
             fallback_max_keys: settings.memory_max_keys,
             detailed_metric_max_series: settings.detailed_metric_max_series,
@@ -272,17 +278,27 @@ async fn serve_loaded(
         ));
     }
 
-    let membership = tokio::spawn(membership(
-        handler.clone(),
-        replicas,
-        handler.metrics.clone(),
-        MembershipConfig {
-            key: format!("{}{{members}}", settings.key_prefix),
-            replica: replica_id(),
-            interval: Duration::from_millis(settings.membership_interval_ms),
-        },
-        stopped(stop_rx.clone()),
-    ));
+    let membership = tokio::spawn({
+        let (handler, clock) = (handler.clone(), clock.clone());
+        let stop = stopped(stop_rx.clone());
+        let key = format!("{}{{members}}", settings.key_prefix);
+        let interval = Duration::from_millis(settings.membership_interval_ms);
+        async move {
+            fleet::membership(
+                handler.limiter.store(),
+                &replicas,
+                &handler.metrics,
+                fleet::MembershipConfig {
+                    key,
+                    replica: fleet::replica_id(),
+                    interval,
+                },
+                &clock,
+                stop,
+            )
+            .await
+        }
+    });
 
     // Past the open-files limit, accept fails with EMFILE before the cap is reached (and the
     // store's and admin's sockets fail too): raise it as far as allowed, and say so now if
@@ -438,77 +454,6 @@ async fn serve_loaded(
     let _ = tokio::time::timeout(Duration::from_secs(2), membership).await;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Where and how often this replica heartbeats.
-struct MembershipConfig {
-    /// The sorted set of live replicas, `<key_prefix>{members}` (its own hash tag).
-    key: String,
-    replica: String,
-    interval: Duration,
-}
-
-/// This replica's id in the membership set: the host name (the pod's, in Kubernetes), the
-/// process id and a random part, so a restarted pod never takes over its old entry.
-fn replica_id() -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "tollgate".to_string());
-    format!(
-        "{host}-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    )
-}
-
-/// Heartbeats into the store's membership set every `interval` (an entry lives three
-/// intervals) and keeps the live count for the local fallback; the last count stays while
-/// the store is down. Leaves the set when `stop` resolves.
-async fn membership(
-    handler: Arc<Handler>,
-    replicas: Arc<Replicas>,
-    metrics: Arc<Metrics>,
-    cfg: MembershipConfig,
-    stop: impl Future<Output = ()>,
-) {
-    let store = handler.limiter.store();
-    if matches!(store, Store::Memory(_)) {
-        // One process: the memory store never falls back.
-        return;
-    }
-    tokio::pin!(stop);
-    let ttl = cfg.interval * 3;
-    let mut tick = tokio::time::interval(cfg.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut warned = false;
-    loop {
-        tokio::select! {
-            _ = &mut stop => break,
-            _ = tick.tick() => {}
-        }
-        match store.heartbeat(&cfg.key, &cfg.replica, ttl).await {
-            Ok(live) => {
-                replicas.observed(live);
-                metrics.replicas_from_membership.set(1);
-                warned = false;
-            }
-            Err(e) if !warned => {
-                warned = true;
-                tracing::warn!(
-                    error = %e,
-                    replicas = replicas.count(),
-                    source = replicas.source(),
-                    "membership heartbeat failed; the local fallback keeps the last replica count"
-                );
-            }
-            Err(_) => {}
-        }
-        metrics.replicas.set(replicas.count() as i64);
-    }
-    if let Err(e) = store.leave(&cfg.key, &cfg.replica).await {
-        tracing::info!(error = %e, "could not leave the membership set; the entry ages out");
-    }
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {

@@ -12,8 +12,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limiter::FallbackMode;
+use crate::redact::redact_url;
 use crate::rules::Algorithm;
+use crate::rules::FallbackMode;
 use crate::telemetry::LogFormat;
 
 /// One setting as the schema declares it: everything else (flag, variable, file key, the
@@ -644,18 +645,6 @@ fn store_hint(store: &str) -> String {
         Some(url) => format!("'{shown}': {expected}; did you mean {url}?"),
         None => format!("'{shown}': {expected}"),
     }
-}
-
-/// `scheme://user:secret@host` → `scheme://user:***@host` (each host of a cluster URL too).
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let Some((auth, hosts)) = rest.rsplit_once('@') else {
-        return url.to_string();
-    };
-    let user = auth.split_once(':').map_or("", |(u, _)| u);
-    format!("{scheme}://{user}:***@{hosts}")
 }
 
 #[cfg(test)]

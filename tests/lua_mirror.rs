@@ -1,4 +1,4 @@
-//! The Lua scripts mirror `tollgate::limiter::bucket` exactly: random sequences of takes
+//! The Lua scripts mirror `tollgate::quota::bucket` exactly: random sequences of takes
 //! (proptest: times that go forward, stand still, jump a window or step back as after a
 //! failover to a skewed host; costs of 0, 1, the limit, above it and `u64::MAX`) run through the
 //! script in a real `redis-server` and through the Rust function, and must give identical
@@ -17,7 +17,7 @@ use common::redis::TestRedis;
 use common::store::{DAY, HOUR, MAX_WAIT, claim, fw, give_back, sw, tb};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseResult, TestRunner};
-use tollgate::limiter::bucket::{
+use tollgate::quota::bucket::{
     self, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
 };
 use tollgate::store::redis::{

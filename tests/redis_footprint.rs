@@ -22,9 +22,13 @@ async fn one_evalsha_per_bucket_op_in_one_round_trip_per_request() {
     let redis = TestRedis::start();
     let proxy = Proxy::start(format!("127.0.0.1:{}", redis.port()).parse().unwrap()).await;
     let metrics = Metrics::new();
-    let store = Store::connect(&settings(&proxy.url(), 2_000), Clock::system(), &metrics)
-        .await
-        .expect("store");
+    let store = Store::connect(
+        tollgate::configs::store_config(&settings(&proxy.url(), 2_000)),
+        Clock::system(),
+        &metrics,
+    )
+    .await
+    .expect("store");
     redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
     let chunks_before = proxy.script_chunks_sent();
     let (requests, ops_per_request) = (100u64, 2u64);

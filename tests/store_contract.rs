@@ -213,9 +213,13 @@ async fn one_request_many_ops_answer_in_order(store: Arc<Store>, p: String) {
 /// few ms the sequence takes).
 async fn answers_equal_the_memory_store(store: Arc<Store>, p: String) {
     clear_of_window_edge(DAY).await;
-    let reference = Store::connect(&settings("memory", 1), Clock::system(), &Metrics::new())
-        .await
-        .expect("memory store");
+    let reference = Store::connect(
+        tollgate::configs::store_config(&settings("memory", 1)),
+        Clock::system(),
+        &Metrics::new(),
+    )
+    .await
+    .expect("memory store");
     let (t, t2, w) = (key(&p, "eq-tb"), key(&p, "eq-tb2"), key(&p, "eq-fw"));
     let s = key(&p, "eq-sw");
     let costs = [0, 1, 3, 5, 0, 2, 1, 10, u64::MAX, 0, 1, 1];
@@ -400,9 +404,13 @@ async fn tls_store(url: &str, certs: &TestCerts) -> Arc<Store> {
         store_tls_ca: certs.file("ca.crt"),
         ..settings(url, 2_000)
     };
-    let store = Store::connect(&settings, Clock::system(), &Metrics::new())
-        .await
-        .unwrap_or_else(|e| panic!("store for {url}: {e}"));
+    let store = Store::connect(
+        tollgate::configs::store_config(&settings),
+        Clock::system(),
+        &Metrics::new(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("store for {url}: {e}"));
     Arc::new(store)
 }
 

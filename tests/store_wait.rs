@@ -35,7 +35,7 @@ async fn store_with_wait(url: &str, replicas: u64, wait_timeout_ms: u64) -> (Sto
     s.store_wait_timeout_ms = wait_timeout_ms;
     let metrics = Metrics::new();
     let store = Store::connect(
-        &s.validate().expect("valid settings"),
+        tollgate::configs::store_config(&s.validate().expect("valid settings")),
         Clock::system(),
         &metrics,
     )

@@ -14,9 +14,13 @@ use tollgate::store::Store;
 use tollgate::telemetry::Metrics;
 
 async fn store(settings: Settings) -> Store {
-    Store::connect(&settings, Clock::system(), &Metrics::new())
-        .await
-        .expect("a TLS store with readable files starts, whether or not Redis accepts it")
+    Store::connect(
+        tollgate::configs::store_config(&settings),
+        Clock::system(),
+        &Metrics::new(),
+    )
+    .await
+    .expect("a TLS store with readable files starts, whether or not Redis accepts it")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

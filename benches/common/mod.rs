@@ -64,7 +64,7 @@ pub fn memory_limiter() -> Limiter {
             key_prefix: "tg:".into(),
             shadow_mode: false,
             default_algorithm: Algorithm::TokenBucket,
-            ..LimiterConfig::default()
+            ..LimiterConfig::new(Clock::system())
         },
         Arc::new(Metrics::new()),
     )
@@ -82,7 +82,7 @@ pub fn leased_memory_limiter() -> Limiter {
                 lease_max_batch: 1_000,
                 ..Default::default()
             },
-            ..LimiterConfig::default()
+            ..LimiterConfig::new(Clock::system())
         },
         Arc::new(Metrics::new()),
     )

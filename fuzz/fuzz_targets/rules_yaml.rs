@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::rules::load::{LoadOptions, load_sources};
+use tollgate::rules::LoadOptions;
+use tollgate::rules::load::load_sources;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data).into_owned();

@@ -27,94 +27,11 @@
 //! `fallback_min_replicas`; a replica that never reached the store uses that floor.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use serde::{Deserialize, Serialize};
 
 use crate::clock::Clock;
+pub use crate::fleet::Replicas;
+pub use crate::rules::FallbackMode;
 use crate::store::{MemoryStore, Op, OpKind, Outcome};
-
-/// What a limit falls back to while the store cannot answer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FallbackMode {
-    /// The limit's share of the quota (quota ÷ live replicas), in memory.
-    #[default]
-    Local,
-    /// Admit.
-    Open,
-    /// Refuse.
-    Closed,
-    /// Fail the request with gRPC UNAVAILABLE (Envoy's `failure_mode_deny` decides).
-    Error,
-}
-
-impl FallbackMode {
-    pub const NAMES: &'static str = "local, open, closed or error";
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FallbackMode::Local => "local",
-            FallbackMode::Open => "open",
-            FallbackMode::Closed => "closed",
-            FallbackMode::Error => "error",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<FallbackMode> {
-        [
-            FallbackMode::Local,
-            FallbackMode::Open,
-            FallbackMode::Closed,
-            FallbackMode::Error,
-        ]
-        .into_iter()
-        .find(|m| m.name() == s)
-    }
-}
-
-/// How many replicas share each quota while the store is down.
-#[derive(Debug)]
-pub struct Replicas {
-    fixed: u64,
-    min: u64,
-    /// The last count from the membership set; 0 until the first heartbeat answered.
-    live: AtomicU64,
-}
-
-impl Replicas {
-    pub fn new(fixed: u64, min: u64) -> Self {
-        Replicas {
-            fixed,
-            min: min.max(1),
-            live: AtomicU64::new(0),
-        }
-    }
-
-    /// A count from the membership set (a heartbeat's answer).
-    pub fn observed(&self, live: u64) {
-        self.live.store(live, Ordering::Release);
-    }
-
-    pub fn count(&self) -> u64 {
-        if self.fixed > 0 {
-            return self.fixed.max(self.min);
-        }
-        self.live.load(Ordering::Acquire).max(self.min)
-    }
-
-    /// Where [`Replicas::count`] comes from: `fixed`, `membership`, or `floor` (no heartbeat
-    /// answered yet).
-    pub fn source(&self) -> &'static str {
-        if self.fixed > 0 {
-            "fixed"
-        } else if self.live.load(Ordering::Acquire) > 0 {
-            "membership"
-        } else {
-            "floor"
-        }
-    }
-}
 
 /// Decides the ops the store could not answer.
 #[derive(Debug)]
@@ -323,8 +240,5 @@ mod tests {
         };
         let o = f.decide(&big, FallbackMode::Local, false).unwrap();
         assert_eq!((o.allowed, o.retry_ms), (false, Some(500)));
-        // A fixed count wins over membership, the floor over both.
-        assert_eq!(Replicas::new(5, 1).count(), 5);
-        assert_eq!(Replicas::new(0, 4).count(), 4);
     }
 }

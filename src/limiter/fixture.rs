@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use super::{Code, Decision, Limiter, LimiterConfig, Request, RequestDescriptor};
 use crate::clock::Clock;
-use crate::rules::load::{LoadOptions, load_sources};
+use crate::rules::LoadOptions;
+use crate::rules::load::load_sources;
 use crate::rules::{Algorithm, RuleSet};
 use crate::store::{MemoryStore, Store};
 use crate::telemetry::Metrics;
@@ -83,8 +84,7 @@ pub(super) fn with_hot_keys(shadow_mode: bool, hot: super::HotKeyConfig) -> Fixt
         shadow_mode,
         default_algorithm: Algorithm::TokenBucket,
         hot,
-        clock: clock.clone(),
-        ..LimiterConfig::default()
+        ..LimiterConfig::new(clock.clone())
     };
     let limiter = Limiter::new(
         Store::Memory(MemoryStore::new(clock.clone())),

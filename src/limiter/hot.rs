@@ -162,7 +162,7 @@ impl HotKeys {
                 if matches!(w.state, State::Wait(..))
                     && let State::Wait(op, wait) = std::mem::replace(&mut w.state, State::Taken)
                 {
-                    let _ = tokio::time::timeout(bound, wait).await;
+                    let _ = self.clock.timeout(bound, wait).await;
                     w.state = State::Send(op);
                     let now = self.clock.mono_ms();
                     self.look(w, share, now, false);
@@ -487,7 +487,7 @@ impl HotKeys {
             return;
         };
         let (metrics, clock) = (self.metrics.clone(), self.clock.clone());
-        tokio::spawn(async move {
+        self.clock.spawn(async move {
             let answer = store.apply_each(std::slice::from_ref(&op)).await.pop();
             if let Some(Ok(answer)) = answer {
                 let (_, events) = leases.settle(claim, &op, &answer, policy, clock.mono_ms());
@@ -783,8 +783,7 @@ mod tests {
             let config = LimiterConfig {
                 key_prefix: "t:".into(),
                 hot: hot(),
-                clock: clock.clone(),
-                ..LimiterConfig::default()
+                ..LimiterConfig::new(clock.clone())
             };
             let metrics = Arc::new(Metrics::new());
             (
@@ -836,8 +835,7 @@ mod tests {
                     LimiterConfig {
                         key_prefix: "t:".into(),
                         hot: HotKeyConfig::default(),
-                        clock: clock.clone(),
-                        ..LimiterConfig::default()
+                        ..LimiterConfig::new(clock.clone())
                     },
                     Arc::new(Metrics::new()),
                 );

@@ -11,8 +11,8 @@
 //!    over-limit cache refuses (`overlimit.rs`) are answered here; the rest (and lease claims)
 //!    go to the [`Store`] in one call (one round trip for Redis), and a sharded op refused by
 //!    its shard tries one other (`shard.rs`). Every descriptor is charged, as in
-//!    envoyproxy/ratelimit. One [`Outcome`](bucket::Outcome) per op, in op order; the math is
-//!    [`bucket`].
+//!    envoyproxy/ratelimit. One [`Outcome`](crate::quota::Outcome) per op, in op order; the math is
+//!    [`quota::bucket`](crate::quota::bucket).
 //! 3. **Fallback** ([`fallback`]): an op the store could not answer (a failure, a timeout, an
 //!    open circuit of its node) is decided by its limit's fallback mode: a local share of the
 //!    quota, open, closed, or `error`, which fails the whole request (gRPC UNAVAILABLE).
@@ -23,7 +23,6 @@
 //! spendable until their TTL; a claim that fails falls back like any op, for its request's
 //! cost, and a sharded limit falls back as a whole limit (not one shard's part).
 
-pub mod bucket;
 pub mod fallback;
 mod hot;
 mod lease;
@@ -139,8 +138,9 @@ pub struct LimiterConfig {
     pub detailed_metric_max_series: usize,
 }
 
-impl Default for LimiterConfig {
-    fn default() -> Self {
+impl LimiterConfig {
+    /// The defaults (no leasing, sharding or cache; local fallback), on `clock`.
+    pub fn new(clock: Clock) -> Self {
         LimiterConfig {
             key_prefix: "tollgate:".into(),
             shadow_mode: false,
@@ -149,7 +149,7 @@ impl Default for LimiterConfig {
             replicas: Arc::new(Replicas::new(0, 1)),
             closed_retry_ms: 500,
             hot: HotKeyConfig::default(),
-            clock: Clock::system(),
+            clock,
             fallback_max_keys: crate::store::memory::DEFAULT_MAX_KEYS,
             detailed_metric_max_series: 1_000,
             near_limit_ratio: 0.8,
@@ -184,7 +184,7 @@ impl Limiter {
         let fallback = fallback::Fallback::new(
             config.fallback,
             config.replicas.clone(),
-            Clock::system(),
+            config.clock.clone(),
             config.closed_retry_ms,
             config.fallback_max_keys,
         );

@@ -8,7 +8,12 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::yaml::Pos;
+/// Where a node starts in its file (1-based line and column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Pos {
+    pub line: usize,
+    pub col: usize,
+}
 
 /// One problem in the rules, with the place it was found.
 #[derive(Clone, Debug, PartialEq, Eq)]

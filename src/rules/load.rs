@@ -10,17 +10,10 @@
 
 use std::path::{Path, PathBuf};
 
+use super::error::Pos;
 use super::error::{Problems, RuleError, RulesError};
-use super::model::{Algorithm, RuleSet};
+use super::model::{LoadOptions, RuleSet};
 use super::validate;
-use super::yaml::Pos;
-
-/// Settings that shape how rules are read.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LoadOptions {
-    /// The algorithm of a limit that does not name one.
-    pub default_algorithm: Algorithm,
-}
 
 /// Loads and validates every rules file under `path`.
 pub fn load_path(path: &Path, opts: LoadOptions) -> Result<RuleSet, RulesError> {

@@ -75,7 +75,8 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
-    use crate::rules::load::{LoadOptions, load_sources};
+    use crate::rules::LoadOptions;
+    use crate::rules::load::load_sources;
     use crate::rules::model::RuleSet;
 
     fn rules(text: &str) -> RuleSet {

@@ -25,7 +25,9 @@ mod validate;
 pub mod yaml;
 
 pub use error::{RuleError, RulesError};
-pub use load::{LoadOptions, load_path};
+pub use load::load_path;
+pub use model::LoadOptions;
 pub use model::{
-    Algorithm, Descriptor, Domain, LeaseRule, Limit, Rate, RuleSet, RulesSummary, Unit,
+    Algorithm, Descriptor, Domain, FallbackMode, LeaseRule, Limit, Rate, RuleSet, RulesSummary,
+    Unit,
 };

@@ -82,6 +82,13 @@ impl Unit {
     }
 }
 
+/// Settings that shape how rules are read.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// The algorithm of a limit that does not name one.
+    pub default_algorithm: Algorithm,
+}
+
 /// How a limit counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -175,7 +182,7 @@ pub struct Limit {
     pub replaces: Vec<String>,
     /// `fallback:` — what this limit does while the store cannot answer (else the global
     /// `fallback` setting).
-    pub fallback: Option<crate::limiter::FallbackMode>,
+    pub fallback: Option<FallbackMode>,
     /// `shards:` — how many sub-buckets the bucket is split into (1 = not sharded), so a hot
     /// key's load spreads over several Redis Cluster slots (`limiter/shard.rs`).
     pub shards: u32,
@@ -330,6 +337,45 @@ impl fmt::Display for RulesSummary<'_> {
             self.set.files.len(),
             names.join(", ")
         )
+    }
+}
+
+/// What a limit falls back to while the store cannot answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FallbackMode {
+    /// The limit's share of the quota (quota ÷ live replicas), in memory.
+    #[default]
+    Local,
+    /// Admit.
+    Open,
+    /// Refuse.
+    Closed,
+    /// Fail the request with gRPC UNAVAILABLE (Envoy's `failure_mode_deny` decides).
+    Error,
+}
+
+impl FallbackMode {
+    pub const NAMES: &'static str = "local, open, closed or error";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FallbackMode::Local => "local",
+            FallbackMode::Open => "open",
+            FallbackMode::Closed => "closed",
+            FallbackMode::Error => "error",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<FallbackMode> {
+        [
+            FallbackMode::Local,
+            FallbackMode::Open,
+            FallbackMode::Closed,
+            FallbackMode::Error,
+        ]
+        .into_iter()
+        .find(|m| m.name() == s)
     }
 }
 

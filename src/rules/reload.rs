@@ -16,7 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 
-use super::load::{LoadOptions, load_path};
+use super::load::load_path;
+use super::model::LoadOptions;
 use super::model::RuleSet;
 use crate::telemetry::{Metrics, ResultLabels};
 

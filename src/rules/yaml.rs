@@ -16,14 +16,7 @@ use std::collections::HashMap;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
-use super::error::Problems;
-
-/// Where a node starts in its file (1-based line and column).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Pos {
-    pub line: usize,
-    pub col: usize,
-}
+use super::error::{Pos, Problems};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {

@@ -26,7 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::{Action, Op, OpKind, Outcome};
 use crate::clock::Clock;
-use crate::limiter::bucket::{
+use crate::quota::bucket::{
     self, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
 };
 

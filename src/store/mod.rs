@@ -3,8 +3,10 @@
 //!
 //! The limiter hands the store every bucket operation of one request at once ([`Op`]s), so a
 //! remote store can send them in one round trip, and gets one [`Outcome`] per op back, in
-//! order. [`Store`] is an enum rather than a trait object: there are few backends, and a
-//! `match` keeps the hot path free of boxed futures.
+//! order (the ops and outcomes are the quota core's, `quota/`). [`Store`] is an enum rather
+//! than a trait object: a `match` keeps the hot path of the two built-in stores free of boxed
+//! futures. Any other store (a test's, a simulator's) implements [`Backend`] and rides in
+//! [`Store::Custom`].
 
 pub mod memory;
 pub mod redis;
@@ -13,62 +15,18 @@ pub use memory::MemoryStore;
 pub use redis::{RedisConfig, RedisStore};
 
 use crate::clock::Clock;
-use crate::settings::Settings;
 use crate::telemetry::Metrics;
 
-pub use crate::limiter::bucket::{ClaimAsk, Outcome};
+pub use crate::quota::{Action, ClaimAsk, Op, OpKind, Outcome};
 
-/// One bucket operation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Op {
-    pub key: String,
-    pub kind: OpKind,
-    /// Tokens (hits) to take; 0 checks without consuming. For [`Action::Return`], the tokens
-    /// given back.
-    pub cost: u64,
-    pub action: Action,
-}
-
-/// What an [`Op`] does to its bucket.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Action {
-    /// Take `cost` (the algorithm's own script).
-    #[default]
-    Take,
-    /// Claim a lease: all of `need` and up to `want` tokens, or nothing (`lease.lua`). Token
-    /// bucket and fixed window only; on a sliding window it is a take of `cost`.
-    Claim(ClaimAsk),
-    /// Give `cost` unspent leased tokens back (`lease.lua`), capped at the capacity.
-    Return,
-}
-
-impl Op {
-    /// A take of `cost` from the bucket `key`.
-    pub fn take(key: String, kind: OpKind, cost: u64) -> Op {
-        Op {
-            key,
-            kind,
-            cost,
-            action: Action::Take,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OpKind {
-    TokenBucket {
-        capacity: u64,
-        refill: u64,
-        window_ms: u64,
+/// Which store to connect to, and how (built from the settings by `configs.rs`).
+#[derive(Clone, Debug)]
+pub enum StoreConfig {
+    /// Buckets in this process, at most `max_keys` of them.
+    Memory {
+        max_keys: usize,
     },
-    FixedWindow {
-        limit: u64,
-        window_ms: u64,
-    },
-    SlidingWindow {
-        limit: u64,
-        window_ms: u64,
-    },
+    Redis(Box<RedisConfig>),
 }
 
 /// What kind of failure a [`StoreError`] is. The names are the `kind` label of
@@ -179,27 +137,62 @@ pub enum Store {
     Memory(MemoryStore),
     /// Boxed: it is several times the size of the memory store's handle.
     Redis(Box<RedisStore>),
+    /// Any other [`Backend`]: a test's or a simulator's store (latency, faults).
+    Custom(std::sync::Arc<dyn Backend>),
+}
+
+/// A store other than the built-in two, behind the same calls as [`Store`]: a test's or a
+/// simulator's, usually a [`MemoryStore`] wrapped with latency or faults. Memory and Redis
+/// stay enum variants so that their calls are not boxed futures on the request path.
+pub trait Backend: std::fmt::Debug + Send + Sync {
+    /// One result per op, in order (see [`Store::apply_each`]).
+    fn apply_each<'a>(
+        &'a self,
+        ops: &'a [Op],
+    ) -> futures_util::future::BoxFuture<'a, Vec<Result<Outcome, StoreError>>>;
+
+    /// Registers `replica` as live for `ttl` in the membership set `key`; how many are live.
+    fn heartbeat<'a>(
+        &'a self,
+        key: &'a str,
+        replica: &'a str,
+        ttl: std::time::Duration,
+    ) -> futures_util::future::BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Takes `replica` out of the membership set `key`.
+    fn leave<'a>(
+        &'a self,
+        key: &'a str,
+        replica: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// A short name for logs and `/readyz`.
+    fn name(&self) -> &'static str;
+
+    /// `connected`, `degraded` or `disconnected` (see [`Store::state`]).
+    fn state(&self) -> &'static str {
+        "connected"
+    }
 }
 
 impl Store {
-    /// The store the settings name: `memory`, or a Redis / Redis Cluster URL. Fails only on a
-    /// bad configuration (a malformed URL, TLS, which is not built in); an unreachable Redis
-    /// still yields a store, which reconnects in the background (see `redis/pool.rs`).
+    /// The store `config` names: memory, or a Redis / Redis Cluster / Sentinel URL. Fails
+    /// only on a bad configuration (a malformed URL, unreadable TLS files); an unreachable
+    /// Redis still yields a store, which reconnects in the background (see `redis/pool.rs`).
     pub async fn connect(
-        settings: &Settings,
+        config: StoreConfig,
         clock: Clock,
         metrics: &Metrics,
     ) -> Result<Store, StoreError> {
-        if settings.store == "memory" {
-            return Ok(Store::Memory(MemoryStore::with_max_keys(
-                clock,
-                settings.memory_max_keys,
-            )));
+        match config {
+            StoreConfig::Memory { max_keys } => {
+                Ok(Store::Memory(MemoryStore::with_max_keys(clock, max_keys)))
+            }
+            // Redis keeps its own clock (`TIME`), so every replica agrees.
+            StoreConfig::Redis(redis) => RedisStore::connect(*redis, metrics)
+                .await
+                .map(|r| Store::Redis(Box::new(r))),
         }
-        // Redis keeps its own clock (`TIME`), so every replica agrees.
-        RedisStore::connect(RedisConfig::from_settings(settings), metrics)
-            .await
-            .map(|r| Store::Redis(Box::new(r)))
     }
 
     /// Applies `ops` in order and returns one outcome per op; the first failure fails all.
@@ -217,6 +210,7 @@ impl Store {
         use tracing::Instrument;
         match self {
             Store::Memory(m) => ops.iter().map(|op| Ok(m.apply(op))).collect(),
+            Store::Custom(b) => b.apply_each(ops).await,
             Store::Redis(r) => {
                 let span = tracing::info_span!(
                     target: "tollgate::request",
@@ -244,6 +238,7 @@ impl Store {
         match self {
             Store::Memory(_) => Ok(1),
             Store::Redis(r) => r.membership(key, replica, ttl, false).await,
+            Store::Custom(b) => b.heartbeat(key, replica, ttl).await,
         }
     }
 
@@ -255,6 +250,7 @@ impl Store {
                 r.membership(key, replica, std::time::Duration::ZERO, true)
                     .await
             }
+            Store::Custom(b) => b.leave(key, replica).await,
         }
     }
 
@@ -262,7 +258,7 @@ impl Store {
     /// cluster primary), for `/readyz`.
     pub fn open_circuits(&self) -> Vec<String> {
         match self {
-            Store::Memory(_) => Vec::new(),
+            Store::Memory(_) | Store::Custom(_) => Vec::new(),
             Store::Redis(r) => r.open_circuits(),
         }
     }
@@ -274,7 +270,8 @@ impl Store {
                 m.sweep();
             }
             // Redis expires idle buckets itself (PEXPIRE); the connection keeper is a task.
-            Store::Redis(_) => {}
+            // A custom store keeps its own house.
+            Store::Redis(_) | Store::Custom(_) => {}
         }
     }
 
@@ -283,6 +280,7 @@ impl Store {
         match self {
             Store::Memory(_) => "memory",
             Store::Redis(r) => r.name(),
+            Store::Custom(b) => b.name(),
         }
     }
 
@@ -290,7 +288,7 @@ impl Store {
     /// `maxmemory-policy` that evicts live buckets), for `/readyz`.
     pub fn warnings(&self) -> Vec<String> {
         match self {
-            Store::Memory(_) => Vec::new(),
+            Store::Memory(_) | Store::Custom(_) => Vec::new(),
             Store::Redis(r) => r.warnings(),
         }
     }
@@ -300,7 +298,7 @@ impl Store {
     /// connected. The message never holds a password.
     pub fn connect_error(&self) -> Option<String> {
         match self {
-            Store::Memory(_) => None,
+            Store::Memory(_) | Store::Custom(_) => None,
             Store::Redis(r) => r.connect_error(),
         }
     }
@@ -312,13 +310,14 @@ impl Store {
         match self {
             Store::Memory(_) => "connected",
             Store::Redis(r) => r.state(),
+            Store::Custom(b) => b.state(),
         }
     }
 
     /// Whether the store has answered once since start (the memory store always has).
     pub fn answered_once(&self) -> bool {
         match self {
-            Store::Memory(_) => true,
+            Store::Memory(_) | Store::Custom(_) => true,
             Store::Redis(r) => r.answered_once(),
         }
     }

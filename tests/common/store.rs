@@ -31,9 +31,13 @@ pub fn settings(url: &str, timeout_ms: u64) -> Settings {
 }
 
 pub async fn connect(url: &str, timeout_ms: u64) -> Store {
-    Store::connect(&settings(url, timeout_ms), Clock::system(), &Metrics::new())
-        .await
-        .unwrap_or_else(|e| panic!("store for {url}: {e}"))
+    Store::connect(
+        tollgate::configs::store_config(&settings(url, timeout_ms)),
+        Clock::system(),
+        &Metrics::new(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("store for {url}: {e}"))
 }
 
 /// Contract stores get a generous timeout: the machine running the suite may be busy.

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::FileWalk;
-use crate::limiter::FallbackMode;
+use crate::rules::FallbackMode;
 use crate::rules::model::{Algorithm, LeaseRule, Limit, Rate, Unit};
 use crate::rules::yaml::{self, Fields, Node, join};
 
@@ -429,7 +429,8 @@ mod tests {
     use std::path::PathBuf;
 
     use super::super::tests::{load, refused};
-    use crate::rules::load::{LoadOptions, load_sources};
+    use crate::rules::LoadOptions;
+    use crate::rules::load::load_sources;
     use crate::rules::model::Algorithm;
 
     #[test]

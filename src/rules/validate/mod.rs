@@ -15,10 +15,10 @@ mod limit;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::error::Pos;
 use super::error::Problems;
-use super::load::LoadOptions;
-use super::model::{Descriptor, Domain, Level, Origin};
-use super::yaml::{self, Node, Pos, join};
+use super::model::{Descriptor, Domain, Level, LoadOptions, Origin};
+use super::yaml::{self, Node, join};
 use limit::Inherited;
 
 /// Walks one file's text into its [`Domain`]; `None` when anything in it is wrong (every
@@ -277,8 +277,9 @@ fn identity(node: &Node) -> Option<(String, Option<String>)> {
 mod tests {
     use std::path::PathBuf;
 
+    use crate::rules::LoadOptions;
     use crate::rules::RulesError;
-    use crate::rules::load::{LoadOptions, load_sources};
+    use crate::rules::load::load_sources;
     use crate::rules::model::{RuleSet, Unit};
 
     pub(super) fn load(text: &str) -> Result<RuleSet, RulesError> {

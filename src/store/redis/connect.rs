@@ -27,7 +27,7 @@ use redis::{AsyncConnectionConfig, ConnectionInfo, IntoConnectionInfo, RedisErro
 
 use super::RedisConfig;
 use super::errors::config_error;
-use crate::settings::redact_url;
+use crate::redact::redact_url;
 use crate::store::StoreError;
 
 /// How connections are made: a parsed URL, the TLS files and the credentials. A client is
@@ -557,13 +557,7 @@ mod tests {
     use super::*;
 
     fn cfg(url: &str) -> RedisConfig {
-        RedisConfig::from_settings(&crate::settings::Settings {
-            store: url.to_string(),
-            store_pool_size: 2,
-            store_connect_timeout_ms: 200,
-            store_timeout_ms: 20,
-            ..Default::default()
-        })
+        RedisConfig::for_tests(url, 2, 200, 20)
     }
 
     #[test]

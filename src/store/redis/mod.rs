@@ -82,10 +82,10 @@ use pool::Pool;
 use scripts::OpResults;
 
 use super::{Op, Outcome, StoreError, StoreErrorKind};
-use crate::settings::{Settings, redact_url};
+use crate::redact::redact_url;
 use crate::telemetry::{KindLabels, Metrics, StoreMetrics};
 
-/// What the Redis store needs to know (taken from [`Settings`]).
+/// What the Redis store needs to know (built from the settings by `configs.rs`).
 #[derive(Clone, Debug)]
 pub struct RedisConfig {
     /// `redis://…`, `rediss://…`, `redis+cluster://…` or `rediss+cluster://…`.
@@ -121,26 +121,28 @@ pub struct RedisConfig {
     pub wait_timeout_ms: u64,
 }
 
+#[cfg(test)]
 impl RedisConfig {
-    pub fn from_settings(s: &Settings) -> Self {
+    /// A config for `url` with the given pool and timeouts and nothing else set (tests).
+    pub(crate) fn for_tests(url: &str, pool_size: usize, connect_ms: u64, timeout_ms: u64) -> Self {
         RedisConfig {
-            url: s.store.clone(),
-            pool_size: s.store_pool_size.max(1),
-            connect_timeout: Duration::from_millis(s.store_connect_timeout_ms),
-            timeout: Duration::from_millis(s.store_timeout_ms),
-            breaker_failures: s.breaker_failures,
-            breaker_probe: Duration::from_millis(s.breaker_probe_ms),
-            key_prefix: s.key_prefix.clone(),
-            tls_ca: s.store_tls_ca.clone(),
-            tls_cert: s.store_tls_cert.clone(),
-            tls_key: s.store_tls_key.clone(),
-            username: s.store_username.clone(),
-            password: s.store_password.clone(),
-            password_file: s.store_password_file.clone(),
-            sentinel_username: s.store_sentinel_username.clone(),
-            sentinel_password: s.store_sentinel_password.clone(),
-            wait_replicas: s.store_wait_replicas,
-            wait_timeout_ms: s.store_wait_timeout_ms,
+            url: url.to_string(),
+            pool_size,
+            connect_timeout: Duration::from_millis(connect_ms),
+            timeout: Duration::from_millis(timeout_ms),
+            breaker_failures: 3,
+            breaker_probe: Duration::from_millis(500),
+            key_prefix: "tollgate:".to_string(),
+            tls_ca: String::new(),
+            tls_cert: String::new(),
+            tls_key: String::new(),
+            username: String::new(),
+            password: String::new(),
+            password_file: String::new(),
+            sentinel_username: String::new(),
+            sentinel_password: String::new(),
+            wait_replicas: 0,
+            wait_timeout_ms: 5,
         }
     }
 }
@@ -692,14 +694,8 @@ mod tests {
     async fn an_unreachable_redis_constructs_and_fails_fast_per_call() {
         // Port 1 on loopback: nothing listens, connections are refused at once.
         let metrics = Metrics::new();
-        let cfg = RedisConfig::from_settings(&crate::settings::Settings {
-            store: "redis://127.0.0.1:1".to_string(),
-            store_pool_size: 2,
-            // Long timeouts: a refusal seen well before them was known at once.
-            store_connect_timeout_ms: 2_000,
-            store_timeout_ms: 2_000,
-            ..Default::default()
-        });
+        // Long timeouts: a refusal seen well before them was known at once.
+        let cfg = RedisConfig::for_tests("redis://127.0.0.1:1", 2, 2_000, 2_000);
         let store = RedisStore::connect(cfg, &metrics).await.unwrap();
         assert_eq!(store.state(), "disconnected");
         let op = Op {

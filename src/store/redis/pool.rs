@@ -467,8 +467,10 @@ impl Pool {
             }
         }
         self.update_gauge();
-        if let Some(slots) = &self.slots {
-            slots.refresh(self).await;
+        if let Some(slots) = &self.slots
+            && let Some(picked) = self.pick()
+        {
+            slots.refresh(&picked.conn, self.connect_timeout()).await;
         }
         all_ok
     }

@@ -3,7 +3,7 @@
 //!
 //! Each bucket op becomes one `EVALSHA` of a script from `lua/` (`token_bucket.lua`,
 //! `fixed_window.lua`, `sliding_window.lua`): the read-decide-write of a bucket runs
-//! atomically inside Redis, on Redis `TIME`, mirroring `limiter::bucket` line for line. The ops
+//! atomically inside Redis, on Redis `TIME`, mirroring `quota::bucket` line for line. The ops
 //! of one call go out as one pipeline. When Redis answers `NOSCRIPT` (a restart, a failover to
 //! a fresh replica, `SCRIPT FLUSH`), the failed ops, and only those, are retried once with
 //! `EVAL` and the full source, which runs them and caches the script again on that node; ops

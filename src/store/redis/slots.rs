@@ -14,7 +14,6 @@ use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use super::connect::Conn;
-use super::pool::Pool;
 
 /// Slot ranges (inclusive) and the primary that serves them, sorted by start.
 #[derive(Debug, Default)]
@@ -62,19 +61,17 @@ impl SlotMap {
             .find(|key| *self.node_of(key) == *node)
     }
 
-    /// Refreshes the map from `CLUSTER SLOTS` of any node, bounded by the connect timeout; on
-    /// a failure or a reply of another shape the last map stays.
-    pub(super) async fn refresh(&self, pool: &Pool) {
-        let Some(picked) = pool.pick() else {
-            return;
-        };
-        let Conn::Cluster(mut c) = (*picked.conn).clone() else {
+    /// Refreshes the map from `CLUSTER SLOTS` of any node, asked through `conn` within
+    /// `timeout` (the pool's connect timeout); on a failure or a reply of another shape the
+    /// last map stays.
+    pub(super) async fn refresh(&self, conn: &Conn, timeout: std::time::Duration) {
+        let Conn::Cluster(mut c) = conn.clone() else {
             return;
         };
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
         let reply = tokio::time::timeout(
-            pool.connect_timeout(),
+            timeout,
             c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random)),
         )
         .await;

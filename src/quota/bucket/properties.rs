@@ -1,0 +1,294 @@
+//! Property tests: random runs of takes, the clock mostly moving forward, sometimes not at
+//! all and sometimes stepping back (a failover to a skewed host), costs from 0 (a check)
+//! to far above the capacity.
+
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// A wall time that starts a second, a minute and an hour (472,222 hours after the epoch).
+const T0: u64 = 1_699_999_200_000;
+
+/// A run: clock steps (ms, possibly negative unless `back` is false) and costs.
+fn run(window_ms: u64, capacity: u64, back: bool) -> impl Strategy<Value = Vec<(i64, u64)>> {
+    let w = i64::try_from(window_ms).unwrap_or(i64::MAX / 4);
+    let dt = prop_oneof![
+        4 => Just(0_i64),
+        8 => 1..=w,
+        2 => w..=3 * w,
+        2 => -2 * w..0,
+    ]
+    // Without `back`, a step back stands still instead: the clock never decreases.
+    .prop_map(move |dt| if back { dt } else { dt.max(0) });
+    let cost = prop_oneof![
+        2 => Just(0_u64),
+        8 => 1..=capacity.max(1),
+        2 => capacity + 1..=3 * capacity + 1,
+        1 => Just(u64::MAX),
+    ];
+    prop::collection::vec((dt, cost), 1..80)
+}
+
+/// A bucket's size or refill: small (where off-by-one bugs show) or large, up to a
+/// billion (where f64 rounding bugs live).
+fn amount() -> impl Strategy<Value = u64> {
+    prop_oneof![3 => 0_u64..=20, 1 => 21_u64..=1_000_000_000]
+}
+
+/// A window: short, or the rules' long units (an hour, a day, a year, and a
+/// multiple of a day, as `unit_multiplier` gives).
+fn window() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        3 => 1_u64..=5_000,
+        1 => Just(3_600_000_u64),
+        1 => Just(86_400_000_u64),
+        1 => Just(31_536_000_000_u64),
+        1 => (2_u64..=400).prop_map(|days| days * 86_400_000),
+    ]
+}
+
+/// Token-bucket parameters as the rules produce them: a capacity of 0 only with no
+/// refill (`requests_per_unit: 0`); otherwise `burst` >= 1.
+fn token_params() -> impl Strategy<Value = TokenBucketParams> {
+    (amount(), amount(), window()).prop_map(|(capacity, refill, window_ms)| TokenBucketParams {
+        capacity,
+        refill: if capacity == 0 { 0 } else { refill },
+        window_ms,
+    })
+}
+
+fn token_case() -> impl Strategy<Value = (TokenBucketParams, u64, Vec<(i64, u64)>)> {
+    (token_params(), any::<bool>())
+        .prop_flat_map(|(p, back)| (Just(p), 0..p.window_ms, run(p.window_ms, p.capacity, back)))
+}
+
+fn window_case() -> impl Strategy<Value = (u64, u64, u64, bool, Vec<(i64, u64)>)> {
+    (amount(), window(), any::<bool>()).prop_flat_map(|(limit, w, back)| {
+        (
+            Just(limit),
+            Just(w),
+            0..3 * w,
+            Just(back),
+            run(w, limit, back),
+        )
+    })
+}
+
+/// A window algorithm's refusal: `retry_ms` is `None` exactly when the cost can never fit
+/// (a zero limit, a cost above it), else > 0, and after waiting it the cost fits.
+fn refusal_waits_until_it_fits(
+    o: &Outcome,
+    limit: u64,
+    cost: u64,
+    fits_after: impl Fn(u64) -> bool,
+) -> Result<(), TestCaseError> {
+    let can_fit = limit > 0 && cost <= limit;
+    match o.retry_ms {
+        Some(r) => {
+            prop_assert!(can_fit && r > 0, "{:?}", o);
+            prop_assert!(fits_after(r), "limit {} cost {} {:?}", limit, cost, o);
+        }
+        None => prop_assert!(!can_fit, "limit {} cost {}", limit, cost),
+    }
+    Ok(())
+}
+
+/// What a window algorithm admitted: per window, and in the current stretch of takes in
+/// one window (stepping the clock back into another window starts a stretch afresh).
+struct Admitted {
+    per_window: HashMap<u64, u128>,
+    stretch: (u64, u128),
+}
+
+impl Admitted {
+    fn new() -> Self {
+        Admitted {
+            per_window: HashMap::new(),
+            stretch: (u64::MAX, 0),
+        }
+    }
+
+    /// Records one take in the window starting at `start_ms`; returns the stretch's total.
+    fn record(&mut self, start_ms: u64, allowed: bool, cost: u64) -> u128 {
+        if self.stretch.0 != start_ms {
+            self.stretch = (start_ms, 0);
+        }
+        if allowed {
+            self.stretch.1 += u128::from(cost);
+            *self.per_window.entry(start_ms).or_default() += u128::from(cost);
+        }
+        self.stretch.1
+    }
+
+    fn every_window_within(&self, limit: u64) -> bool {
+        self.per_window.values().all(|&n| n <= u128::from(limit))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Never more than `capacity` tokens, never below 0; a check or a refused take
+    /// takes nothing; over a run, admitted ≤ capacity + what refilled in the time
+    /// seen; `retry_ms` is `None` exactly when the cost can never fit, else > 0 and
+    /// the cost is there after it (up to f64 rounding; 1 ms later at the latest).
+    #[test]
+    fn token_bucket_invariants((p, offset, steps) in token_case()) {
+        let mut state: Option<TokenBucketState> = None;
+        let mut now = T0 + offset;
+        let mut first_ms: Option<u64> = None;
+        let mut latest = 0;
+        let mut admitted: u128 = 0;
+        for (dt, cost) in steps {
+            now = now.saturating_add_signed(dt);
+            let first = *first_ms.get_or_insert(now);
+            latest = latest.max(now);
+            let (check, _) = take_token(state, now, p, 0);
+            let (next, o) = take_token(state, now, p, cost);
+
+            prop_assert!(next.tokens >= 0.0 && next.tokens <= p.capacity as f64, "{next:?}");
+            prop_assert!(o.remaining <= p.capacity, "{o:?}");
+            prop_assert_eq!(o.allowed, o.retry_ms == Some(0), "{:?}", o);
+            if cost == 0 {
+                // A check consumes nothing: any take right after it answers as if the
+                // check had not happened.
+                for c in [1, p.capacity, p.capacity + 1] {
+                    prop_assert_eq!(take_token(Some(next), now, p, c), take_token(state, now, p, c));
+                }
+            }
+            if o.allowed {
+                admitted += u128::from(cost);
+            } else {
+                // Refused: the bucket is only brought up to date, as a check would.
+                prop_assert_eq!(next, check);
+                let can_fit = p.capacity > 0 && cost <= p.capacity && p.refill > 0;
+                match o.retry_ms {
+                    Some(r) => {
+                        prop_assert!(can_fit && r > 0, "{:?} cost {} {:?}", p, cost, o);
+                        // Waited on the bucket's clock, which never steps back
+                        // (`ts_ms` is the latest time it has seen), the cost fits:
+                        // exactly then, f64 rounding included (0.39 tokens + 570 ms at
+                        // 1 per 354 ms is 1.9999999999999998; 10^8 tokens an ulp short
+                        // at 10 a year is 45 ms more), unless that moment is past
+                        // u64 ms.
+                        if let Some(at) = next.ts_ms.checked_add(r) {
+                            let (_, then) = take_token(Some(next), at, p, cost);
+                            prop_assert!(then.allowed, "{:?} {:?} cost {} retry {}", p, next, cost, r);
+                        }
+                        // And the wait is not much longer than the refill takes: the
+                        // plain quotient plus at most four steps of one ulp's refill.
+                        let (w, rf) = (p.window_ms as f64, p.refill as f64);
+                        let need = cost.max(1) as f64;
+                        let plain = ((need - next.tokens) * w / rf).ceil();
+                        let step = (need * f64::EPSILON * w / rf).ceil().max(1.0);
+                        prop_assert!(r as f64 <= plain + 4.0 * step, "retry {} vs {} + 4 x {}", r, plain, step);
+                    }
+                    None => prop_assert!(!can_fit, "{:?} cost {}", p, cost),
+                }
+            }
+            // Never more than a full bucket plus what refilled since the first take
+            // (up to the rounding of the sums: relative at large numbers).
+            let refilled = (latest - first) as f64 * p.refill as f64 / p.window_ms as f64;
+            let bound = p.capacity as f64 + refilled;
+            prop_assert!(
+                admitted as f64 <= bound + 1e-6 + bound * 1e-12,
+                "admitted {} > {} + {}", admitted, p.capacity, refilled
+            );
+            state = Some(next);
+        }
+    }
+
+    /// Admitted ≤ limit per window (per stretch of takes in one window when the clock
+    /// steps back, since stepping into another window starts it afresh); every hit of
+    /// a non-zero cost is counted, allowed or not; a refusal waits until the window
+    /// ends, after which the cost fits, or is `None` when it never can.
+    #[test]
+    fn fixed_window_invariants((limit, w, offset, back, steps) in window_case()) {
+        let mut state: Option<WindowState> = None;
+        let mut now = T0 + offset;
+        let mut admitted = Admitted::new();
+        for (dt, cost) in steps {
+            now = now.saturating_add_signed(dt);
+            let (check, _) = take_window(state, now, limit, w, 0);
+            let (next, o) = take_window(state, now, limit, w, cost);
+            let start_ms = now - now % w;
+            prop_assert_eq!(next.start_ms, start_ms);
+            prop_assert!(o.reset_ms > 0 && o.reset_ms <= w, "{:?}", o);
+            prop_assert_eq!(o.remaining, limit.saturating_sub(next.count));
+            prop_assert_eq!(o.allowed, o.retry_ms == Some(0), "{:?}", o);
+            // Every hit counts, also a refused one (like the reference); a check none.
+            prop_assert_eq!(next.count, check.count.saturating_add(cost));
+
+            let in_stretch = admitted.record(start_ms, o.allowed, cost);
+            prop_assert!(in_stretch <= u128::from(limit), "{}", in_stretch);
+            if !back {
+                // With a clock that never steps back, that is per window.
+                prop_assert!(admitted.every_window_within(limit));
+            }
+            if !o.allowed {
+                // The window's end is the wait.
+                prop_assert!(o.retry_ms.is_none_or(|r| r == o.reset_ms), "{:?}", o);
+                refusal_waits_until_it_fits(&o, limit, cost, |r| {
+                    take_window(Some(next), now + r, limit, w, cost).1.allowed
+                })?;
+            }
+            state = Some(next);
+        }
+    }
+
+    /// After an allowed take the module's estimate (previous count weighted by what is
+    /// left of its window, plus the current count) is ≤ limit; `curr` is exactly what
+    /// was admitted in the current window (so ≤ limit); a refusal or a check counts
+    /// nothing; `retry_ms` is `None` exactly when the cost can never fit, else > 0 and
+    /// the cost fits after it.
+    #[test]
+    fn sliding_window_invariants((limit, w, offset, back, steps) in window_case()) {
+        let mut state: Option<SlidingWindowState> = None;
+        let mut now = T0 + offset;
+        let mut admitted = Admitted::new();
+        for (dt, cost) in steps {
+            now = now.saturating_add_signed(dt);
+            let (check, _) = take_sliding(state, now, limit, w, 0);
+            let (next, o) = take_sliding(state, now, limit, w, cost);
+            let start_ms = now - now % w;
+            prop_assert_eq!(next.start_ms, start_ms);
+            prop_assert_eq!(o.allowed, o.retry_ms == Some(0), "{:?}", o);
+            // The module's estimate of the hits in the last window, after this take.
+            let elapsed = (now - start_ms) as f64;
+            let estimate = next.prev as f64 * (w as f64 - elapsed) / w as f64 + next.curr as f64;
+            // Floored, up to the last bit of the sum's order.
+            let left = (limit as f64 - estimate).max(0.0) - o.remaining as f64;
+            prop_assert!((-1e-9..1.0 + 1e-9).contains(&left), "{:?} {:?}", next, o);
+            if o.allowed {
+                prop_assert!(estimate <= limit as f64 + 1e-9, "{} > {}", estimate, limit);
+                prop_assert_eq!(next.curr, check.curr + cost);
+            } else {
+                // A refused take counts nothing (unlike the fixed window).
+                prop_assert_eq!(next, check);
+            }
+            if cost == 0 {
+                for c in [1, limit, limit + 1] {
+                    prop_assert_eq!(
+                        take_sliding(Some(next), now, limit, w, c),
+                        take_sliding(state, now, limit, w, c)
+                    );
+                }
+            }
+
+            // `curr` is exactly what was admitted in this window, and within the limit.
+            prop_assert_eq!(u128::from(next.curr), admitted.record(start_ms, o.allowed, cost));
+            prop_assert!(next.curr <= limit);
+            if !back {
+                prop_assert!(admitted.every_window_within(limit));
+            }
+            if !o.allowed {
+                refusal_waits_until_it_fits(&o, limit, cost, |r| {
+                    take_sliding(Some(next), now + r, limit, w, cost).1.allowed
+                })?;
+            }
+            state = Some(next);
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! One bucket operation ([`Op`]: which bucket, which algorithm with its numbers, what to do
+//! to it) as the limiter builds it and every store applies it. The stores answer each with an
+//! [`Outcome`](super::Outcome) computed by `bucket.rs` (memory) or its Lua mirror (Redis).
+
+use super::ClaimAsk;
+
+/// One bucket operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Op {
+    pub key: String,
+    pub kind: OpKind,
+    /// Tokens (hits) to take; 0 checks without consuming. For [`Action::Return`], the tokens
+    /// given back.
+    pub cost: u64,
+    pub action: Action,
+}
+
+/// What an [`Op`] does to its bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Action {
+    /// Take `cost` (the algorithm's own script).
+    #[default]
+    Take,
+    /// Claim a lease: all of `need` and up to `want` tokens, or nothing (`lease.lua`). Token
+    /// bucket and fixed window only; on a sliding window it is a take of `cost`.
+    Claim(ClaimAsk),
+    /// Give `cost` unspent leased tokens back (`lease.lua`), capped at the capacity.
+    Return,
+}
+
+impl Op {
+    /// A take of `cost` from the bucket `key`.
+    pub fn take(key: String, kind: OpKind, cost: u64) -> Op {
+        Op {
+            key,
+            kind,
+            cost,
+            action: Action::Take,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    TokenBucket {
+        capacity: u64,
+        refill: u64,
+        window_ms: u64,
+    },
+    FixedWindow {
+        limit: u64,
+        window_ms: u64,
+    },
+    SlidingWindow {
+        limit: u64,
+        window_ms: u64,
+    },
+}
