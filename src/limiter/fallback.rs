@@ -31,7 +31,7 @@ use std::sync::Arc;
 use crate::clock::Clock;
 pub use crate::fleet::Replicas;
 pub use crate::rules::FallbackMode;
-use crate::store::{MemoryStore, Op, OpKind, Outcome};
+use crate::store::{MemoryStore, Op, Outcome};
 
 /// Decides the ops the store could not answer.
 #[derive(Debug)]
@@ -85,7 +85,11 @@ impl Fallback {
             FallbackMode::Local => {
                 let n = self.replicas.count();
                 // Always a take: a failed lease claim falls back for its request's cost.
-                let share = Op::take(format!("{}|n{n}", op.key), share(op.kind, n), op.cost);
+                let share = Op::take(
+                    format!("{}|n{n}", op.key),
+                    crate::quota::share::fallback_part(op.kind, n),
+                    op.cost,
+                );
                 let mut outcome = self.local.apply(&share);
                 if !outcome.allowed && outcome.retry_ms.is_none() {
                     // The cost is above this replica's share: the share can never hold it,
@@ -104,45 +108,10 @@ impl Fallback {
     }
 }
 
-/// One replica's part of a bucket shared by `n`: same algorithm, same burst ratio.
-fn share(kind: OpKind, n: u64) -> OpKind {
-    let n = n.max(1);
-    match kind {
-        // refill / (window × n) = (refill / n) / window: the refill stays whole.
-        OpKind::TokenBucket {
-            capacity,
-            refill,
-            window_ms,
-        } => OpKind::TokenBucket {
-            capacity: (capacity / n).max(1),
-            refill,
-            window_ms: window_ms.saturating_mul(n),
-        },
-        OpKind::FixedWindow { limit, window_ms } => {
-            let (limit, window_ms) = window_share(limit, window_ms, n);
-            OpKind::FixedWindow { limit, window_ms }
-        }
-        OpKind::SlidingWindow { limit, window_ms } => {
-            let (limit, window_ms) = window_share(limit, window_ms, n);
-            OpKind::SlidingWindow { limit, window_ms }
-        }
-    }
-}
-
-/// `limit ÷ n` per window, or, below one, one per `⌈n ÷ limit⌉` windows.
-fn window_share(limit: u64, window_ms: u64, n: u64) -> (u64, u64) {
-    if limit == 0 {
-        return (0, window_ms);
-    }
-    if limit >= n {
-        return (limit / n, window_ms);
-    }
-    (1, window_ms.saturating_mul(n.div_ceil(limit)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::OpKind;
 
     fn tb(capacity: u64, refill: u64) -> Op {
         Op {
@@ -155,31 +124,6 @@ mod tests {
             cost: 1,
             action: Default::default(),
         }
-    }
-
-    #[test]
-    fn a_share_keeps_the_algorithm_and_the_burst_ratio() {
-        assert_eq!(
-            share(tb(30, 30).kind, 3),
-            OpKind::TokenBucket {
-                capacity: 10,
-                refill: 30,
-                window_ms: 3_000
-            },
-            "10 now, 10/s refill"
-        );
-        // 5/s across 10 replicas: capacity rounds up to 1, refill stays at 0.5/s.
-        assert_eq!(
-            share(tb(5, 5).kind, 10),
-            OpKind::TokenBucket {
-                capacity: 1,
-                refill: 5,
-                window_ms: 10_000
-            }
-        );
-        assert_eq!(window_share(100, 60_000, 3), (33, 60_000));
-        assert_eq!(window_share(2, 60_000, 5), (1, 180_000), "1 per 3 minutes");
-        assert_eq!(window_share(0, 60_000, 5), (0, 60_000), "0 stays 0");
     }
 
     #[test]

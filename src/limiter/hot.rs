@@ -203,7 +203,7 @@ impl HotKeys {
                 match w.state {
                     State::Done(Ok(mut o)) => {
                         if w.planned.limit.shards > 1 {
-                            o.remaining = shard::scale_remaining(
+                            o.remaining = crate::quota::share::shard_remaining(
                                 o.remaining,
                                 w.planned.limit.shards,
                                 capacity(w.planned.limit.as_ref()),
@@ -332,7 +332,7 @@ impl HotKeys {
         w.local = None;
         w.state = State::Send(Op::take(
             keys::with_shard(&w.planned_op.key, next),
-            shard::kind(OpKind::from(rate), shards, next),
+            crate::quota::share::shard_part(OpKind::from(rate), shards, next),
             w.planned_op.cost,
         ));
         self.metrics

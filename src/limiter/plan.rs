@@ -149,7 +149,7 @@ pub(super) fn plan(
                 shard,
             );
             let kind = match shard {
-                Some(i) => shard::kind(OpKind::from(rate), limit.shards, i),
+                Some(i) => crate::quota::share::shard_part(OpKind::from(rate), limit.shards, i),
                 None => OpKind::from(rate),
             };
             planned.push(Planned {

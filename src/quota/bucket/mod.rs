@@ -66,9 +66,7 @@ impl ClaimAsk {
     /// What a bucket with `available` (>= need) tokens grants. In f64 like `lease.lua`; every
     /// number here is at most the capacity, so exact.
     fn grant(&self, available: f64) -> u64 {
-        let spare = ((available - self.need as f64) / self.share.max(1) as f64).floor();
-        let extra = (self.want.saturating_sub(self.need) as f64).min(spare.max(0.0));
-        self.need + extra as u64
+        super::share::lease_grant(available, self.need, self.want, self.share)
     }
 }
 
