@@ -19,11 +19,12 @@ use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
 use crate::clock::Clock;
+use crate::configs;
 use crate::fleet;
-use crate::limiter::{HotKeyConfig, Limiter, LimiterConfig, Replicas};
+use crate::limiter::{Limiter, Replicas};
 use crate::rules::{self, LoadOptions, RulesError};
+use crate::service::Handler;
 use crate::service::rls::Rls;
-use crate::service::{Bounds, Handler};
 use crate::settings::{self, Settings, SettingsError, Sources};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{self, Metrics, TelemetryError};
@@ -109,8 +110,10 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AppError> {
-    // Rules first: a broken rules file is reported before any port is taken.
+    // Rules and every file a setting names first: a broken rules file, a missing certificate
+    // or password file is reported before any port is taken.
     let rules = load_rules(&settings)?;
+    check_files(&settings)?;
     let listeners = Listeners::bind(&settings).await?;
     serve_loaded(listeners, settings, rules, Clock::system(), shutdown).await
 }
@@ -125,6 +128,15 @@ pub async fn serve(
 ) -> Result<(), AppError> {
     let rules = load_rules(&settings)?;
     serve_loaded(listeners, settings, rules, clock, shutdown).await
+}
+
+/// Reads every file a setting names (the gRPC port's TLS files; the store's TLS files and
+/// password file) and checks what it holds, without binding or connecting anything: `serve`
+/// reads them again when it starts the parts.
+fn check_files(settings: &Settings) -> Result<(), AppError> {
+    crate::service::tls::server_config(&configs::grpc_tls_files(settings))?;
+    Store::check(&configs::store_config(settings))?;
+    Ok(())
 }
 
 /// The rules at startup, and the fingerprint taken just before reading them (see `reload.rs`).
@@ -163,12 +175,7 @@ async fn serve_loaded(
 
     // A Redis that is down at startup is not an error (the store reconnects in the background
     // and the fallback decides meanwhile); a bad URL is.
-    let store = Store::connect(
-        crate::configs::store_config(&settings),
-        clock.clone(),
-        &metrics,
-    )
-    .await?;
+    let store = Store::connect(configs::store_config(&settings), clock.clone(), &metrics).await?;
     let replicas = Arc::new(Replicas::new(
         settings.fallback_replicas,
         settings.fallback_min_replicas,
@@ -177,28 +184,7 @@ async fn serve_loaded(
     let shared_store = store.name() != "memory";
     let limiter = Limiter::new(
         store,
-        LimiterConfig {
-            key_prefix: settings.key_prefix.clone(),
-            shadow_mode: settings.shadow_mode,
-            default_algorithm: settings.default_algorithm,
-            fallback: settings.fallback,
-            replicas: replicas.clone(),
-            closed_retry_ms: settings.breaker_probe_ms,
-            hot: HotKeyConfig {
-                shared_store,
-                lease_max_batch: settings.lease_max_batch,
-                lease_ttl_ms: settings.lease_ttl_ms,
-                lease_max_keys: settings.lease_max_keys,
-                over_limit_cache_max_keys: settings.over_limit_cache_max_keys,
-                shard_retry: settings.shard_retry,
-                // A claim is one store call; waiting a little longer covers its scheduling.
-                claim_wait_ms: settings.store_timeout_ms.saturating_mul(2).max(10),
-            },
-            clock: clock.clone(),
-            near_limit_ratio: settings.near_limit_ratio,
-            fallback_max_keys: settings.memory_max_keys,
-            detailed_metric_max_series: settings.detailed_metric_max_series,
-        },
+        configs::limiter_config(&settings, replicas.clone(), clock.clone(), shared_store),
         metrics.clone(),
     );
     if !shared_store && settings.lease_max_batch > 0 {
@@ -210,7 +196,7 @@ async fn serve_loaded(
         rules: rules.clone(),
         limiter,
         metrics: metrics.clone(),
-        bounds: Bounds::from_settings(&settings),
+        bounds: configs::bounds(&settings),
         response_headers: settings.response_headers,
         admission: tokio::sync::Semaphore::new(settings.max_concurrent_requests),
     });
@@ -319,7 +305,7 @@ async fn serve_loaded(
     let rls = RateLimitServiceServer::new(Rls(handler.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
     let mut server = tonic::transport::Server::builder();
-    if let Some(tls) = crate::service::tls::server_config(&settings)? {
+    if let Some(tls) = crate::service::tls::server_config(&configs::grpc_tls_files(&settings))? {
         server = server.tls_config(tls).map_err(AppError::GrpcTls)?;
     }
     if settings.grpc_max_connection_age_ms > 0 {

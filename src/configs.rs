@@ -1,11 +1,68 @@
-//! Each part's typed config, built from the validated [`Settings`]: the parts themselves
-//! (the store today) never see `Settings`, so they can be built by a test, a simulator or
+//! Each part's typed config, built from the validated [`Settings`]: the store's, the
+//! limiter's, the request bounds and the gRPC port's TLS files. The parts never see `Settings`, so they can be built by a test, a simulator or
 //! another front end from their own configs, and `settings.rs` knows nothing of them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::clock::Clock;
+use crate::fleet::Replicas;
+use crate::limiter::{HotKeyConfig, LimiterConfig};
+use crate::service::Bounds;
+use crate::service::tls::GrpcTlsFiles;
 use crate::settings::Settings;
 use crate::store::{RedisConfig, StoreConfig};
+
+/// The decision loop's config. `shared_store`: the store is shared by replicas (Redis), which
+/// turns leasing and the over-limit cache on.
+pub fn limiter_config(
+    s: &Settings,
+    replicas: Arc<Replicas>,
+    clock: Clock,
+    shared_store: bool,
+) -> LimiterConfig {
+    LimiterConfig {
+        key_prefix: s.key_prefix.clone(),
+        shadow_mode: s.shadow_mode,
+        default_algorithm: s.default_algorithm,
+        fallback: s.fallback,
+        replicas,
+        closed_retry_ms: s.breaker_probe_ms,
+        hot: HotKeyConfig {
+            shared_store,
+            lease_max_batch: s.lease_max_batch,
+            lease_ttl_ms: s.lease_ttl_ms,
+            lease_max_keys: s.lease_max_keys,
+            over_limit_cache_max_keys: s.over_limit_cache_max_keys,
+            shard_retry: s.shard_retry,
+            // A claim is one store call; waiting a little longer covers its scheduling.
+            claim_wait_ms: s.store_timeout_ms.saturating_mul(2).max(10),
+        },
+        clock,
+        near_limit_ratio: s.near_limit_ratio,
+        fallback_max_keys: s.memory_max_keys,
+        detailed_metric_max_series: s.detailed_metric_max_series,
+    }
+}
+
+/// The request bounds (`max_descriptors`, `max_entries`, …).
+pub fn bounds(s: &Settings) -> Bounds {
+    Bounds {
+        max_descriptors: s.max_descriptors,
+        max_entries: s.max_entries,
+        max_key_bytes: s.max_key_bytes,
+        max_value_bytes: s.max_value_bytes,
+    }
+}
+
+/// The gRPC port's TLS files.
+pub fn grpc_tls_files(s: &Settings) -> GrpcTlsFiles {
+    GrpcTlsFiles {
+        cert: s.grpc_tls_cert.clone(),
+        key: s.grpc_tls_key.clone(),
+        client_ca: s.grpc_tls_client_ca.clone(),
+    }
+}
 
 /// The store the `store` setting names, with its settings.
 pub fn store_config(s: &Settings) -> StoreConfig {

@@ -116,11 +116,12 @@ fn check_prints_a_summary_or_every_error_with_file_and_line() {
     assert!(err.contains("fortnight"), "{err}");
 }
 
-/// `serve` checks the rules and the settings before it binds anything. Proof: the gRPC port
-/// given is taken, so binding it fails (the control shows that error); with broken rules or
-/// bad settings the error is theirs, not the bind error, so nothing was bound first.
+/// `serve` checks the rules, the settings and the files they name before it binds anything.
+/// Proof: the gRPC port given is taken, so binding it fails (the control shows that error);
+/// with broken rules, bad settings or a missing file the error is theirs, not the bind
+/// error, so nothing was bound first.
 #[test]
-fn serve_refuses_broken_rules_and_bad_settings_before_binding() {
+fn serve_refuses_broken_rules_bad_settings_and_missing_files_before_binding() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port to occupy");
     let taken = taken.local_addr().unwrap().to_string();
     let serve = |rules: &str, env: &[(&str, &str)]| {
@@ -166,6 +167,42 @@ fn serve_refuses_broken_rules_and_bad_settings_before_binding() {
         !err.contains("cannot listen"),
         "the settings were checked first: {err}"
     );
+
+    // Every file a setting names is read before binding too (good rules this time).
+    for (files, named) in [
+        (
+            &[
+                ("TOLLGATE_GRPC_TLS_CERT", "/nonexistent/cert.pem"),
+                ("TOLLGATE_GRPC_TLS_KEY", "/nonexistent/key.pem"),
+            ][..],
+            "grpc_tls_cert",
+        ),
+        (
+            &[
+                ("TOLLGATE_STORE", "rediss://127.0.0.1:1"),
+                ("TOLLGATE_STORE_TLS_CA", "/nonexistent/ca.pem"),
+            ][..],
+            "store_tls_ca",
+        ),
+        (
+            &[
+                ("TOLLGATE_STORE", "redis://127.0.0.1:1"),
+                ("TOLLGATE_STORE_PASSWORD_FILE", "/nonexistent/password"),
+            ][..],
+            "store_password_file",
+        ),
+    ] {
+        let (code, _, err) = serve("examples/rules", files);
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains(named) && err.contains("/nonexistent/"),
+            "{named}: {err}"
+        );
+        assert!(
+            !err.contains("cannot listen"),
+            "{named} was read before binding: {err}"
+        );
+    }
 }
 
 /// A request in flight when SIGTERM arrives is answered, by the store, before the process

@@ -38,18 +38,6 @@ pub struct Bounds {
     pub max_value_bytes: usize,
 }
 
-impl Bounds {
-    /// The request bounds the settings name (`max_descriptors`, `max_entries`, …).
-    pub fn from_settings(s: &crate::settings::Settings) -> Self {
-        Bounds {
-            max_descriptors: s.max_descriptors,
-            max_entries: s.max_entries,
-            max_key_bytes: s.max_key_bytes,
-            max_value_bytes: s.max_value_bytes,
-        }
-    }
-}
-
 /// Everything a decision needs, shared by the gRPC service and the admin port's `/json`: the
 /// rules in force, the [`Limiter`] (which decides against the store) and the request bounds.
 #[derive(Debug)]

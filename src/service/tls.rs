@@ -5,7 +5,14 @@
 
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
-use crate::settings::Settings;
+/// The gRPC port's TLS files (paths; empty: not set).
+#[derive(Clone, Debug, Default)]
+pub struct GrpcTlsFiles {
+    pub cert: String,
+    pub key: String,
+    /// Mutual TLS: the CA client certificates must chain to.
+    pub client_ca: String,
+}
 
 /// A TLS file that could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -18,8 +25,8 @@ pub struct TlsFileError {
 }
 
 /// The gRPC port's TLS, or `None` for plain HTTP/2 (no `grpc_tls_cert`).
-pub fn server_config(settings: &Settings) -> Result<Option<ServerTlsConfig>, TlsFileError> {
-    if settings.grpc_tls_cert.is_empty() {
+pub fn server_config(files: &GrpcTlsFiles) -> Result<Option<ServerTlsConfig>, TlsFileError> {
+    if files.cert.is_empty() {
         return Ok(None);
     }
     // rustls needs one process-wide provider; only ring is compiled in. Err: already installed.
@@ -32,12 +39,12 @@ pub fn server_config(settings: &Settings) -> Result<Option<ServerTlsConfig>, Tls
         })
     };
     let identity = Identity::from_pem(
-        read("grpc_tls_cert", &settings.grpc_tls_cert)?,
-        read("grpc_tls_key", &settings.grpc_tls_key)?,
+        read("grpc_tls_cert", &files.cert)?,
+        read("grpc_tls_key", &files.key)?,
     );
     let mut config = ServerTlsConfig::new().identity(identity);
-    if !settings.grpc_tls_client_ca.is_empty() {
-        let ca = read("grpc_tls_client_ca", &settings.grpc_tls_client_ca)?;
+    if !files.client_ca.is_empty() {
+        let ca = read("grpc_tls_client_ca", &files.client_ca)?;
         config = config.client_ca_root(Certificate::from_pem(ca));
     }
     Ok(Some(config))

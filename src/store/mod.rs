@@ -195,6 +195,16 @@ impl Store {
         }
     }
 
+    /// Checks `config` without connecting: a malformed URL, or a file it names that is
+    /// missing or wrong, fails here (before the startup binds a port) as it would in
+    /// [`Store::connect`].
+    pub fn check(config: &StoreConfig) -> Result<(), StoreError> {
+        match config {
+            StoreConfig::Memory { .. } => Ok(()),
+            StoreConfig::Redis(redis) => RedisStore::check(redis),
+        }
+    }
+
     /// Applies `ops` in order and returns one outcome per op; the first failure fails all.
     pub async fn apply(&self, ops: &[Op]) -> Result<Vec<Outcome>, StoreError> {
         self.apply_each(ops).await.into_iter().collect()

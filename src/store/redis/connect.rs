@@ -18,7 +18,8 @@
 //! `store_tls_key` add a client certificate (mutual TLS). With Sentinel, one TLS setup serves
 //! the Sentinels and the data nodes, as Redis's own `tls-*` settings do for both. The files
 //! are read once, at startup: a missing or unreadable one is a startup error naming the
-//! setting and the path.
+//! setting and the path (`client.rs` builds each client; `sentinel.rs` parses a Sentinel URL
+//! and asks the Sentinels).
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
@@ -26,7 +27,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, ConnectionInfo, IntoConnectionInfo, RedisError, Value};
 
 use super::RedisConfig;
+use super::client::{read_password, standalone_client, tcp_settings, tls_certificates};
 use super::errors::config_error;
+use super::sentinel::{self, NodeAuth, primary_of};
 use crate::redact::redact_url;
 use crate::store::StoreError;
 
@@ -154,7 +157,17 @@ impl Connector {
                 password,
                 password_file,
             };
-            return sentinel(cfg, rest, &shown, node, certs, tls);
+            let spec = sentinel::parse(cfg, rest, &shown, node, certs, tls)?;
+            return Ok(Connector::Sentinel {
+                sentinels: spec.sentinels,
+                master: spec.master,
+                node: spec.node,
+                tls: spec.tls,
+                certs: spec.certs,
+                config: spec.config,
+                password_file: spec.password_file,
+                primary: std::sync::Mutex::new(None),
+            });
         }
         let cluster = url
             .strip_prefix("redis+cluster://")
@@ -335,221 +348,6 @@ impl Connector {
             Connector::Sentinel { .. } => "redis-sentinel",
         }
     }
-}
-
-/// The data nodes' credentials from the settings (the URL may carry them instead).
-struct NodeAuth {
-    username: Option<String>,
-    password: Option<String>,
-    password_file: Option<String>,
-}
-
-/// `redis[s]+sentinel://[user:pass@]s1:p1,s2:p2/<master>[/db]`: the sentinels, the primary's
-/// name, and how to talk to the data nodes (the URL's credentials, else the settings'; the
-/// database; TLS for `rediss`). The sentinels' own credentials are
-/// `store_sentinel_username` / `_password`.
-fn sentinel(
-    cfg: &RedisConfig,
-    rest: &str,
-    shown: &str,
-    auth_settings: NodeAuth,
-    certs: Option<redis::TlsCertificates>,
-    tls: bool,
-) -> Result<Connector, StoreError> {
-    let usage = "expected redis[s]+sentinel://[user:pass@]host:port,host:port/<master name>[/db]";
-    let NodeAuth {
-        username,
-        password,
-        password_file,
-    } = auth_settings;
-    let (auth, rest) = match rest.rsplit_once('@') {
-        Some((auth, rest)) => (Some(auth), rest),
-        None => (None, rest),
-    };
-    let Some((hosts, path)) = rest.split_once('/') else {
-        return Err(config_error(format!("{shown}: no master name ({usage})")));
-    };
-    let (master, db) = match path.split_once('/') {
-        Some((master, db)) => (master, db),
-        None => (path, ""),
-    };
-    let db: i64 = match db {
-        "" => 0,
-        db => db.parse().map_err(|_| {
-            config_error(format!(
-                "{shown}: database '{db}' is not a number ({usage})"
-            ))
-        })?,
-    };
-    if master.is_empty() {
-        return Err(config_error(format!("{shown}: no master name ({usage})")));
-    }
-    let sentinel_auth = match (
-        cfg.sentinel_username.as_str(),
-        cfg.sentinel_password.as_str(),
-    ) {
-        ("", "") => String::new(),
-        (user, pass) => format!("{user}:{pass}@"),
-    };
-    let scheme = if tls { "rediss" } else { "redis" };
-    // Parsed once now, so a bad Sentinel address stops startup.
-    let sentinels: Vec<ConnectionInfo> = hosts
-        .split(',')
-        .map(str::trim)
-        .filter(|h| !h.is_empty())
-        .map(|h| {
-            format!("{scheme}://{sentinel_auth}{h}")
-                .into_connection_info()
-                .map_err(|e| config_error(format!("{shown}: {e}")))
-        })
-        .collect::<Result<_, _>>()?;
-    if sentinels.is_empty() {
-        return Err(config_error(format!("{shown}: no sentinels ({usage})")));
-    }
-    let (url_user, url_pass) = match auth.map(|a| a.split_once(':').unwrap_or((a, ""))) {
-        Some((u, p)) => (
-            (!u.is_empty()).then(|| u.to_string()),
-            (!p.is_empty()).then(|| p.to_string()),
-        ),
-        None => (None, None),
-    };
-    let mut node = redis::RedisConnectionInfo::default().set_db(db);
-    if let Some(user) = username.or(url_user) {
-        node = node.set_username(user);
-    }
-    if let Some(pw) = password.or(url_pass) {
-        node = node.set_password(pw);
-    }
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(cfg.connect_timeout))
-        .set_response_timeout(None);
-    Ok(Connector::Sentinel {
-        sentinels,
-        master: master.to_string(),
-        node: Box::new(node),
-        tls,
-        certs,
-        config: Box::new(config),
-        password_file,
-        primary: std::sync::Mutex::new(None),
-    })
-}
-
-/// The primary of `master` as the first Sentinel that answers names it (`host:port`).
-async fn primary_of(
-    sentinels: &[ConnectionInfo],
-    certs: Option<&redis::TlsCertificates>,
-    master: &str,
-    config: &AsyncConnectionConfig,
-) -> Result<String, RedisError> {
-    let mut last = None;
-    for sentinel in sentinels {
-        let asked = async {
-            let mut conn = standalone_client(sentinel, certs)?
-                .get_multiplexed_async_connection_with_config(config)
-                .await?;
-            redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(master)
-                .query_async::<Option<(String, u16)>>(&mut conn)
-                .await
-        };
-        match asked.await {
-            Ok(Some((host, port))) => return Ok(format!("{host}:{port}")),
-            Ok(None) => {
-                last = Some(RedisError::from((
-                    redis::ErrorKind::Io,
-                    "the Sentinels know no such master",
-                    master.to_string(),
-                )))
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| RedisError::from((redis::ErrorKind::Io, "no Sentinels"))))
-}
-
-/// A standalone client for `info`, over TLS with `certs` when given.
-fn standalone_client(
-    info: &ConnectionInfo,
-    certs: Option<&redis::TlsCertificates>,
-) -> Result<redis::Client, RedisError> {
-    let info = info.clone().set_tcp_settings(tcp_settings());
-    match certs {
-        Some(certs) => redis::Client::build_with_tls(info, certs.clone()),
-        None => redis::Client::open(info),
-    }
-}
-
-/// `TCP_NODELAY` on every store connection. The `redis` crate leaves Nagle's algorithm on: a
-/// small pipeline written while an earlier one is unacknowledged then waits for the delayed
-/// ACK (up to 40 ms on Linux), twice Envoy's whole 20 ms budget, on an idle healthy Redis.
-fn tcp_settings() -> redis::io::tcp::TcpSettings {
-    redis::io::tcp::TcpSettings::default().set_nodelay(true)
-}
-
-/// The password in `file` (a mounted Secret: one line; a trailing newline is not part of it).
-/// An unreadable file is an authentication failure of the connection being made.
-fn read_password(file: &str) -> Result<String, RedisError> {
-    match std::fs::read_to_string(file) {
-        Ok(text) => Ok(text.trim_end_matches(['\n', '\r']).to_string()),
-        Err(e) => Err(RedisError::from((
-            redis::ErrorKind::AuthenticationFailed,
-            "cannot read store_password_file",
-            format!("{file}: {e}"),
-        ))),
-    }
-}
-
-/// The TLS files of the settings, read now; `None` when none is set (the system roots, no
-/// client certificate). Installs rustls's ring provider for the process first: rustls needs
-/// exactly one, and only ring is compiled in.
-fn tls_certificates(cfg: &RedisConfig) -> Result<Option<redis::TlsCertificates>, StoreError> {
-    // Err only when a provider is installed already (by an earlier store): fine either way.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let read = |setting: &str, path: &str| -> Result<Option<Vec<u8>>, StoreError> {
-        if path.is_empty() {
-            return Ok(None);
-        }
-        std::fs::read(path)
-            .map(Some)
-            .map_err(|e| config_error(format!("{setting} {path}: {e}")))
-    };
-    let root_cert = read("store_tls_ca", &cfg.tls_ca)?;
-    // A CA file without a certificate would be accepted here and fail every handshake later as
-    // `UnknownIssuer`, which points at the server: refuse it now, naming the file.
-    if let Some(pem) = &root_cert {
-        use rustls::pki_types::CertificateDer;
-        use rustls::pki_types::pem::PemObject;
-        if !CertificateDer::pem_slice_iter(pem).any(|c| c.is_ok()) {
-            return Err(config_error(format!(
-                "store_tls_ca {}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)",
-                cfg.tls_ca
-            )));
-        }
-    }
-    let client_tls = match (
-        read("store_tls_cert", &cfg.tls_cert)?,
-        read("store_tls_key", &cfg.tls_key)?,
-    ) {
-        (Some(client_cert), Some(client_key)) => Some(redis::ClientTlsConfig {
-            client_cert,
-            client_key,
-        }),
-        (None, None) => None,
-        _ => {
-            return Err(config_error(
-                "store_tls_cert and store_tls_key go together (mutual TLS needs both)".into(),
-            ));
-        }
-    };
-    if root_cert.is_none() && client_tls.is_none() {
-        return Ok(None);
-    }
-    Ok(Some(redis::TlsCertificates {
-        client_tls,
-        root_cert,
-    }))
 }
 
 #[cfg(test)]

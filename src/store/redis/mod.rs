@@ -56,12 +56,14 @@
 //!   of replica id → expiry on the Redis clock, under its own hash tag.
 
 mod breaker;
+mod client;
 mod connect;
 mod errors;
 mod eviction;
 mod outage;
 mod pool;
 mod scripts;
+mod sentinel;
 mod slots;
 mod version;
 
@@ -183,6 +185,13 @@ impl RedisStore {
     /// Parses the URL, tries to connect once (bounded by the connect timeout) and starts the
     /// keeper. Fails only on a bad configuration: an unreachable Redis is retried in the
     /// background while requests fail fast with transient errors.
+    /// Checks `cfg` without any network: the URL parses, and every file it names (TLS
+    /// certificates and keys, the password file) can be read and holds what it should. The
+    /// startup runs this before it binds a port.
+    pub fn check(cfg: &RedisConfig) -> Result<(), StoreError> {
+        Connector::parse(cfg).map(|_| ())
+    }
+
     pub async fn connect(cfg: RedisConfig, metrics: &Metrics) -> Result<RedisStore, StoreError> {
         let connector = Connector::parse(&cfg)?;
         let pool = Arc::new(Pool::new(

@@ -1,0 +1,355 @@
+//! Service settings: one flat set of keys, read from defaults < a YAML file < `TOLLGATE_*`
+//! environment variables < command-line flags, then validated before any port is bound.
+//!
+//! Each key has the same name everywhere: `store_timeout_ms` in the file,
+//! `TOLLGATE_STORE_TIMEOUT_MS` in the environment, `--store-timeout-ms` on the command line.
+//! Only the documented names ([`KEYS`]) are read from the environment: Kubernetes injects
+//! variables such as `TOLLGATE_PORT=tcp://…` for a Service named tollgate, and those must not
+//! break startup. Unknown keys in the file are errors.
+//!
+//! Here: the schema (every key once: name, type, default, doc; [`KEYS`] and the struct derive
+//! from it) and the layering; `env.rs` reads the environment (and warns about `TOLLGATE_*`
+//! variables that are not settings), `cli.rs` makes the flags, `validate.rs` checks what
+//! serde cannot. The parts' typed configs are built from the result by `configs.rs`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::redact::redact_url;
+use crate::rules::Algorithm;
+use crate::rules::FallbackMode;
+use crate::telemetry::LogFormat;
+
+/// One setting as the schema declares it: everything else (flag, variable, file key, the
+/// `/config` row, the README table check) is derived from it.
+#[derive(Clone, Copy, Debug)]
+pub struct Key {
+    /// The file key, e.g. `store_timeout_ms`.
+    pub name: &'static str,
+    /// One line for `--help` and the README.
+    pub doc: &'static str,
+}
+
+impl Key {
+    /// The flag without its dashes: `store-timeout-ms`.
+    pub fn flag(&self) -> String {
+        self.name.replace('_', "-")
+    }
+
+    /// `TOLLGATE_STORE_TIMEOUT_MS`.
+    pub fn env(&self) -> String {
+        format!("TOLLGATE_{}", self.name.to_ascii_uppercase())
+    }
+
+    /// The default as text, as the README's table shows it (`(empty)` for an empty string).
+    pub fn default_text(&self) -> String {
+        let defaults = serde_json::to_value(Settings::default()).unwrap_or_default();
+        match defaults.get(self.name) {
+            Some(serde_json::Value::String(s)) if s.is_empty() => "(empty)".to_string(),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => String::new(),
+        }
+    }
+}
+
+/// Declares every setting once: `name: type = default, "doc";`. Expands to the [`Settings`]
+/// struct, its `Default` and [`KEYS`]; the flag, the variable and the file key are the name.
+macro_rules! settings {
+    ($( $name:ident : $ty:ty = $default:expr, $doc:literal; )*) => {
+        /// The effective settings.
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct Settings {
+            $( #[doc = $doc] pub $name: $ty, )*
+        }
+
+        impl Default for Settings {
+            fn default() -> Self {
+                Settings { $( $name: $default, )* }
+            }
+        }
+
+        /// Every setting, in the order of `--help` and the README table.
+        pub const KEYS: &[Key] = &[ $( Key { name: stringify!($name), doc: $doc }, )* ];
+    };
+}
+
+settings! {
+    rules: PathBuf = PathBuf::from("/etc/tollgate/rules"),
+        "rules file or directory of *.yaml/*.yml files";
+    grpc_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8081)),
+        "address of the Envoy RateLimitService (gRPC)";
+    admin_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8080)),
+        "address of the admin HTTP port (/healthz /readyz /metrics /config /json)";
+    admin_max_connections: usize = 256,
+        "open admin connections at most (probes and scrapers need a few); past it a new connection is accepted and closed at once";
+    admin_header_timeout_ms: u64 = 5_000,
+        "an admin request's headers must arrive within this long, or the connection is closed";
+    admin_json: bool = true,
+        "serve POST /json on the admin port (decisions over HTTP: it spends tokens); false where more than operators reach that port";
+    store: String = "memory".to_string(),
+        "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS; see README)";
+    default_algorithm: Algorithm = Algorithm::TokenBucket,
+        "token_bucket, fixed_window or sliding_window, for limits that name none";
+    shadow_mode: bool = false,
+        "global shadow mode: the overall code is always OK";
+    response_headers: bool = false,
+        "add RateLimit-* and Retry-After to responses";
+    near_limit_ratio: f64 = 0.8,
+        "an admitted decision past this share of its limit counts as outcome near_limit (as envoyproxy/ratelimit's NEAR_LIMIT_RATIO; 1 turns it off)";
+    key_prefix: String = "tollgate:".to_string(),
+        "prefix of every store key";
+    store_tls_ca: String = String::new(),
+        "PEM file of the CA(s) that sign the Redis server's certificate (rediss://; empty: the system roots)";
+    store_tls_cert: String = String::new(),
+        "PEM client certificate for mutual TLS to Redis (with store_tls_key)";
+    store_tls_key: String = String::new(),
+        "PEM private key of store_tls_cert";
+    store_username: String = String::new(),
+        "ACL user for Redis (or in the store URL, not both)";
+    store_password: String = String::new(),
+        "password for Redis (or in the URL, or store_password_file); never logged or shown";
+    store_password_file: String = String::new(),
+        "file holding the Redis password, read at each new connection (a mounted Secret: a rotation applies on reconnect)";
+    store_sentinel_username: String = String::new(),
+        "ACL user for the Sentinels themselves (redis+sentinel://; the URL's credentials are the data nodes')";
+    store_sentinel_password: String = String::new(),
+        "password for the Sentinels themselves; never logged or shown";
+    store_pool_size: usize = 2,
+        "connections to the store (multiplexed; fewer, busier ones coalesce more writes)";
+    store_connect_timeout_ms: u64 = 1_000,
+        "timeout to connect to the store";
+    store_timeout_ms: u64 = 10,
+        "how long a store node may stay silent (no reply to any call) before a call to it gives up; a busy replica's own queueing does not count";
+    store_wait_replicas: u64 = 0,
+        "after each store call's writes, WAIT until this many Redis replicas hold them (narrows what a failover can forget; 0: off)";
+    store_wait_timeout_ms: u64 = 5,
+        "how long that WAIT may take (1 ms or more, below store_timeout_ms); a WAIT that comes back short is counted, logged and not retried";
+    grpc_tls_cert: String = String::new(),
+        "PEM certificate chain for TLS on the gRPC port (with grpc_tls_key; empty: plain h2c)";
+    grpc_tls_key: String = String::new(),
+        "PEM private key of grpc_tls_cert";
+    grpc_tls_client_ca: String = String::new(),
+        "PEM CA that client certificates must chain to (mutual TLS; needs grpc_tls_cert)";
+    grpc_max_connection_age_ms: u64 = 0,
+        "close each gRPC connection gracefully (GOAWAY) after this long, so Envoy spreads over new replicas (0: never)";
+    grpc_max_connection_age_grace_ms: u64 = 10_000,
+        "after GOAWAY, how long requests in flight on an aged connection may take before it is closed";
+    max_concurrent_requests: usize = 10_000,
+        "requests being decided at once (gRPC and /json); past it a request is refused at once with RESOURCE_EXHAUSTED (Envoy applies its failure mode) rather than queued";
+    grpc_max_concurrent_streams: u32 = 100,
+        "HTTP/2 streams per gRPC connection, advertised to the client (Envoy opens another connection past it)";
+    max_request_bytes_in_flight: usize = 16 << 20,
+        "bytes of gRPC request messages being received at once, for the whole process; past it a stream's next data fails it with RESOURCE_EXHAUSTED instead of being buffered";
+    grpc_max_connections: usize = 4_096,
+        "open gRPC connections at most (keep it below the process's open-files limit); past it a new connection is accepted and closed at once";
+    grpc_handshake_timeout_ms: u64 = 5_000,
+        "a new gRPC connection must send its first 64 bytes (the HTTP/2 preface, or a TLS ClientHello) within this long, or it is closed";
+    grpc_keepalive_interval_ms: u64 = 10_000,
+        "HTTP/2 PING to each gRPC client after this long without a frame from it (0: off)";
+    grpc_keepalive_timeout_ms: u64 = 20_000,
+        "a client that does not answer that PING within this long is disconnected (a silent peer, or one that stopped reading)";
+    grpc_request_timeout_ms: u64 = 5_000,
+        "a gRPC request not answered within this long (its body included) ends with CANCELLED and frees its stream; a client's shorter grpc-timeout (Envoy sends its own) applies instead (0: none)";
+    fallback: FallbackMode = FallbackMode::Local,
+        "when the store cannot answer: local (quota ÷ live replicas, in memory), open, closed, or error (gRPC UNAVAILABLE)";
+    breaker_failures: u32 = 3,
+        "consecutive failed store calls to a node that open its circuit (its requests then go straight to the fallback)";
+    breaker_probe_ms: u64 = 500,
+        "how often a node with an open circuit is probed with one real script call (its circuit closes when the script runs)";
+    membership_interval_ms: u64 = 1_000,
+        "how often each replica heartbeats into the store's membership set";
+    fallback_replicas: u64 = 0,
+        "a fixed replica count for the local fallback's share (0: count live replicas)";
+    fallback_min_replicas: u64 = 1,
+        "the least the local fallback divides by (also the count of a replica that never reached the store)";
+    lease_max_batch: u64 = 0,
+        "most tokens one claim leases for a key, spent from memory until used or expired (0: leasing off; Redis store only)";
+    lease_ttl_ms: u64 = 1_000,
+        "how long leased tokens stay spendable; what is left then is given back to the bucket";
+    lease_max_keys: usize = 100_000,
+        "leases held at most per replica; past it a new key is not leased (its requests go to the store)";
+    detailed_metric_max_series: usize = 1_000,
+        "series per detailed_metric limit (its values are caller input); past it, new values count as <class>.(overflow)";
+    memory_max_keys: usize = 500_000,
+        "buckets the memory store (and, on Redis, the local fallback) holds at most (~220 bytes each); a new key past it evicts the least-used, nearest-to-full buckets";
+    over_limit_cache_max_keys: usize = 10_000,
+        "spent keys answered OVER_LIMIT from memory until they can fit a request again, per replica (0: off; Redis store only)";
+    shard_retry: bool = true,
+        "a request whose shard is empty tries one other shard before answering OVER_LIMIT";
+    max_descriptors: usize = 64,
+        "most descriptors in one request";
+    max_entries: usize = 16,
+        "most entries in one descriptor";
+    max_key_bytes: usize = 256,
+        "longest descriptor key";
+    max_value_bytes: usize = 4_096,
+        "longest descriptor value";
+    max_message_bytes: usize = 64 << 10,
+        "largest gRPC request message (a real RLS request is a few hundred bytes)";
+    unready_without_rules: bool = false,
+        "/readyz answers 503 while no domain is loaded (a wrong rules path keeps the replica out of service)";
+    unready_until_store_answers: bool = false,
+        "/readyz answers 503 until the store has answered once since start (a wrong Redis address keeps the replica out of service); later outages do not unready it";
+    reload_interval_ms: u64 = 2_000,
+        "how often to look for changed rules files (0: never)";
+    log_level: String = "info".to_string(),
+        "log filter, e.g. info or tollgate=debug";
+    log_format: LogFormat = LogFormat::Text,
+        "log lines on stderr: text (for people) or json (one object per line, for log pipelines)";
+    drain_ms: u64 = 0,
+        "after SIGTERM: how long to stay up, unready, before closing the listeners";
+    otlp_endpoint: String = String::new(),
+        "OTLP/gRPC collector for request spans, e.g. http://collector:4317 (empty: off)";
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("settings: {0}")]
+    Read(#[from] config::ConfigError),
+    #[error("settings: {key}: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+/// Where the settings come from besides the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    /// The optional YAML settings file (`--config` / `TOLLGATE_CONFIG`).
+    pub file: Option<PathBuf>,
+    /// `(key, value)` from the environment, documented keys only (see [`from_env`]).
+    pub env: Vec<(&'static str, String)>,
+    /// `(key, value)` from command-line flags.
+    pub flags: Vec<(&'static str, String)>,
+}
+
+mod cli;
+mod env;
+mod validate;
+
+pub use cli::ServeArgs;
+pub use env::{from_env, unknown_env_warnings};
+
+impl Settings {
+    /// Layers the sources (file < env < flags) over the defaults and validates the result.
+    pub fn load(sources: &Sources) -> Result<Settings, SettingsError> {
+        let mut b = config::Config::builder();
+        if let Some(file) = &sources.file {
+            b = b.add_source(
+                config::File::from(file.as_path())
+                    .format(config::FileFormat::Yaml)
+                    .required(true),
+            );
+        }
+        // Later overrides of the same key replace earlier ones: flags win over env.
+        for (key, value) in sources.env.iter().chain(&sources.flags) {
+            b = b.set_override(*key, value.as_str())?;
+        }
+        let settings: Settings = b.build()?.try_deserialize()?;
+        settings.validate()
+    }
+
+    /// A copy safe to log or show on `/config`: the store URL's password is replaced.
+    pub fn redacted(&self) -> Settings {
+        Settings {
+            store: redact_url(&self.store),
+            store_password: if self.store_password.is_empty() {
+                String::new()
+            } else {
+                "***".to_string()
+            },
+            store_sentinel_password: if self.store_sentinel_password.is_empty() {
+                String::new()
+            } else {
+                "***".to_string()
+            },
+            ..self.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = Settings::load(&Sources::default()).unwrap();
+        assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.yaml");
+        std::fs::write(&file, "store_timeout: 5\n").unwrap();
+        let err = Settings::load(&Sources {
+            file: Some(file),
+            ..Sources::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("store_timeout"), "{err}");
+    }
+
+    /// The README's settings table lists exactly the schema's keys with their defaults, so the
+    /// docs cannot drift from the code.
+    #[test]
+    fn the_readme_settings_table_matches_the_schema() {
+        let readme = include_str!("../../README.md");
+        let section = readme
+            .split("\n## Settings\n")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("README has a Settings section");
+        let rows: Vec<(String, String)> = section
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                let strip = |c: &str| c.trim_matches(['|', ' ', '`']).to_string();
+                (strip(cells[0]), strip(cells.get(1).copied().unwrap_or("")))
+            })
+            .collect();
+        let documented: Vec<&str> = rows.iter().map(|(k, _)| k.as_str()).collect();
+        let declared: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        assert_eq!(
+            documented, declared,
+            "README rows vs settings schema (same order)"
+        );
+        for (key, default) in &rows {
+            let key = KEYS.iter().find(|k| k.name == key).unwrap();
+            assert_eq!(
+                *default,
+                key.default_text(),
+                "README default of {}",
+                key.name
+            );
+        }
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        assert_eq!(
+            redact_url("redis://:hunter2@r:6379/0"),
+            "redis://:***@r:6379/0"
+        );
+        assert_eq!(
+            redact_url("redis+cluster://u:p@a:1,b:2"),
+            "redis+cluster://u:***@a:1,b:2"
+        );
+        assert_eq!(redact_url("redis://r:6379"), "redis://r:6379");
+        let s = Settings {
+            store: "rediss://u:pw@h:1".into(),
+            ..Settings::default()
+        };
+        assert!(!format!("{:?}", s.redacted()).contains("pw"));
+        let s = Settings {
+            store: "redis://h:1".into(),
+            store_password: "hunter2".into(),
+            ..Settings::default()
+        };
+        assert!(!format!("{:?}", s.redacted()).contains("hunter2"));
+    }
+}

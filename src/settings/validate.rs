@@ -1,0 +1,397 @@
+//! What serde cannot check: ranges, combinations of settings, the store URL's form (with the
+//! URL it probably means when it is given in another tool's form).
+
+use super::{Settings, SettingsError};
+use crate::redact::redact_url;
+
+impl Settings {
+    /// Checks what serde cannot: ranges, the store URL's scheme, the key prefix.
+    pub fn validate(self) -> Result<Settings, SettingsError> {
+        let bad = |key, message: &str| {
+            Err(SettingsError::Invalid {
+                key,
+                message: message.to_string(),
+            })
+        };
+        if self.store != "memory"
+            && ![
+                "redis://",
+                "rediss://",
+                "redis+cluster://",
+                "rediss+cluster://",
+                "redis+sentinel://",
+                "rediss+sentinel://",
+            ]
+            .iter()
+            .any(|s| self.store.starts_with(s))
+        {
+            return bad("store", &store_hint(&self.store));
+        }
+        let tls_url = self.store.starts_with("rediss");
+        for (key, value) in [
+            ("store_tls_ca", &self.store_tls_ca),
+            ("store_tls_cert", &self.store_tls_cert),
+            ("store_tls_key", &self.store_tls_key),
+        ] {
+            if !value.is_empty() && !tls_url {
+                return bad(
+                    key,
+                    "is set, but the store is not a TLS URL (rediss://…, rediss+cluster://… or rediss+sentinel://…)",
+                );
+            }
+        }
+        if !self.store_password.is_empty() && !self.store_password_file.is_empty() {
+            return bad(
+                "store_password",
+                "give store_password or store_password_file, not both",
+            );
+        }
+        let (url_user, url_password) = url_credentials(&self.store);
+        if url_user && !self.store_username.is_empty() {
+            return bad(
+                "store_username",
+                "the store URL names a user too: give the credentials in one place",
+            );
+        }
+        if url_password && (!self.store_password.is_empty() || !self.store_password_file.is_empty())
+        {
+            return bad(
+                "store_password",
+                "the store URL has a password too: give the credentials in one place",
+            );
+        }
+        let sentinel = self.store.starts_with("redis+sentinel://")
+            || self.store.starts_with("rediss+sentinel://");
+        for (key, value) in [
+            ("store_sentinel_username", &self.store_sentinel_username),
+            ("store_sentinel_password", &self.store_sentinel_password),
+        ] {
+            if !value.is_empty() && !sentinel {
+                return bad(
+                    key,
+                    "is set, but the store is not a redis+sentinel:// (or rediss+sentinel://) URL",
+                );
+            }
+        }
+        if self.grpc_tls_cert.is_empty() != self.grpc_tls_key.is_empty() {
+            return bad(
+                "grpc_tls_cert",
+                "grpc_tls_cert and grpc_tls_key go together",
+            );
+        }
+        if !self.grpc_tls_client_ca.is_empty() && self.grpc_tls_cert.is_empty() {
+            return bad(
+                "grpc_tls_client_ca",
+                "mutual TLS needs TLS: set grpc_tls_cert and grpc_tls_key too",
+            );
+        }
+        if self.store_tls_cert.is_empty() != self.store_tls_key.is_empty() {
+            return bad(
+                "store_tls_cert",
+                "store_tls_cert and store_tls_key go together (mutual TLS needs both)",
+            );
+        }
+        if self.grpc_keepalive_interval_ms > 0 && self.grpc_keepalive_timeout_ms == 0 {
+            return bad(
+                "grpc_keepalive_timeout_ms",
+                "must be at least 1 while grpc_keepalive_interval_ms is on (0 turns the PINGs off)",
+            );
+        }
+        if self.grpc_request_timeout_ms > 0 && self.grpc_request_timeout_ms <= self.store_timeout_ms
+        {
+            return bad(
+                "grpc_request_timeout_ms",
+                &format!(
+                    "must be above store_timeout_ms ({} ms), or every request that waits for the store could be cancelled first (0: no timeout)",
+                    self.store_timeout_ms
+                ),
+            );
+        }
+        if self.store_wait_replicas > 0 {
+            if self.store == "memory" {
+                return bad(
+                    "store_wait_replicas",
+                    "WAIT is for Redis replicas: the memory store has none (set it to 0)",
+                );
+            }
+            if self.store_wait_timeout_ms == 0
+                || self.store_wait_timeout_ms >= self.store_timeout_ms
+            {
+                return bad(
+                    "store_wait_timeout_ms",
+                    &format!(
+                        "must be at least 1 and below store_timeout_ms ({} ms): a WAIT blocks its connection, and 0 would block it for ever",
+                        self.store_timeout_ms
+                    ),
+                );
+            }
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            return bad(
+                "key_prefix",
+                "must not contain `{` or `}` (they would move the Redis Cluster hash tag)",
+            );
+        }
+        for (key, v) in [
+            ("store_pool_size", self.store_pool_size as u64),
+            ("store_connect_timeout_ms", self.store_connect_timeout_ms),
+            ("store_timeout_ms", self.store_timeout_ms),
+            ("max_descriptors", self.max_descriptors as u64),
+            ("max_entries", self.max_entries as u64),
+            ("max_key_bytes", self.max_key_bytes as u64),
+            ("max_value_bytes", self.max_value_bytes as u64),
+            ("max_message_bytes", self.max_message_bytes as u64),
+            (
+                "max_request_bytes_in_flight",
+                self.max_request_bytes_in_flight as u64,
+            ),
+            ("grpc_max_connections", self.grpc_max_connections as u64),
+            ("admin_max_connections", self.admin_max_connections as u64),
+            ("admin_header_timeout_ms", self.admin_header_timeout_ms),
+            ("grpc_handshake_timeout_ms", self.grpc_handshake_timeout_ms),
+            (
+                "max_concurrent_requests",
+                self.max_concurrent_requests as u64,
+            ),
+            (
+                "grpc_max_concurrent_streams",
+                u64::from(self.grpc_max_concurrent_streams),
+            ),
+            ("breaker_failures", u64::from(self.breaker_failures)),
+            ("breaker_probe_ms", self.breaker_probe_ms),
+            ("membership_interval_ms", self.membership_interval_ms),
+            ("fallback_min_replicas", self.fallback_min_replicas),
+            ("lease_ttl_ms", self.lease_ttl_ms),
+            ("lease_max_keys", self.lease_max_keys as u64),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1");
+            }
+        }
+        // NaN fails both comparisons, so it is refused too.
+        if !(self.near_limit_ratio > 0.0 && self.near_limit_ratio <= 1.0) {
+            return bad(
+                "near_limit_ratio",
+                "must be more than 0 and at most 1 (1 turns near_limit off)",
+            );
+        }
+        if self.max_concurrent_requests > 1_000_000 {
+            return bad("max_concurrent_requests", "must be at most 1000000");
+        }
+        if self.lease_max_batch > 1_000_000 {
+            return bad("lease_max_batch", "must be at most 1000000");
+        }
+        if self.lease_ttl_ms > 3_600_000 {
+            return bad("lease_ttl_ms", "must be at most 3600000 (an hour)");
+        }
+        let otlp = &self.otlp_endpoint;
+        if !otlp.is_empty() && !otlp.starts_with("http://") {
+            return bad(
+                "otlp_endpoint",
+                "expected http://host:port (OTLP over gRPC; TLS is not built in), or empty for off",
+            );
+        }
+        if self.grpc_addr == self.admin_addr && self.grpc_addr.port() != 0 {
+            return bad("admin_addr", "must differ from grpc_addr");
+        }
+        Ok(self)
+    }
+}
+
+/// Whether a store URL names a user and a password (`scheme://user:pass@host…`).
+fn url_credentials(url: &str) -> (bool, bool) {
+    let Some((_, rest)) = url.split_once("://") else {
+        return (false, false);
+    };
+    let Some((auth, _)) = rest.rsplit_once('@') else {
+        return (false, false);
+    };
+    match auth.split_once(':') {
+        Some((user, pass)) => (!user.is_empty(), !pass.is_empty()),
+        None => (!auth.is_empty(), false),
+    }
+}
+
+/// Why `store` is refused, with what was given (its password redacted) and, for the forms
+/// other tools take (`host:port`, the reference's `REDIS_URL`; a comma list of cluster nodes),
+/// the URL it probably means.
+fn store_hint(store: &str) -> String {
+    let shown = if store.contains("://") {
+        redact_url(store)
+    } else {
+        // No scheme: redacted as if it had one, so `user:pass@host` shows no password.
+        redact_url(&format!("redis://{store}"))
+            .trim_start_matches("redis://")
+            .to_string()
+    };
+    let expected = "expected `memory`, redis://…, redis+cluster://…, redis+sentinel://…, or one of them over TLS (rediss://…, rediss+cluster://…, rediss+sentinel://…)";
+    let guess = if store.contains("://") || store.is_empty() {
+        None
+    } else if store.contains(',') {
+        Some(format!("redis+cluster://{shown}"))
+    } else {
+        Some(format!("redis://{shown}"))
+    };
+    match guess {
+        Some(url) => format!("'{shown}': {expected}; did you mean {url}?"),
+        None => format!("'{shown}': {expected}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Sources;
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let load = |k: &'static str, v: &str| {
+            Settings::load(&Sources {
+                flags: vec![(k, v.to_string())],
+                ..Sources::default()
+            })
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(load("store_timeout_ms", "0").contains("store_timeout_ms: must be at least 1"));
+        assert!(load("store", "memcached://x").contains("store: 'memcached://x': expected"));
+        // The reference's REDIS_URL form, and a node list: what was given, and the likely URL.
+        assert!(
+            load("store", "127.0.0.1:6379").contains("'127.0.0.1:6379'")
+                && load("store", "127.0.0.1:6379").contains("did you mean redis://127.0.0.1:6379?")
+        );
+        assert!(load("store", "a:1,b:2").contains("did you mean redis+cluster://a:1,b:2?"));
+        assert!(
+            !load("store", "u:secret@h:1").contains("secret"),
+            "the password is not echoed"
+        );
+        assert!(load("key_prefix", "a{b").contains("key_prefix"));
+        assert!(
+            load("grpc_addr", "not-an-address").contains("grpc_addr"),
+            "{}",
+            load("grpc_addr", "x")
+        );
+        assert!(load("default_algorithm", "leaky").contains("default_algorithm"));
+        assert!(load("otlp_endpoint", "collector:4317").contains("otlp_endpoint"));
+        assert!(load("log_format", "xml").contains("log_format"));
+        assert!(
+            load("max_concurrent_requests", "0")
+                .contains("max_concurrent_requests: must be at least 1")
+        );
+        assert!(
+            load("max_concurrent_requests", "1000001")
+                .contains("max_concurrent_requests: must be at most 1000000")
+        );
+        assert!(
+            load("grpc_max_concurrent_streams", "0")
+                .contains("grpc_max_concurrent_streams: must be at least 1")
+        );
+        assert!(load("admin_json", "perhaps").contains("admin_json"));
+    }
+
+    #[test]
+    fn tls_and_sentinel_settings_need_a_url_that_uses_them() {
+        let with = |store: &str, key: &'static str| {
+            Settings::load(&Sources {
+                flags: vec![("store", store.to_string()), (key, "x".to_string())],
+                ..Sources::default()
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert!(with("rediss+sentinel://s:26379/m", "store_tls_ca").is_ok());
+        assert!(with("rediss+sentinel://s:26379/m", "store_sentinel_password").is_ok());
+        assert!(with("redis+sentinel://s:26379/m", "store_sentinel_username").is_ok());
+        let e = with("redis+sentinel://s:26379/m", "store_tls_ca").unwrap_err();
+        assert!(
+            e.contains("store_tls_ca") && e.contains("not a TLS URL"),
+            "{e}"
+        );
+        let e = with("rediss://r:6380", "store_sentinel_password").unwrap_err();
+        assert!(e.contains("store_sentinel_password"), "{e}");
+    }
+
+    #[test]
+    fn wait_needs_redis_and_a_timeout_below_the_store_timeout() {
+        let with = |store: &str, replicas: &str, timeout: &str| {
+            Settings::load(&Sources {
+                flags: vec![
+                    ("store", store.to_string()),
+                    ("store_wait_replicas", replicas.to_string()),
+                    ("store_wait_timeout_ms", timeout.to_string()),
+                ],
+                ..Sources::default()
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert!(with("redis://r:6379", "1", "5").is_ok());
+        // Off: the timeout is not looked at.
+        assert!(with("memory", "0", "0").is_ok());
+        let e = with("memory", "1", "5").unwrap_err();
+        assert!(
+            e.contains("store_wait_replicas") && e.contains("memory"),
+            "{e}"
+        );
+        for timeout in ["0", "10", "50"] {
+            let e = with("redis://r:6379", "1", timeout).unwrap_err();
+            assert!(
+                e.contains("store_wait_timeout_ms") && e.contains("below store_timeout_ms (10 ms)"),
+                "{timeout}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_request_timeout_is_off_or_above_the_store_timeout() {
+        let with = |timeout: &str| {
+            Settings::load(&Sources {
+                flags: vec![("grpc_request_timeout_ms", timeout.to_string())],
+                ..Sources::default()
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        assert!(with("0").is_ok());
+        assert!(with("11").is_ok());
+        for timeout in ["1", "10"] {
+            let e = with(timeout).unwrap_err();
+            assert!(
+                e.contains("grpc_request_timeout_ms")
+                    && e.contains("above store_timeout_ms (10 ms)"),
+                "{timeout}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn credentials_in_one_place_only() {
+        let with = |store: &str, user: &str, pw: &str, file: &str| Settings {
+            store: store.into(),
+            store_username: user.into(),
+            store_password: pw.into(),
+            store_password_file: file.into(),
+            ..Settings::default()
+        };
+        assert!(with("redis://h:1", "u", "p", "").validate().is_ok());
+        assert!(with("redis://u:p@h:1", "", "", "").validate().is_ok());
+        assert!(
+            with("redis://:p@h:1", "u", "", "").validate().is_ok(),
+            "user here, password there"
+        );
+        for (s, key) in [
+            (with("redis://h:1", "", "p", "/run/pw"), "store_password"),
+            (with("redis://u@h:1", "u", "", ""), "store_username"),
+            (with("redis://:p@h:1", "", "", "/run/pw"), "store_password"),
+            (
+                with("redis+cluster://u:p@a:1,b:2", "", "q", ""),
+                "store_password",
+            ),
+        ] {
+            let Err(SettingsError::Invalid { key: k, message }) = s.validate() else {
+                panic!("accepted")
+            };
+            assert_eq!(k, key, "{message}");
+        }
+    }
+}
