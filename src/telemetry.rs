@@ -165,7 +165,7 @@ pub struct Metrics {
     pub unknown_domains: Family<DomainLabels, Counter>,
 }
 
-/// Leasing, the over-limit cache and shard retries (`limiter/lease.rs`, `overlimit.rs`,
+/// Leasing, the over-limit cache and shard retries (`quota/lease/`, `limiter/overlimit.rs`,
 /// `shard.rs`).
 #[derive(Clone, Debug, Default)]
 pub struct HotKeyMetrics {

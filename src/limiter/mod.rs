@@ -7,7 +7,7 @@
 //!    are the matched ones minus those another matched limit `replaces` (or Envoy's per-request
 //!    override instead); every counted limit becomes one store [`Op`](crate::store::Op) with its
 //!    key (`keys.rs`) and cost. Unlimited limits get no op.
-//! 2. **Hot keys, then the store** (`hot.rs`): ops a lease covers (`lease.rs`) or the
+//! 2. **Hot keys, then the store** (`hot/`): ops a lease covers (`quota/lease/`) or the
 //!    over-limit cache refuses (`overlimit.rs`) are answered here; the rest (and lease claims)
 //!    go to the [`Store`] in one call (one round trip for Redis), and a sharded op refused by
 //!    its shard tries one other (`shard.rs`). Every descriptor is charged, as in
@@ -25,7 +25,6 @@
 
 pub mod fallback;
 mod hot;
-mod lease;
 mod overlimit;
 mod plan;
 mod shard;
@@ -159,7 +158,7 @@ impl LimiterConfig {
 
 #[derive(Debug)]
 pub struct Limiter {
-    /// Shared with the background claims of leases (`hot.rs`).
+    /// Shared with the background claims of leases (`hot/round.rs`).
     store: Arc<Store>,
     config: LimiterConfig,
     /// The metrics class of Envoy overrides, made once so no decision allocates it.

@@ -1,6 +1,7 @@
 //! Token leasing: a replica claims a batch of a hot key's tokens from the store in one call
 //! (`lua/lease.lua`) and answers that key's requests from memory until the batch is spent or
-//! its TTL passes; only then does it call the store again.
+//! its TTL passes; only then does it call the store again. The accounting here does not know
+//! who holds the leases (a replica's limiter today, `limiter/hot/`); `entry.rs` is one lease.
 //!
 //! # How a leased op flows ([`Leases::take`])
 //!
@@ -65,25 +66,27 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
-use crate::store::{ClaimAsk, Op, OpKind, Outcome};
+use super::{ClaimAsk, Op, OpKind, Outcome};
+
+mod entry;
 
 const SHARDS: usize = 16;
 
 /// A fixed window's unspent tokens are given back only while their window has more than this
 /// to run: the local estimate of the window's end lags Redis by a round trip, and a give-back
 /// that reached Redis in the next window would take hits off that window instead.
-pub(super) const WINDOW_MARGIN_MS: u64 = 1_000;
+pub const WINDOW_MARGIN_MS: u64 = 1_000;
 
 /// The lease parameters of one limit (its `lease:` over the global settings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct LeasePolicy {
-    pub(super) max_batch: u64,
-    pub(super) ttl_ms: u64,
+pub struct LeasePolicy {
+    pub max_batch: u64,
+    pub ttl_ms: u64,
 }
 
 /// This replica's leases, by bucket (`keys::bucket_id`: all shards of a key share one lease).
 #[derive(Debug)]
-pub(super) struct Leases {
+pub struct Leases {
     shards: Box<[Mutex<HashMap<String, Lease>>]>,
     hasher: RandomState,
     /// Most leases one shard holds: `lease_max_keys` over the shards, at least 1.
@@ -119,7 +122,7 @@ struct Lease {
 }
 
 /// What [`Leases::take`] decided for one op.
-pub(super) enum Take {
+pub enum Take {
     /// Spent from the lease.
     Local(Outcome),
     /// Spent from the lease, which is running low: also claim the next batch ahead (the
@@ -136,8 +139,8 @@ pub(super) enum Take {
 /// A claim in flight. Dropped unsettled (the request was cancelled), it gives the reserved
 /// tokens back to the lease and wakes the waiters, so no key is left "claiming" for ever.
 #[derive(Debug)]
-pub(super) struct Claim {
-    pub(super) ask: ClaimAsk,
+pub struct Claim {
+    pub ask: ClaimAsk,
     id: String,
     /// Tokens of the lease set aside for this request (its cost minus `ask.need`).
     reserved: u64,
@@ -152,22 +155,22 @@ pub(super) struct Claim {
 /// A leased token's fate, for `tollgate_lease_tokens_total{event}`: what [`Leases::settle`]
 /// and [`Leases::take`] report back so the caller counts them with the limit's class.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct TokenEvents {
-    pub(super) granted: u64,
+pub struct TokenEvents {
+    pub granted: u64,
     /// Unspent tokens that ended without a give-back (a fixed window's, with their window).
-    pub(super) expired: u64,
+    pub expired: u64,
 }
 
 impl Claim {
     /// The cost of the request this claim is for (0 for a claim ahead).
-    pub(super) fn cost(&self) -> u64 {
+    pub fn cost(&self) -> u64 {
         self.cost
     }
 }
 
 impl Leases {
     /// A table of at most `max_keys` leases (`lease_max_keys`).
-    pub(super) fn new(max_keys: usize) -> Arc<Self> {
+    pub fn new(max_keys: usize) -> Arc<Self> {
         Arc::new(Leases {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
@@ -198,7 +201,7 @@ impl Leases {
     }
 
     /// The give-backs queued since the last call, for the caller to send.
-    pub(super) fn give_backs(&self) -> Vec<(Op, Arc<str>)> {
+    pub fn give_backs(&self) -> Vec<(Op, Arc<str>)> {
         std::mem::take(&mut *self.returns.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
@@ -211,7 +214,7 @@ impl Leases {
     /// Spends `op.cost` (> 0) of bucket `id` from the lease, or says how to get it. `may_wait`
     /// is false on the second look after a wait: then the request claims for itself.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn take(
+    pub fn take(
         self: &Arc<Self>,
         id: &str,
         op: &Op,
@@ -313,7 +316,7 @@ impl Leases {
     /// Puts a claim's answer into the lease and returns the request's outcome: allowed when
     /// the claim was granted (its extra joins the lease), else the store's refusal. `op` is
     /// the op the claim was sent as (its key: where a give-back goes).
-    pub(super) fn settle(
+    pub fn settle(
         &self,
         mut claim: Claim,
         op: &Op,
@@ -383,7 +386,7 @@ impl Leases {
     /// Takes every unspent token out of the leases (graceful shutdown): the queued
     /// give-backs and one more per lease that holds tokens, with its class, for the caller to
     /// send.
-    pub(super) fn drain(&self, now_ms: u64) -> Vec<(Op, Arc<str>)> {
+    pub fn drain(&self, now_ms: u64) -> Vec<(Op, Arc<str>)> {
         let mut events = TokenEvents::default();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
@@ -397,7 +400,7 @@ impl Leases {
     /// Ends expired leases (their tokens queued for a give-back) and drops leases that are
     /// spent and idle, with no claim in flight; returns the unspent tokens that ended without
     /// a give-back, by class, for the metrics.
-    pub(super) fn sweep(&self, now_ms: u64) -> Vec<(Arc<str>, u64)> {
+    pub fn sweep(&self, now_ms: u64) -> Vec<(Arc<str>, u64)> {
         let mut expired = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
@@ -415,102 +418,6 @@ impl Leases {
             });
         }
         expired
-    }
-}
-
-impl Lease {
-    /// An empty lease for `op`'s bucket: its first take claims.
-    fn new(op: &Op, class: &Arc<str>, now_ms: u64) -> Self {
-        Lease {
-            tokens: 0,
-            expires_ms: 0,
-            shared_remaining: 0,
-            claimed_ms: now_ms,
-            spent_since_claim: 0,
-            last_batch: 0,
-            window_end_ms: 0,
-            claiming: None,
-            claim_key: op.key.clone(),
-            kind: op.kind,
-            class: class.clone(),
-        }
-    }
-
-    /// The next batch: about half a TTL's worth of this key's recent rate, at most `max`;
-    /// nothing extra for a key seen less than about once per half TTL (an extra it would not
-    /// spend in time only goes back at expiry).
-    fn batch(&self, policy: LeasePolicy, now_ms: u64) -> u64 {
-        if self.expires_ms == 0 {
-            // The key's first claim: no rate known yet, take only the cost.
-            return 0;
-        }
-        let elapsed = now_ms.saturating_sub(self.claimed_ms).max(1);
-        let per_half_ttl = self.spent_since_claim.saturating_mul(policy.ttl_ms) / (2 * elapsed);
-        per_half_ttl.min(policy.max_batch.max(1))
-    }
-
-    /// The op that gives `tokens` back to where the last claim took them from.
-    fn give_back(&self, tokens: u64) -> Op {
-        Op {
-            key: self.claim_key.clone(),
-            kind: self.kind,
-            cost: tokens,
-            action: crate::store::Action::Return,
-        }
-    }
-
-    /// A leased answer (see the module doc): allowed, `spent` just taken.
-    fn estimate(&self, now_ms: u64, spent: u64) -> Outcome {
-        let (remaining, reset_ms) = match self.kind {
-            OpKind::TokenBucket {
-                capacity,
-                refill,
-                window_ms,
-            } => {
-                let remaining = (self.shared_remaining + self.tokens).min(capacity);
-                let missing = capacity - remaining;
-                let reset = if refill == 0 {
-                    window_ms
-                } else {
-                    (missing.saturating_mul(window_ms)).div_ceil(refill)
-                };
-                (remaining, reset)
-            }
-            OpKind::FixedWindow { limit, .. } | OpKind::SlidingWindow { limit, .. } => (
-                (self.shared_remaining + self.tokens).min(limit),
-                self.window_end_ms.saturating_sub(now_ms),
-            ),
-        };
-        Outcome {
-            allowed: true,
-            remaining,
-            reset_ms,
-            retry_ms: Some(0),
-            granted: spent,
-        }
-    }
-
-    /// Ends `claim`'s single flight, if it is this lease's, and wakes its waiters.
-    fn release(&mut self, claim: &Claim) {
-        if let (Some(mine), Some(current)) = (&claim.notify, &self.claiming)
-            && Arc::ptr_eq(mine, current)
-        {
-            self.claiming = None;
-            mine.notify_waiters();
-        }
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        let Some(leases) = self.leases.take() else {
-            return;
-        };
-        let mut shard = leases.shard(&self.id);
-        if let Some(lease) = shard.get_mut(&self.id) {
-            lease.tokens += self.reserved;
-            lease.release(self);
-        }
     }
 }
 
@@ -642,7 +549,7 @@ mod tests {
             back.iter()
                 .map(|(o, _)| (o.cost, o.action))
                 .collect::<Vec<_>>(),
-            [(9, crate::store::Action::Return)]
+            [(9, crate::quota::ops::Action::Return)]
         );
         assert!(l.give_backs().is_empty(), "handed out once");
     }
@@ -731,7 +638,7 @@ mod tests {
         assert_eq!(back.len(), 1);
         assert_eq!(
             (back[0].0.key.as_str(), back[0].0.cost, back[0].0.action),
-            ("k-shard", 5, crate::store::Action::Return)
+            ("k-shard", 5, crate::quota::ops::Action::Return)
         );
         assert!(l.drain(10).is_empty());
     }

@@ -2,7 +2,7 @@
 //! decisions on a hot key never touch the store.
 //!
 //! Each op, in turn ([`HotKeys::look`]):
-//! 1. **Lease** ([`lease`](super::lease)), for a leased limit: spend from this replica's lease
+//! 1. **Lease** ([`lease`](crate::quota::lease)), for a leased limit: spend from this replica's lease
 //!    (and, when it runs low, claim the next batch ahead), or wait for the key's claim in
 //!    flight, or claim.
 //! 2. **Over-limit cache** ([`overlimit`](super::overlimit)), before anything goes to the
@@ -21,20 +21,26 @@
 //! With no lease, no cache (the memory store) and no sharded limit in the request, the ops go
 //! straight to the store. On Redis, ops that go to the store as planned are sent from the plan
 //! itself, uncopied.
+//!
+//! Here: the walk over the ops and the waits. `round.rs`: the store call and what its answers
+//! settle (and claims sent ahead); `housekeeping.rs`: sweeps and giving leased tokens back.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::lease::{Claim, LeasePolicy, Leases, Take, TokenEvents};
 use super::overlimit::OverLimitCache;
 use super::plan::{Plan, Planned};
 use super::shard;
 use crate::clock::Clock;
 use crate::keys;
+use crate::quota::lease::{Claim, LeasePolicy, Leases, Take, TokenEvents};
 use crate::rules::Limit;
 use crate::store::{Op, OpKind, Outcome, Store, StoreError};
 use crate::telemetry::{ClassLabels, HotKeyMetrics, LeaseTokenLabels, LocalLabels};
+
+mod housekeeping;
+mod round;
 
 /// The hot-key settings (see `settings.rs`).
 #[derive(Clone, Copy, Debug)]
@@ -343,95 +349,6 @@ impl HotKeys {
             .inc();
     }
 
-    /// One store call for every op and claim that needs the store; their answers settle the
-    /// claims and fill the over-limit cache. When every op goes as planned (nothing leased,
-    /// cached or moved to another shard), the plan's ops are sent as they are, uncopied.
-    async fn round(&self, store: &Arc<Store>, planned_ops: &[Op], work: &mut [Work<'_>]) {
-        let as_planned = work.len() == planned_ops.len()
-            && work.iter().all(|w| matches!(w.state, State::Planned));
-        let mut pending: Vec<(usize, Pending)> = Vec::new();
-        let mut ops: Vec<Op> = Vec::new();
-        if as_planned {
-            pending.extend((0..work.len()).map(|i| (i, Pending::Op)));
-        } else {
-            for (i, w) in work.iter_mut().enumerate() {
-                match std::mem::replace(&mut w.state, State::Taken) {
-                    State::Planned => {
-                        ops.push(w.planned_op.clone());
-                        pending.push((i, Pending::Op));
-                    }
-                    State::Send(op) => {
-                        ops.push(op);
-                        pending.push((i, Pending::Op));
-                    }
-                    State::Claim(op, claim, policy) => {
-                        ops.push(claim_op(op, &claim));
-                        pending.push((i, Pending::Claim(claim, policy)));
-                    }
-                    // The memory store answers at once (no I/O): inline. Redis: in the
-                    // background, so the request is answered without waiting for it.
-                    State::Ahead(outcome, op, claim, policy) => {
-                        if matches!(**store, Store::Memory(_)) {
-                            ops.push(claim_op(op, &claim));
-                            pending.push((i, Pending::Ahead(outcome, claim, policy)));
-                        } else {
-                            let class = w.planned.limit.class.clone();
-                            self.spawn_ahead(
-                                store.clone(),
-                                claim_op(op, &claim),
-                                claim,
-                                policy,
-                                class,
-                            );
-                            w.state = State::Done(Ok(outcome));
-                        }
-                    }
-                    other => w.state = other,
-                }
-            }
-        }
-        let sent: &[Op] = if as_planned { planned_ops } else { &ops };
-        if sent.is_empty() {
-            return;
-        }
-        let results = store.apply_each(sent).await;
-        let now = self.clock.mono_ms();
-        for (((i, pending), op), result) in pending.into_iter().zip(sent).zip(results) {
-            let w = &mut work[i];
-            let class = &w.planned.limit.class;
-            // A refused claim is cached for its request's whole cost: a smaller request may
-            // still be covered by what the lease holds.
-            let cost = match &pending {
-                Pending::Claim(claim, _) => claim.cost(),
-                _ => op.cost,
-            };
-            let outcome = match (pending, result, &self.leases) {
-                (Pending::Claim(claim, policy), Ok(answer), Some(leases)) => {
-                    let (o, events) = leases.settle(claim, op, &answer, policy, now);
-                    self.count_tokens(class, events);
-                    Ok(o)
-                }
-                // The request was answered from the lease; the claim only refills it (and a
-                // refused one must not enter the over-limit cache: the lease may still hold
-                // tokens).
-                (Pending::Ahead(outcome, claim, policy), result, leases) => {
-                    if let (Ok(answer), Some(leases)) = (result, leases) {
-                        let (_, events) = leases.settle(claim, op, &answer, policy, now);
-                        self.count_tokens(class, events);
-                    }
-                    w.state = State::Done(Ok(outcome));
-                    continue;
-                }
-                // A failed claim's reserved tokens go back to the lease as the claim drops.
-                (_, result, _) => result,
-            };
-            if let (Some(cache), Ok(o)) = (&self.cache, &outcome) {
-                cache.record(&op.key, op.kind, cost, o, now);
-            }
-            w.state = State::Done(outcome);
-        }
-    }
-
     /// The lease of `limit` (its `lease:` over the global settings), if `op` is leased here:
     /// a token bucket or fixed window, and a cost that can fit at all (a cost above the
     /// capacity goes to the store, which refuses it for good, instead of tying up the lease).
@@ -471,95 +388,6 @@ impl HotKeys {
     fn count_token_event(&self, class: &Arc<str>, event: &'static str, n: u64) {
         count_token_event(&self.metrics, class, event, n);
     }
-
-    /// Sends a claim ahead in a task of its own: the request that triggered it has its
-    /// answer already. Its result refills the lease; a failure (or a runtime shutting down)
-    /// drops the claim, which wakes the key's waiters.
-    fn spawn_ahead(
-        &self,
-        store: Arc<Store>,
-        op: Op,
-        claim: Claim,
-        policy: LeasePolicy,
-        class: Arc<str>,
-    ) {
-        let Some(leases) = self.leases.clone() else {
-            return;
-        };
-        let (metrics, clock) = (self.metrics.clone(), self.clock.clone());
-        self.clock.spawn(async move {
-            let answer = store.apply_each(std::slice::from_ref(&op)).await.pop();
-            if let Some(Ok(answer)) = answer {
-                let (_, events) = leases.settle(claim, &op, &answer, policy, clock.mono_ms());
-                count_tokens(&metrics, &class, events);
-            }
-        });
-    }
-
-    /// Housekeeping: ended cache entries and idle leases go; expired leased tokens are counted.
-    pub(super) fn sweep(&self) {
-        let now = self.clock.mono_ms();
-        if let Some(cache) = &self.cache {
-            cache.sweep(now);
-        }
-        if let Some(leases) = &self.leases {
-            for (class, n) in leases.sweep(now) {
-                self.count_token_event(&class, "expired", n);
-            }
-        }
-    }
-
-    /// Graceful shutdown: gives every lease's unspent tokens back to its bucket. Returns how
-    /// many tokens were given back.
-    pub(super) async fn return_leases(&self, store: &Store) -> u64 {
-        let Some(leases) = &self.leases else {
-            return 0;
-        };
-        let back = leases.drain(self.clock.mono_ms());
-        self.give_back(store, back).await
-    }
-
-    /// Housekeeping: sends the give-backs of the leases that ended since the last pass.
-    /// Returns how many tokens were given back.
-    pub(super) async fn return_ended_leases(&self, store: &Store) -> u64 {
-        let Some(leases) = &self.leases else {
-            return 0;
-        };
-        let back = leases.give_backs();
-        self.give_back(store, back).await
-    }
-
-    async fn give_back(&self, store: &Store, back: Vec<(Op, Arc<str>)>) -> u64 {
-        if back.is_empty() {
-            return 0;
-        }
-        let ops: Vec<Op> = back.iter().map(|(op, _)| op.clone()).collect();
-        let (mut returned, mut lost) = (0, 0);
-        let mut first_error = None;
-        for (result, (op, class)) in store.apply_each(&ops).await.into_iter().zip(&back) {
-            match result {
-                Ok(_) => {
-                    returned += op.cost;
-                    self.count_token_event(class, "returned", op.cost);
-                    // The bucket has tokens again: this replica's cached refusal of the key
-                    // (from before the give-back) would refuse them until the refill time.
-                    if let Some(cache) = &self.cache {
-                        cache.forget(&op.key);
-                    }
-                }
-                Err(e) => {
-                    lost += op.cost;
-                    self.count_token_event(class, "expired", op.cost);
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(e) = first_error {
-            // One line per pass, however many leases ended (a store outage fails them all).
-            tracing::warn!(error = %e, tokens = lost, "could not give leased tokens back; they are lost to the bucket");
-        }
-        returned
-    }
 }
 
 fn count_tokens(metrics: &HotKeyMetrics, class: &Arc<str>, events: TokenEvents) {
@@ -578,20 +406,6 @@ fn count_token_event(metrics: &HotKeyMetrics, class: &Arc<str>, event: &'static 
             })
             .inc_by(n);
     }
-}
-
-/// What [`HotKeys::round`] does with the answer of each op it sent.
-enum Pending {
-    Op,
-    Claim(Claim, LeasePolicy),
-    Ahead(Outcome, Claim, LeasePolicy),
-}
-
-/// The store op of a claim: the op's bucket, the claim's ask.
-fn claim_op(mut op: Op, claim: &Claim) -> Op {
-    op.action = crate::store::Action::Claim(claim.ask);
-    op.cost = claim.ask.need;
-    op
 }
 
 /// The most a limit's bucket holds: the token bucket's burst, a window's limit.
