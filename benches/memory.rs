@@ -7,7 +7,7 @@
 //!    as bytes per key and as a JSON line for `make bench`.
 //! 2. After the buckets have refilled, `sweep()` drops them all: the key count falls to 0
 //!    (resident size may stay up: the allocator keeps freed pages for reuse).
-//! 3. Heap allocations per request on the in-process path (`rls::to_request`,
+//! 3. Heap allocations per request on the in-process path (`service::request::to_request`,
 //!    `Limiter::decide` on the memory store, `response::to_proto`), counted by a wrapper
 //!    around the system allocator, so a change that adds one shows up as a number.
 //! 4. With `TOLLGATE_BENCH_STORES` set to Redis URLs (space-separated; `make bench` passes its
@@ -31,8 +31,8 @@ use tollgate::limiter::{Limiter, LimiterConfig};
 use tollgate::rules::LoadOptions;
 use tollgate::rules::load::load_sources;
 use tollgate::rules::{Algorithm, Rate, Unit};
+use tollgate::service::request;
 use tollgate::service::response::to_proto;
-use tollgate::service::rls;
 use tollgate::settings::Settings;
 use tollgate::store::{MemoryStore, Op, OpKind, Store};
 use tollgate::telemetry::Metrics;
@@ -256,11 +256,11 @@ fn allocations_per_request() {
     const N: u64 = 10_000;
     for (name, entries) in [("1 descriptor", ONE), ("4 descriptors", FOUR)] {
         let pb = common::proto(entries);
-        let req = rls::to_request(&pb, &bounds).expect("valid");
+        let req = request::to_request(&pb, &bounds).expect("valid");
         // Warm up: the buckets and the metric series exist from here on (the steady state).
         let decision = common::run(&rt, limiter.decide(&rules, &req)).expect("memory store");
         let to_request = allocs(N, || {
-            black_box(rls::to_request(black_box(&pb), &bounds).expect("valid"));
+            black_box(request::to_request(black_box(&pb), &bounds).expect("valid"));
         });
         let decide = allocs(N, || {
             black_box(
@@ -335,7 +335,7 @@ fn allocations_per_decision_on(url: &str) {
     const N: u64 = 2_000;
     for entries in [ONE, FOUR] {
         let pb = common::proto(entries);
-        let req = rls::to_request(&pb, &bounds).expect("valid");
+        let req = request::to_request(&pb, &bounds).expect("valid");
         for _ in 0..100 {
             let d = rt.block_on(limiter.decide(&rules, &req));
             assert!(d.is_ok(), "{url}: {d:?}");

@@ -20,8 +20,8 @@ use tollgate::rules::LoadOptions;
 use tollgate::rules::load::load_sources;
 use tollgate::rules::matcher::find;
 use tollgate::rules::{Algorithm, Rate, RuleSet, Unit};
+use tollgate::service::request;
 use tollgate::service::response::to_proto;
-use tollgate::service::rls;
 
 fn load(yaml: &str) -> RuleSet {
     load_sources(
@@ -294,7 +294,7 @@ fn decide(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("proto_to_proto", name), |b| {
             b.iter(|| {
                 common::run(&rt, async {
-                    let req = rls::to_request(black_box(&pb), &bounds).expect("valid");
+                    let req = request::to_request(black_box(&pb), &bounds).expect("valid");
                     let d = limiter.decide(&rules, &req).await.expect("memory store");
                     to_proto(&d, true)
                 })

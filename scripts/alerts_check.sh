@@ -9,7 +9,7 @@
 #  4. the dashboard: valid JSON, uid "tollgate", a ${datasource} Prometheus variable, and every
 #     query parses (promtool check rules, with the Grafana variables substituted);
 #  5. every tollgate_* metric name the alerts and the dashboard use is declared in
-#     src/telemetry.rs (a counter's _total, a histogram's _bucket/_sum/_count allowed).
+#     src/telemetry/mod.rs (a counter's _total, a histogram's _bucket/_sum/_count allowed).
 # Needs promtool (Prometheus 2.x) and python3 with helm_python and PyYAML.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -128,10 +128,10 @@ record = [{"record": f"dashboard:query_{i}", "expr": grafana_to_promql(e)} for i
 with open(os.path.join(tmp, "dashboard-queries.yaml"), "w") as f:
     yaml.safe_dump({"groups": [{"name": "dashboard", "rules": record}]}, f, sort_keys=False)
 
-# Metric names: declared in src/telemetry.rs (the Rust suite also checks them against /metrics).
-with open("src/telemetry.rs") as f:
+# Metric names: declared in src/telemetry/mod.rs (the Rust suite also checks them against /metrics).
+with open("src/telemetry/mod.rs") as f:
     declared = set(re.findall(r'pub const \w+: &str = "(tollgate_\w+)";', f.read()))
-expect(declared, "no metric names found in src/telemetry.rs")
+expect(declared, "no metric names found in src/telemetry/mod.rs")
 
 
 def base(name):
@@ -155,13 +155,13 @@ for v in variables.values():
     for n in re.findall(r"\btollgate_\w+", q if isinstance(q, str) else ""):
         used.setdefault(n, set()).add(f"variable {v['name']}")
 for n, where in sorted(used.items()):
-    expect(base(n) in declared, f"{n} (used by {', '.join(sorted(where))}) is not a metric of src/telemetry.rs")
+    expect(base(n) in declared, f"{n} (used by {', '.join(sorted(where))}) is not a metric of src/telemetry/mod.rs")
 
 if failures:
     print("alerts-check: FAILED\n  " + "\n  ".join(failures))
     sys.exit(1)
 print(f"alerts-check: chart ok (PrometheusRule = files/tollgate-alerts.yaml, dashboard ConfigMap = files/tollgate-dashboard.json, neither by default); "
-      f"dashboard: {len(ids) - rows} panels in {rows} rows, {len(exprs)} queries; {len(used)} metric names, all in src/telemetry.rs")
+      f"dashboard: {len(ids) - rows} panels in {rows} rows, {len(exprs)} queries; {len(used)} metric names, all in src/telemetry/mod.rs")
 PY
 
 echo "alerts-check: promtool check rules on the chart's rendered PrometheusRule"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two tollgate binaries side by side: server CPU µs per request (tollgate bench --target-pid),
-# alternating passes, on the memory store and on one Redis (100,000 keys, 32 calls in flight
-# on 4 connections). For "is this change slower": build the old commit into its own target
+# alternating passes, on the memory store, one Redis and a 3-node Redis Cluster (100,000 keys,
+# 32 calls in flight on 4 connections). For "is this change slower": build the old commit into its own target
 # directory (git worktree add /tmp/old <rev>; CARGO_TARGET_DIR=/tmp/old-target cargo build
 # --release there) and compare:
 #   bash scripts/compare.sh /tmp/old-target/release/tollgate target/release/tollgate
@@ -17,6 +17,10 @@ NAME=compare
 source scripts/lib.sh
 trap cleanup EXIT INT TERM
 RP=$(free_port); start_redis "$RP"
+C1=$(free_port); C2=$(free_port); C3=$(free_port)
+for p in $C1 $C2 $C3; do start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf; done
+redis-cli --cluster create 127.0.0.1:$C1 127.0.0.1:$C2 127.0.0.1:$C3 --cluster-replicas 0 --cluster-yes >/dev/null
+for p in $C1 $C2 $C3; do wait_for bash -c "redis-cli -p $p cluster info | grep -q cluster_state:ok"; done
 mkdir -p "$TMP/rules"
 cat > "$TMP/rules/bench.yaml" <<'YAML'
 domain: bench
@@ -31,7 +35,7 @@ start() { # binary store key-prefix → SG (gRPC port), SPID
   PIDS+=($!); SPID=$!; SG=$g
   wait_for curl -sf "127.0.0.1:$a/readyz"
 }
-for store in memory "redis://127.0.0.1:$RP"; do
+for store in memory "redis://127.0.0.1:$RP" "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; do
   start "$OLD" "$store" old:; OG=$SG; OP=$SPID
   start "$NEW" "$store" new:; NG=$SG; NP=$SPID
   for _ in $(seq "$PASSES"); do
@@ -39,7 +43,7 @@ for store in memory "redis://127.0.0.1:$RP"; do
       if [ $who = old ]; then g=$OG p=$OP; else g=$NG p=$NP; fi
       "$NEW" bench --target 127.0.0.1:$g --duration 5 --warmup 1 --concurrency 32 --connections 4 --keys 100000 \
         --key tenant --label "$who ${store%%:*}" --target-pid "$p" --quiet | tail -1 |
-        python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("{:14} {:>7} req/s  {:6.1f} CPU us/request  p99 {} us".format(d["label"], int(d["rps"]), d["server_cpu_us_per_request"], d["p99_us"]))'
+        python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("{:18} {:>7} req/s  {:6.1f} CPU us/request  p99 {} us".format(d["label"], int(d["rps"]), d["server_cpu_us_per_request"], d["p99_us"]))'
     done
   done
 done

@@ -4,7 +4,7 @@
 //! |----------------|--------|
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
 //! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded; with `unready_until_store_answers`, until the store first answered); a JSON body: status, rules (domains, limits, when loaded, the last failed reload's error), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
-//! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry.rs` |
+//! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry/mod.rs` |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (the only route that changes state: it spends tokens) |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit |
 //!

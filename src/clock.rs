@@ -130,12 +130,13 @@ impl Clock {
         }
     }
 
-    /// Runs `task` in the background on the current tokio runtime.
-    pub fn spawn<F>(&self, task: F)
+    /// Runs `task` in the background on the current tokio runtime; its handle, for a caller
+    /// that waits for it to end (most do not).
+    pub fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<()>
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        tokio::spawn(task);
+        tokio::spawn(task)
     }
 }
 

@@ -2,38 +2,42 @@
 //!
 //! # How one request flows
 //!
-//! 1. [`service::rls`] receives Envoy's `ShouldRateLimit` over gRPC, checks its bounds and
-//!    borrows it as a [`limiter::Request`] (the admin port's `/json` takes the same path,
-//!    through the same [`service::Handler`]).
+//! 1. [`service::rls`] receives Envoy's `ShouldRateLimit` over gRPC and hands it to the one
+//!    [`service::Handler`] (the admin port's `/json` takes the same path), which admits it,
+//!    checks its bounds and borrows it as a [`limiter::Request`] ([`service::request`]).
 //! 2. [`rules`] finds, per descriptor, the limits that apply (envoyproxy/ratelimit matching:
 //!    exact, wildcard, bare key; depth = number of entries).
 //! 3. [`limiter`] plans one store op per counted limit (`limiter::plan`), named by [`keys`]
 //!    (a hash-tagged store key that cannot collide or break the tag; a sharded limit picks a
-//!    sub-bucket), answers what it can from memory (`limiter::hot`: token leases, the
-//!    over-limit cache), sends the rest to the [`store`] in one call and folds the answers
-//!    into one status per descriptor (`limiter::status`); the bucket math is
-//!    [`quota::bucket`], mirrored by `lua/*.lua`.
+//!    sub-bucket), answers what it can from memory (`limiter::hot`: token leases kept by
+//!    [`quota::lease`], the over-limit cache), sends the rest to the [`store`] in one call and
+//!    folds the answers into one status per descriptor (`limiter::status`); the bucket math is
+//!    [`quota::bucket`], mirrored by `lua/*.lua`, and every "part of a quota" (a fallback
+//!    share, a shard, a lease grant) is [`quota::share`].
 //!    Ops the store cannot answer (a failure, a timeout, a node whose circuit is open) are
 //!    decided by [`limiter::fallback`]: a local share of the quota, open, closed or error.
 //! 4. [`service::response`] turns the decision into Envoy's response (statuses, headers);
 //!    [`telemetry`] counts it; [`admin`] exposes health, readiness and metrics.
 //!
-//! # Layout
+//! # Layout, and which way the imports run
 //!
-//! - [`app`]: wiring, and `app::serve` on listeners the caller bound (tests bind port 0).
-//! - [`settings`]: every setting declared once; flags, `TOLLGATE_*` and file keys derive from it.
-//! - [`rules`]: YAML with positions, loading, validation with file:line, matching, reload.
-//! - [`quota`]: the core with no store, clock or request in it: bucket ops and outcomes, and
-//!   the bucket math (`quota::bucket`).
-//! - [`keys`], [`limiter`] (plan, hot keys: lease, over-limit cache, shard; status,
-//!   fallback), [`store`] (memory, and `store::redis`:
-//!   connect, pool, scripts, errors, outage, breaker, slots): the decision and where its state
-//!   lives. [`configs`] builds each part's config from the settings, so the parts never see
-//!   [`settings`]; [`redact`] keeps secrets out of what is shown.
-//! - [`service`], [`admin`], [`telemetry`]: the surfaces.
-//! - [`fleet`]: membership heartbeats and the live replica count.
-//! - [`clock`]: the one handle for time and background tasks, so tests control both.
-//!   [`loadgen`]: `tollgate bench`.
+//! From the bottom up; a module imports only modules on its own line or below it, and no two
+//! import each other (`farm-studio look`: no circle, no arrow running back up):
+//!
+//! 1. [`clock`] (the one handle for time and background tasks: system or manual), [`telemetry`]
+//!    (metric families declared once; logs and OTLP traces), [`redact`], [`quota`] (the core
+//!    with no store, clock or request in it: ops and outcomes, `bucket/` one file per
+//!    algorithm, `share`, `lease`: lease accounting that does not know who holds a lease).
+//! 2. [`rules`] (YAML with positions, loading, validation with file:line, matching, reload) and
+//!    [`store`] (the store interface: memory, `store::redis` (standalone, cluster, Sentinel), and
+//!    any other [`store::Backend`], a test's or a simulator's).
+//! 3. [`keys`] (Limit + entries (+ shard) → store key), [`fleet`] (membership heartbeats and the
+//!    live replica count), [`settings`] (every setting once; flags, env and file derive from it).
+//! 4. [`limiter`] (plan, hot keys, fallback, fold) and [`configs`] (each part's typed config
+//!    from the settings, so no part below imports [`settings`]).
+//! 5. [`service`] (gRPC, the shared handler, request bounds, response; the listeners' bounds),
+//!    [`admin`], then [`app`] (wiring: `app::serve` on listeners the caller bound, tests bind
+//!    port 0; `app::grpc` builds the gRPC server). [`loadgen`] (`tollgate bench`) stands apart.
 
 #![forbid(unsafe_code)]
 

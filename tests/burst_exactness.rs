@@ -8,7 +8,7 @@
 //! generator share the cores, as a CPU-throttled pod would), a few passed `store_timeout_ms`,
 //! and the fallback admitted them from a full local share while Redis ran their scripts anyway.
 //! The store now gives a call up only when its node has been silent for the timeout
-//! (`store/redis/mod.rs`), and a call that gave up is never admitted from the local share.
+//! (`store/redis/call.rs`), and a call that gave up is never admitted from the local share.
 
 mod common;
 

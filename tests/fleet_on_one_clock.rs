@@ -1,11 +1,12 @@
 //! Three replicas (limiters on one shared store) on one manual clock, with no real waiting:
 //! the store is a [`Backend`] of this test (the memory store's math, a membership set, and a
 //! switch that takes it down), the clock moves only when the test says, and the replicas'
-//! membership heartbeats and lease claims run as tasks on that clock.
+//! membership heartbeats, housekeeping and lease claims run as tasks on that clock.
 //!
 //! 1. Leasing: a burst through all three admits at most the limit, in leases.
-//! 2. Expiry: the leases end at their TTL and give their unspent tokens back; the bucket holds
-//!    exactly what was not admitted, plus the refill of the time that passed.
+//! 2. Expiry: after a burst that leaves tokens in the leases, the leases end at their TTL and
+//!    the replicas' housekeeping gives the unspent tokens back; the bucket holds exactly what
+//!    was not admitted, plus the refill of the time that passed.
 //! 3. Outage: each replica admits exactly its share (quota ÷ the 3 live replicas its
 //!    heartbeats counted) from its local fallback.
 //! 4. Recovery: the store decides again.
@@ -199,6 +200,14 @@ async fn three_replicas_on_one_manual_clock_through_leases_expiry_and_an_outage(
             )
             .await
         });
+        // Housekeeping (sweeps, and giving ended leases' tokens back) on the same clock.
+        let (l, mut told) = (limiter.clone(), stop.subscribe());
+        clock.spawn(async move {
+            l.housekeeping(async move {
+                let _ = told.wait_for(|s| *s).await;
+            })
+            .await
+        });
         fleet.push(Replica { limiter, replicas });
     }
     // The first heartbeats go out at once (each sees the replicas before it); by the second,
@@ -232,15 +241,30 @@ async fn three_replicas_on_one_manual_clock_through_leases_expiry_and_an_outage(
         "admitted {first} of a limit of {LIMIT} (at most 3 leases of 10 may be left unspent)"
     );
 
-    // 2. The leases end at their TTL and their unspent tokens go back: the bucket holds what
-    //    was not admitted, plus one second's refill (1 token).
-    clock.advance_ms(1_001);
-    for r in &fleet {
-        r.limiter.maintain();
-        r.limiter.return_ended_leases().await;
+    // 2. A minute later (the bucket full again, the burst's leases and cache entries ended), a
+    //    small burst leaves tokens in the leases: the shared bucket has paid for more than was
+    //    admitted. At the leases' TTL each replica's housekeeping, woken by the clock, gives
+    //    the unspent tokens back: the bucket then holds exactly what was not admitted, plus one
+    //    second's refill (1 token).
+    for _ in 0..60 {
+        clock.advance_ms(1_000);
+        settle().await;
     }
+    let small: u64 = burst(&fleet, &rules, 5).await.iter().sum();
+    assert_eq!(small, 15, "a burst well under the limit is admitted whole");
+    let held = LIMIT - small - balance().await;
+    println!("small burst: {small} admitted, {held} tokens left in leases");
+    assert!(
+        held > 0,
+        "the leases hold no unspent tokens: the give-back below would prove nothing"
+    );
+    clock.advance_ms(1_001);
     settle().await;
-    assert_eq!(balance().await, (LIMIT - first + 1).min(LIMIT));
+    assert_eq!(
+        balance().await,
+        (LIMIT - small + 1).min(LIMIT),
+        "the unspent leased tokens went back to the bucket"
+    );
 
     // 3. A minute later (the bucket full, every cache entry ended) the store goes down: each
     //    replica admits its share, 60 ÷ 3 live replicas, from its local fallback.

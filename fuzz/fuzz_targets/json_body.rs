@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 use tollgate::service::Bounds;
 use tollgate::service::json::JsonRequest;
-use tollgate::service::rls::to_request;
+use tollgate::service::to_request;
 use tollgate::settings::Settings;
 
 fuzz_target!(|data: &[u8]| {

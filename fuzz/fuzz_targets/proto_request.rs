@@ -6,7 +6,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use tollgate::service::Bounds;
-use tollgate::service::rls::to_request;
+use tollgate::service::to_request;
 use tollgate::settings::Settings;
 
 fuzz_target!(|data: &[u8]| {

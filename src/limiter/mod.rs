@@ -33,7 +33,9 @@ mod status;
 #[cfg(test)]
 mod fixture;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 pub use fallback::{FallbackMode, Replicas};
 pub use hot::HotKeyConfig;
@@ -156,6 +158,10 @@ impl LimiterConfig {
     }
 }
 
+/// How often [`Limiter::housekeeping`] runs: idle buckets, ended cache entries and leases go,
+/// and ended leases' unspent tokens are given back.
+pub const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 pub struct Limiter {
     /// Shared with the background claims of leases (`hot/round.rs`).
@@ -209,6 +215,20 @@ impl Limiter {
         self.store.maintain();
         self.fallback.sweep();
         self.hot.sweep();
+    }
+
+    /// Runs the housekeeping every [`HOUSEKEEPING_EVERY`] on the limiter's clock until `stop`
+    /// resolves: [`Limiter::maintain`], then [`Limiter::return_ended_leases`].
+    pub async fn housekeeping(&self, stop: impl Future<Output = ()>) {
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                () = self.config.clock.sleep(HOUSEKEEPING_EVERY) => {}
+            }
+            self.maintain();
+            self.return_ended_leases().await;
+        }
     }
 
     /// Graceful shutdown: gives the unspent tokens of this replica's leases back to their

@@ -51,7 +51,7 @@ impl RateLimitService for Noop {
     }
 }
 
-/// Serves [`Noop`] on `addr` until `shutdown` resolves, with the server settings `app.rs` uses.
+/// Serves [`Noop`] on `addr` until `shutdown` resolves, with the server settings `app/grpc.rs` uses.
 pub async fn serve_noop(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,

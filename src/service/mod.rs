@@ -1,117 +1,25 @@
-//! The request-facing side: gRPC `RateLimitService` (`rls.rs`) and the proto response
-//! (`response.rs`), around one shared [`Handler`] that both gRPC and the admin port's
-//! `/json` call.
+//! The request-facing side: gRPC `RateLimitService` and the admin port's `/json` both call one
+//! shared [`Handler`].
 //!
-//! Flow: proto request (and the caller's trace context, [`trace_context`]) → [`rls::to_request`] (bounds, INVALID_ARGUMENT) → `Limiter::decide`
-//! against the rules in force → [`response::to_proto`] (statuses, headers) → metrics.
+//! One request, in file order: [`rls`] (the tonic service; the caller's trace context,
+//! [`trace_context`]) → [`handler`] (admission, span, metrics) → [`request`] (proto →
+//! `limiter::Request` within [`Bounds`], else INVALID_ARGUMENT) → `Limiter::decide` against
+//! the rules in force → [`response`] (statuses, headers). Around the gRPC server: [`listener`]
+//! (connection cap, handshake deadline), [`inflight`] (the request-bytes budget),
+//! [`decode_errors`] (undecodable input is INVALID_ARGUMENT), [`tls`]; [`json`] is `/json`'s
+//! shapes.
 
 pub mod decode_errors;
+pub mod handler;
 pub mod inflight;
 pub mod json;
 pub mod listener;
+pub mod request;
 pub mod response;
 pub mod rls;
 pub mod tls;
 pub mod trace_context;
 
-use std::sync::Arc;
-use std::time::Instant;
-
-use arc_swap::ArcSwap;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tokio::sync::Semaphore;
-use tracing::Instrument;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
-
-use crate::limiter::Limiter;
-use crate::rules::RuleSet;
-use crate::telemetry::{Metrics, RequestLabels};
+pub use handler::Handler;
+pub use request::{Bounds, to_request};
 pub use trace_context::RemoteParent;
-
-/// Limits on what one request may carry (each a setting).
-#[derive(Clone, Copy, Debug)]
-pub struct Bounds {
-    pub max_descriptors: usize,
-    pub max_entries: usize,
-    pub max_key_bytes: usize,
-    pub max_value_bytes: usize,
-}
-
-/// Everything a decision needs, shared by the gRPC service and the admin port's `/json`: the
-/// rules in force, the [`Limiter`] (which decides against the store) and the request bounds.
-#[derive(Debug)]
-pub struct Handler {
-    pub rules: Arc<ArcSwap<RuleSet>>,
-    pub limiter: Limiter,
-    pub metrics: Arc<Metrics>,
-    pub bounds: Bounds,
-    pub response_headers: bool,
-    /// Requests being decided now, capped at `max_concurrent_requests`: past the cap a request
-    /// is refused at once, so an overload is answered fast instead of queueing without bound.
-    pub admission: Semaphore,
-}
-
-impl Handler {
-    /// Validates, decides and builds the response; records the request's metrics.
-    /// `parent` is the caller's span (from Envoy's trace headers), when it sent one.
-    pub async fn should_rate_limit(
-        &self,
-        req: &RateLimitRequest,
-        parent: Option<RemoteParent>,
-    ) -> Result<RateLimitResponse, tonic::Status> {
-        let started = Instant::now();
-        let Ok(_admitted) = self.admission.try_acquire() else {
-            self.metrics
-                .requests
-                .get_or_create(&RequestLabels { code: "overloaded" })
-                .inc();
-            return Err(tonic::Status::resource_exhausted(
-                "tollgate is at max_concurrent_requests: refused without queueing (Envoy applies its failure mode)",
-            ));
-        };
-        // Exported only when an OTLP endpoint is set (see telemetry.rs); otherwise disabled.
-        let span = tracing::info_span!(
-            target: "tollgate::request",
-            "ShouldRateLimit",
-            domain = %req.domain,
-            descriptors = req.descriptors.len(),
-            result = tracing::field::Empty,
-        );
-        if let Some(parent) = parent
-            && !span.is_disabled()
-        {
-            // Fails only when no OpenTelemetry layer is installed, i.e. the span is not exported.
-            let _ = span.set_parent(parent.context());
-        }
-        let result = self.decide(req).instrument(span.clone()).await;
-        let code = match &result {
-            Ok(r) if r.overall_code == PbCode::OverLimit as i32 => "over_limit",
-            Ok(_) => "ok",
-            Err(s) if s.code() == tonic::Code::InvalidArgument => "invalid",
-            Err(_) => "error",
-        };
-        span.record("result", code);
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels { code })
-            .inc();
-        self.metrics
-            .request_duration
-            .observe(started.elapsed().as_secs_f64());
-        result
-    }
-
-    async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
-        let request = rls::to_request(req, &self.bounds)?;
-        let rules = self.rules.load();
-        // The store logs outages (once per state change, not per request); the caller only
-        // learns that the store could not answer, never its error text.
-        let decision = self
-            .limiter
-            .decide(&rules, &request)
-            .await
-            .map_err(|_| tonic::Status::unavailable("store unavailable"))?;
-        Ok(response::to_proto(&decision, self.response_headers))
-    }
-}

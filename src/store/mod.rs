@@ -178,7 +178,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
 impl Store {
     /// The store `config` names: memory, or a Redis / Redis Cluster / Sentinel URL. Fails
     /// only on a bad configuration (a malformed URL, unreadable TLS files); an unreachable
-    /// Redis still yields a store, which reconnects in the background (see `redis/pool.rs`).
+    /// Redis still yields a store, which reconnects in the background (see `redis/pool/`).
     pub async fn connect(
         config: StoreConfig,
         clock: Clock,

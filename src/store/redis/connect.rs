@@ -9,7 +9,7 @@
 //!
 //! `redis+sentinel://[user:pass@]s1:p1,s2:p2/<master>[/db]` asks the Sentinels for the primary
 //! at each new connection, so a reconnect after a failover reaches the new one (the pool drops
-//! every connection when Redis answers READONLY: see `pool.rs`).
+//! every connection when Redis answers READONLY: see `pool/`).
 //!
 //! `rediss://`, `rediss+cluster://` and `rediss+sentinel://` are the same over TLS (rustls
 //! with the ring provider; no OpenSSL): the server's certificate is checked against

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -24,10 +23,15 @@ use crate::fleet;
 use crate::limiter::{Limiter, Replicas};
 use crate::rules::{self, LoadOptions, RulesError};
 use crate::service::Handler;
-use crate::service::rls::Rls;
 use crate::settings::{self, Settings, SettingsError, Sources};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{self, Metrics, TelemetryError};
+
+mod grpc;
+mod shutdown;
+
+pub use shutdown::shutdown_signal;
+use shutdown::stopped;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -76,14 +80,6 @@ impl Listeners {
 
 /// How long graceful shutdown waits for clients to close their connections.
 const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
-
-/// How often the store's housekeeping runs (the memory store drops idle buckets).
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
-
-/// Streams the server may reset for a peer's protocol errors on one connection (refused past
-/// the stream cap, frames on a closed stream) before it closes the connection: hyper's own
-/// default, which tonic does not pass on (see `serve`).
-const MAX_LOCAL_ERROR_RESETS: usize = 1_024;
 
 /// `tollgate serve`: settings from `sources` (validated before anything starts), logging and
 /// traces, a warning per `TOLLGATE_*` variable of the process that is not a setting, then
@@ -233,22 +229,13 @@ async fn serve_loaded(
         });
     }
 
-    {
+    // Background work of the decision side runs on the clock, as the limiter's own does (claims
+    // sent ahead): a test's manual clock drives housekeeping and heartbeats too.
+    clock.spawn({
         let handler = handler.clone();
         let stop = stopped(stop_rx.clone());
-        tokio::spawn(async move {
-            tokio::pin!(stop);
-            let mut tick = tokio::time::interval(SWEEP_EVERY);
-            loop {
-                tokio::select! {
-                    _ = &mut stop => return,
-                    _ = tick.tick() => {}
-                }
-                handler.limiter.maintain();
-                handler.limiter.return_ended_leases().await;
-            }
-        });
-    }
+        async move { handler.limiter.housekeeping(stop).await }
+    });
     if settings.reload_interval_ms > 0 {
         tokio::spawn(rules::reload::watch(
             settings.rules.clone(),
@@ -264,7 +251,7 @@ async fn serve_loaded(
         ));
     }
 
-    let membership = tokio::spawn({
+    let membership = clock.spawn({
         let (handler, clock) = (handler.clone(), clock.clone());
         let stop = stopped(stop_rx.clone());
         let key = format!("{}{{members}}", settings.key_prefix);
@@ -286,100 +273,13 @@ async fn serve_loaded(
         }
     });
 
-    // Past the open-files limit, accept fails with EMFILE before the cap is reached (and the
-    // store's and admin's sockets fail too): raise it as far as allowed, and say so now if
-    // it is still too low rather than under an attack.
-    if let Some(limit) = crate::service::listener::raise_open_files_limit()
-        && (settings.grpc_max_connections as u64).saturating_add(256) > limit
-    {
-        tracing::warn!(
-            grpc_max_connections = settings.grpc_max_connections,
-            open_files_limit = limit,
-            "grpc_max_connections is near the open-files limit (nofile): raise the limit or lower the setting"
-        );
-    }
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<RateLimitServiceServer<Rls>>()
-        .await;
-    let rls = RateLimitServiceServer::new(Rls(handler.clone()))
-        .max_decoding_message_size(settings.max_message_bytes);
-    let mut server = tonic::transport::Server::builder();
-    if let Some(tls) = crate::service::tls::server_config(&configs::grpc_tls_files(&settings))? {
-        server = server.tls_config(tls).map_err(AppError::GrpcTls)?;
-    }
-    if settings.grpc_max_connection_age_ms > 0 {
-        // Envoy keeps its HTTP/2 connections for ever: without an age, replicas added by a
-        // scale-out get no traffic. GOAWAY makes Envoy reconnect (and rebalance) while the
-        // requests in flight finish within the grace.
-        server = server
-            .max_connection_age(Duration::from_millis(settings.grpc_max_connection_age_ms))
-            .max_connection_age_grace(Duration::from_millis(
-                settings.grpc_max_connection_age_grace_ms,
-            ));
-    }
-    // Envoy opens another connection when a connection's streams are all in use: the cap bounds
-    // what one connection can queue, and max_concurrent_requests bounds the whole process.
-    server = server.max_concurrent_streams(Some(settings.grpc_max_concurrent_streams));
-    // A peer that keeps opening streams past that cap (or sending on streams it was refused)
-    // makes h2 queue a reset for each, in memory, for as long as it sends: 16 such peers grew a
-    // replica by 118 MiB in 6 s. hyper closes such a connection (GOAWAY ENHANCE_YOUR_CALM)
-    // after 1,024 of them, but tonic passes "no limit" down unless told; restore it.
-    server = server.http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS));
-    // A peer that goes silent or stops reading (its window full, our responses unread) does not
-    // answer PINGs either: it is disconnected instead of holding its streams' buffers for ever.
-    if settings.grpc_keepalive_interval_ms > 0 {
-        server = server
-            .http2_keepalive_interval(Some(Duration::from_millis(
-                settings.grpc_keepalive_interval_ms,
-            )))
-            .http2_keepalive_timeout(Some(Duration::from_millis(
-                settings.grpc_keepalive_timeout_ms,
-            )));
-    }
-    // A stream whose body never finishes (within the bytes budget below) or a client that
-    // never reads its answer holds a stream slot; the deadline frees it. Envoy's own
-    // grpc-timeout (its 20 ms) is shorter and applies instead.
-    if settings.grpc_request_timeout_ms > 0 {
-        server = server.timeout(Duration::from_millis(settings.grpc_request_timeout_ms));
-    }
-    // Request bytes being received, for the whole process (see service/inflight.rs).
-    let budget = crate::service::inflight::Budget::new(
-        settings.max_request_bytes_in_flight,
-        settings.max_message_bytes,
-        handler
-            .metrics
-            .refused
-            .get_or_create(&crate::telemetry::RefusedLabels {
-                what: "request_bytes",
-            })
-            .clone(),
-    );
-    let grpc = server
-        .layer(crate::service::decode_errors::DecodeErrorsLayer)
-        .layer(crate::service::inflight::InFlightLayer::new(budget))
-        .add_service(health_service)
-        .add_service(rls)
-        .serve_with_incoming_shutdown(
-            crate::service::listener::incoming(
-                listeners.grpc,
-                crate::service::listener::Limits {
-                    port: "gRPC",
-                    max_connections: settings.grpc_max_connections,
-                    handshake_timeout: Some(Duration::from_millis(
-                        settings.grpc_handshake_timeout_ms,
-                    )),
-                    refused: handler
-                        .metrics
-                        .refused
-                        .get_or_create(&crate::telemetry::RefusedLabels {
-                            what: "connections",
-                        })
-                        .clone(),
-                },
-            ),
-            stopped(stop_rx.clone()),
-        );
+    let grpc = grpc::server(
+        &settings,
+        handler.clone(),
+        listeners.grpc,
+        stopped(stop_rx.clone()),
+    )
+    .await?;
     let admin = admin::serve(
         crate::service::listener::Accept::new(
             listeners.admin,
@@ -459,42 +359,4 @@ fn local_addr(
         addr: configured,
         source,
     })
-}
-
-/// Resolves once the shutdown flag is set (or its sender is gone).
-async fn stopped(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|stop| *stop).await;
-}
-
-/// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends): the shutdown signal of `serve`.
-///
-/// The handlers are installed when this is called, not when the future is first polled: the
-/// future is awaited by a task that may not have run yet when "tollgate ready" is logged, and a
-/// SIGTERM arriving before its handler exists kills the process with the default action (no
-/// drain, no give-back of leases). Call it from within the runtime.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let term = signal(SignalKind::terminate());
-        let interrupt = signal(SignalKind::interrupt());
-        async move {
-            match (term, interrupt) {
-                (Ok(mut term), Ok(mut interrupt)) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = interrupt.recv() => {}
-                    }
-                }
-                // No handler could be installed: Ctrl-C still stops the process.
-                _ => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    async {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

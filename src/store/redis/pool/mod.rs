@@ -7,7 +7,7 @@
 //! UNWATCH+PING, one extra round trip per request, and buys nothing when connections are
 //! shared rather than lent.
 //!
-//! The [`keeper`] task fills empty entries, loads the scripts on each new connection, pings
+//! The keeper task (`keeper.rs`) fills empty entries, loads the scripts on each new connection, pings
 //! idle or suspect connections once a [`TICK`] and replaces those that no longer answer; it
 //! backs off while Redis is unreachable. Requests report back ([`Pool::call_succeeded`],
 //! [`Pool::call_failed`]) so a broken connection is dropped or checked at once. The pool
@@ -15,35 +15,22 @@
 //! `tollgate_store_errors_total{kind="connect"}`, so an outage shows while no request arrives.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use redis::RedisError;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::Notify;
 
 use super::connect::{Conn, Connector};
-use super::errors::{connect_kind, kind_of};
 use super::scripts::Scripts;
 use super::slots::SlotMap;
 use crate::store::StoreErrorKind;
-use crate::telemetry::{KindLabels, StateLabels, StoreMetrics};
+use crate::telemetry::{StateLabels, StoreMetrics};
+
+mod keeper;
 
 /// How often the keeper looks at the connections (and pings idle ones).
-pub(super) const TICK: Duration = Duration::from_secs(1);
-/// Reconnect back-off while Redis is unreachable: doubles from the first to the last.
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
-
-/// Why a connection could not be made.
-#[derive(Debug, thiserror::Error)]
-enum ConnectError {
-    #[error("{0}")]
-    Redis(#[from] RedisError),
-    #[error("connect timed out after {} ms", .0.as_millis())]
-    TimedOut(Duration),
-}
+const TICK: Duration = Duration::from_secs(1);
 
 /// One entry of the pool: a connection, or none while it is being (re)made.
 struct PoolEntry {
@@ -145,7 +132,11 @@ impl Pool {
 
     /// Starts the keeper task; it ends once the pool is dropped.
     pub(super) fn start_keeper(self: &Arc<Self>, connected: bool) {
-        tokio::spawn(keeper(Arc::downgrade(self), self.wake.clone(), connected));
+        tokio::spawn(keeper::keeper(
+            Arc::downgrade(self),
+            self.wake.clone(),
+            connected,
+        ));
     }
 
     /// Lets the keeper notice at once that the pool is gone (or a connection broke).
@@ -279,67 +270,6 @@ impl Pool {
         self.wake.notify_one();
     }
 
-    /// Opens one connection and loads the scripts on it, within the connect timeout.
-    async fn open(&self) -> Result<Conn, ConnectError> {
-        let started = Instant::now();
-        let attempt = async {
-            let mut conn = self.connector.connect().await?;
-            super::version::check(&mut conn).await?;
-            self.scripts.load(&mut conn).await?;
-            self.check_eviction(&mut conn).await;
-            Ok::<Conn, RedisError>(conn)
-        };
-        let result = match tokio::time::timeout(self.connect_timeout, attempt).await {
-            Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(e)) => Err(ConnectError::Redis(e)),
-            Err(_) => Err(ConnectError::TimedOut(self.connect_timeout)),
-        };
-        self.metrics.observe("connect", started);
-        if let Err(e) = &result {
-            let kind = match e {
-                ConnectError::Redis(e) => connect_kind(e),
-                ConnectError::TimedOut(_) => "connect",
-            };
-            self.metrics
-                .errors
-                .get_or_create(&KindLabels { kind })
-                .inc();
-            let mut text = e.to_string();
-            let timed_out = match e {
-                ConnectError::Redis(e) => e.is_timeout(),
-                ConnectError::TimedOut(_) => true,
-            };
-            if timed_out && self.display_url.starts_with("rediss") {
-                // A plain-text Redis reads a ClientHello as a command that never ends and
-                // answers nothing: the handshake times out with no hint of why.
-                text.push_str(" (over TLS: a port that speaks plain-text Redis never answers the TLS handshake; is this Redis's TLS port, or should the URL be redis://?)");
-            }
-            *self
-                .last_connect_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = text;
-        }
-        result
-    }
-
-    /// Reads Redis's eviction policy on a new connection; logs a policy that evicts live
-    /// buckets when it is first seen.
-    async fn check_eviction(&self, conn: &mut Conn) {
-        let Some(found) = super::eviction::policies(conn).await else {
-            return;
-        };
-        let mut known = self
-            .eviction_policies
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if known.as_ref() != Some(&found) {
-            for w in found.iter().filter_map(|p| super::eviction::warning(p)) {
-                tracing::warn!("{w}");
-            }
-            *known = Some(found);
-        }
-    }
-
     /// Warnings about the store's configuration (an evicting `maxmemory-policy`), for `/readyz`.
     pub(super) fn warnings(&self) -> Vec<String> {
         let known = self
@@ -353,157 +283,5 @@ impl Pool {
             .collect();
         out.dedup();
         out
-    }
-
-    /// Whether `conn` answers a PING within the connect timeout; `Err` carries the error when
-    /// it failed rather than timed out.
-    async fn ping(&self, conn: &Conn) -> Result<bool, RedisError> {
-        let started = Instant::now();
-        let ping = redis::cmd("PING");
-        let answered = tokio::time::timeout(self.connect_timeout, async {
-            match conn.clone() {
-                Conn::Standalone(mut c) => {
-                    ping.query_async::<redis::Value>(&mut c).await.map(|_| ())
-                }
-                // One node is enough to know the handle works; per-node health is the cluster
-                // client's business (it reconnects and refreshes slots on its own).
-                Conn::Cluster(mut c) => c
-                    .route_command(ping, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
-                    .await
-                    .map(|_| ()),
-            }
-        })
-        .await;
-        self.metrics.observe("ping", started);
-        match answered {
-            Ok(Ok(())) => Ok(true),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Ok(false),
-        }
-    }
-
-    /// One keeper round: fill empty entries, check suspect and idle ones. Stops at the first
-    /// failed connection attempt (Redis is likely down; the next round comes after a back-off).
-    /// Returns whether every entry holds a connection that answered.
-    pub(super) async fn tend(&self) -> bool {
-        let mut all_ok = true;
-        // Sentinel: a failover moved the primary. The old one keeps taking writes until the
-        // Sentinels demote it (seconds), and they would be lost then: move every connection
-        // now rather than at the first READONLY.
-        if self.connector.primary_moved().await {
-            tracing::warn!(url = %self.display_url, "the Sentinels name a new primary; reconnecting");
-            for entry in self.entries.iter() {
-                entry.conn.store(None);
-                entry.live.store(false, Ordering::Relaxed);
-            }
-            self.update_gauge();
-        }
-        // After one failed connection attempt Redis is likely down: the other entries due for
-        // a check are marked as not connected (so the gauge tells the truth) without another
-        // attempt this round.
-        let mut connect_failed = false;
-        for entry in self.entries.iter() {
-            let held = entry.conn.load_full();
-            // What a replacement swaps out: `held`, or nothing once a dead one was dropped.
-            let mut expected = held.clone();
-            if let Some(conn) = &held {
-                let idle = self
-                    .now_ms()
-                    .saturating_sub(entry.last_ok_ms.load(Ordering::Relaxed));
-                let suspect = entry.suspect.load(Ordering::Relaxed);
-                if !suspect && idle < TICK.as_millis() as u64 {
-                    continue;
-                }
-                if connect_failed {
-                    // Redis did not let us connect a moment ago: this one, due for a check,
-                    // is not counted as connected, and the round stays short (no more
-                    // pings that would each wait out the connect timeout).
-                    entry.live.store(false, Ordering::Relaxed);
-                    all_ok = false;
-                    continue;
-                }
-                match self.ping(conn).await {
-                    Ok(true) => {
-                        entry.suspect.store(false, Ordering::Relaxed);
-                        entry.live.store(true, Ordering::Relaxed);
-                        entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
-                        self.mark_healthy();
-                        continue;
-                    }
-                    Ok(false) => {}
-                    Err(e) => {
-                        // A standalone connection whose socket is gone never recovers.
-                        if matches!(**conn, Conn::Standalone(_))
-                            && kind_of(&e) == StoreErrorKind::Connection
-                        {
-                            entry.conn.compare_and_swap(&held, None);
-                            expected = None;
-                        }
-                    }
-                }
-                entry.live.store(false, Ordering::Relaxed);
-                self.healthy.store(false, Ordering::Relaxed);
-            }
-            if connect_failed {
-                all_ok = false;
-                continue;
-            }
-            match self.open().await {
-                Ok(conn) => {
-                    // Replace only what we looked at: a request may have cleared it meanwhile.
-                    entry.conn.compare_and_swap(&expected, Some(Arc::new(conn)));
-                    entry.suspect.store(false, Ordering::Relaxed);
-                    entry.live.store(true, Ordering::Relaxed);
-                    entry.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
-                    self.mark_healthy();
-                }
-                Err(_) => {
-                    // An old connection that did not answer a ping in time is kept when a
-                    // new one cannot be made either: Redis may be paused or slow rather than
-                    // gone, and a kept connection still answers once it resumes.
-                    all_ok = false;
-                    connect_failed = true;
-                }
-            }
-        }
-        self.update_gauge();
-        if let Some(slots) = &self.slots
-            && let Some(picked) = self.pick()
-        {
-            slots.refresh(&picked.conn, self.connect_timeout()).await;
-        }
-        all_ok
-    }
-}
-
-/// The keeper: runs [`Pool::tend`] every [`TICK`], early when woken, with back-off while
-/// Redis is unreachable; ends when the pool is dropped.
-async fn keeper(pool: Weak<Pool>, wake: Arc<Notify>, mut was_ok: bool) {
-    let mut backoff = BACKOFF_MIN;
-    loop {
-        let ok = {
-            let Some(pool) = pool.upgrade() else { return };
-            let ok = pool.tend().await;
-            if ok != was_ok {
-                if ok {
-                    tracing::info!(url = %pool.display_url, "store reconnected");
-                } else {
-                    tracing::warn!(url = %pool.display_url, error = %pool.last_connect_error(), "store unreachable; retrying");
-                }
-            }
-            ok
-        };
-        was_ok = ok;
-        if ok {
-            backoff = BACKOFF_MIN;
-            tokio::select! {
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep(TICK) => {}
-            }
-        } else {
-            // Not woken early: while Redis is down every failing request would wake us.
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
-        }
     }
 }

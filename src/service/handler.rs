@@ -1,0 +1,97 @@
+//! The one request path both surfaces share (gRPC's [`Rls`](super::rls::Rls) and the admin
+//! port's `/json`): admission (`max_concurrent_requests`), the request span, the proto → request
+//! check ([`request`](super::request)), [`Limiter::decide`] against the rules in force, and the
+//! proto response ([`response`](super::response)); the request's metrics are recorded here.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::{Bounds, RemoteParent, request, response};
+use crate::limiter::Limiter;
+use crate::rules::RuleSet;
+use crate::telemetry::{Metrics, RequestLabels};
+
+/// Everything a decision needs, shared by the gRPC service and the admin port's `/json`: the
+/// rules in force, the [`Limiter`] (which decides against the store) and the request bounds.
+#[derive(Debug)]
+pub struct Handler {
+    pub rules: Arc<ArcSwap<RuleSet>>,
+    pub limiter: Limiter,
+    pub metrics: Arc<Metrics>,
+    pub bounds: Bounds,
+    pub response_headers: bool,
+    /// Requests being decided now, capped at `max_concurrent_requests`: past the cap a request
+    /// is refused at once, so an overload is answered fast instead of queueing without bound.
+    pub admission: Semaphore,
+}
+
+impl Handler {
+    /// Validates, decides and builds the response; records the request's metrics.
+    /// `parent` is the caller's span (from Envoy's trace headers), when it sent one.
+    pub async fn should_rate_limit(
+        &self,
+        req: &RateLimitRequest,
+        parent: Option<RemoteParent>,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        let started = Instant::now();
+        let Ok(_admitted) = self.admission.try_acquire() else {
+            self.metrics
+                .requests
+                .get_or_create(&RequestLabels { code: "overloaded" })
+                .inc();
+            return Err(tonic::Status::resource_exhausted(
+                "tollgate is at max_concurrent_requests: refused without queueing (Envoy applies its failure mode)",
+            ));
+        };
+        // Exported only when an OTLP endpoint is set (see telemetry/traces.rs); otherwise disabled.
+        let span = tracing::info_span!(
+            target: "tollgate::request",
+            "ShouldRateLimit",
+            domain = %req.domain,
+            descriptors = req.descriptors.len(),
+            result = tracing::field::Empty,
+        );
+        if let Some(parent) = parent
+            && !span.is_disabled()
+        {
+            // Fails only when no OpenTelemetry layer is installed, i.e. the span is not exported.
+            let _ = span.set_parent(parent.context());
+        }
+        let result = self.decide(req).instrument(span.clone()).await;
+        let code = match &result {
+            Ok(r) if r.overall_code == PbCode::OverLimit as i32 => "over_limit",
+            Ok(_) => "ok",
+            Err(s) if s.code() == tonic::Code::InvalidArgument => "invalid",
+            Err(_) => "error",
+        };
+        span.record("result", code);
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels { code })
+            .inc();
+        self.metrics
+            .request_duration
+            .observe(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        let request = request::to_request(req, &self.bounds)?;
+        let rules = self.rules.load();
+        // The store logs outages (once per state change, not per request); the caller only
+        // learns that the store could not answer, never its error text.
+        let decision = self
+            .limiter
+            .decide(&rules, &request)
+            .await
+            .map_err(|_| tonic::Status::unavailable("store unavailable"))?;
+        Ok(response::to_proto(&decision, self.response_headers))
+    }
+}
