@@ -10,7 +10,7 @@
 - validates every rendered manifest with `kubernetes-validate --strict` against the oldest
   Kubernetes the chart's kubeVersion allows and the newest the validator bundles;
 - checks that values.schema.json refuses bad values and lists exactly the settings of
-  src/settings.rs that `settings:` may carry, and that the chart's own guards refuse
+  src/settings/mod.rs that `settings:` may carry, and that the chart's own guards refuse
   combinations that would install but not work;
 - checks the Envoy filter and cluster that NOTES.txt prints with `envoy --mode validate`;
 - validates the rules of the example and ci values with `tollgate check`.
@@ -117,11 +117,11 @@ def load_values(path):
         return yaml.safe_load(f) or {}
 
 
-# ---------------------------------------------------------------- settings of src/settings.rs
+# ---------------------------------------------------------------- settings of src/settings/mod.rs
 
 def source_settings():
     """name → Rust type, from the `settings!` block (the one place settings are declared)."""
-    with open(os.path.join(ROOT, "src", "settings.rs")) as f:
+    with open(os.path.join(ROOT, "src", "settings", "mod.rs")) as f:
         src = f.read()
     block = src[src.index("settings! {"):]
     block = block[: block.index("\n}\n")]
@@ -129,7 +129,7 @@ def source_settings():
 
 
 SETTINGS = source_settings()
-expect(len(SETTINGS) > 30 and "store" in SETTINGS and "drain_ms" in SETTINGS, f"settings parsed from src/settings.rs: {sorted(SETTINGS)}")
+expect(len(SETTINGS) > 30 and "store" in SETTINGS and "drain_ms" in SETTINGS, f"settings parsed from src/settings/mod.rs: {sorted(SETTINGS)}")
 KNOWN_ENV = {"TOLLGATE_" + k.upper() for k in SETTINGS}
 
 # Settings the chart sets from its own values, or that are secrets and must not sit in plain
@@ -162,16 +162,16 @@ expect(schema.get("additionalProperties") is False, "the schema must refuse unkn
 sprops = schema.get("properties", {}).get("settings", {}).get("properties", {})
 expect(schema.get("properties", {}).get("settings", {}).get("additionalProperties") is False, "settings: unknown keys must be refused")
 for k in sorted(set(SETTINGS) - set(CHART_OWNED) - set(sprops)):
-    failures.append(f"schema: setting {k} ({SETTINGS[k]}) of src/settings.rs is not in values.schema.json settings (add it with its type)")
+    failures.append(f"schema: setting {k} ({SETTINGS[k]}) of src/settings/mod.rs is not in values.schema.json settings (add it with its type)")
 for k in sorted(set(sprops) - set(SETTINGS)):
-    failures.append(f"schema: settings.{k} is not a setting of src/settings.rs")
+    failures.append(f"schema: settings.{k} is not a setting of src/settings/mod.rs")
 for k in sorted(set(sprops) & set(CHART_OWNED)):
     failures.append(f"schema: settings.{k} is set by the chart ({CHART_OWNED[k]}); settings must refuse it")
 for k in sorted(set(CHART_OWNED) - set(SETTINGS)):
-    failures.append(f"chart_lint: CHART_OWNED names {k}, which src/settings.rs no longer has")
+    failures.append(f"chart_lint: CHART_OWNED names {k}, which src/settings/mod.rs no longer has")
 for k, p in sprops.items():
     want = JSON_TYPE.get(SETTINGS.get(k, ""), "?")
-    expect(p.get("type") == want, f"schema: settings.{k} has type {p.get('type')}, src/settings.rs says {SETTINGS.get(k)} ({want})")
+    expect(p.get("type") == want, f"schema: settings.{k} has type {p.get('type')}, src/settings/mod.rs says {SETTINGS.get(k)} ({want})")
 # Values the other templates read: the names are agreed, keep them.
 for path, typ in [("prometheusRule.enabled", "boolean"), ("prometheusRule.labels", "object"),
                   ("dashboard.enabled", "boolean"), ("dashboard.labels", "object"), ("dashboard.annotations", "object")]:
@@ -276,7 +276,7 @@ def check_pods(m, label):
             names = [e["name"] for e in c.get("env", [])]
             expect(len(names) == len(set(names)), f"{who}: duplicate env names {sorted(n for n in names if names.count(n) > 1)}")
             for n in names:
-                expect(not n.startswith("TOLLGATE_") or n in KNOWN_ENV, f"{who}: {n} is not a tollgate setting (src/settings.rs)")
+                expect(not n.startswith("TOLLGATE_") or n in KNOWN_ENV, f"{who}: {n} is not a tollgate setting (src/settings/mod.rs)")
             for vm in c.get("volumeMounts", []):
                 expect(vm["name"] in vols, f"{who}: mount {vm['name']} has no volume")
                 # A subPath mount never sees an updated Secret or ConfigMap (rotation, reload).
@@ -506,6 +506,32 @@ expect(env2.get("TOLLGATE_RESPONSE_HEADERS") == "true", f"settings env: {env2}")
 expect(c["volumes"][0]["configMap"]["name"] == "my-rules", "existing rules ConfigMap")
 expect("ConfigMap/tollgate-rules" not in m2, "no rules ConfigMap with an existing one")
 expect("ServiceMonitor/tollgate" in m2, "ServiceMonitor")
+
+# /json spends tokens and the admin port shares the Service: off in the chart unless asked.
+expect(env.get("TOLLGATE_ADMIN_JSON") == "false", f"admin_json must default to false in the chart: {env}")
+expect(env_of(render({"settings": {"admin_json": True}})).get("TOLLGATE_ADMIN_JSON") == "true", "settings.admin_json: true turns /json on")
+
+# A PDB takes minAvailable or maxUnavailable, never both.
+pdb = render({"store": "redis://r:6379", "replicaCount": 3, "podDisruptionBudget": {"maxUnavailable": "25%"}})["PodDisruptionBudget/tollgate"]["spec"]
+expect(pdb.get("maxUnavailable") == "25%" and "minAvailable" not in pdb, f"maxUnavailable replaces minAvailable: {pdb}")
+pdb = render({"store": "redis://r:6379", "replicaCount": 3})["PodDisruptionBudget/tollgate"]["spec"]
+expect(pdb.get("minAvailable") == 1 and "maxUnavailable" not in pdb, f"default PDB: {pdb}")
+
+# The headless Service (STRICT_DNS clients): gRPC only, no cluster IP, the same pods.
+hl = render({"service": {"headless": True}})
+h = hl.get("Service/tollgate-headless", {}).get("spec", {})
+expect(h.get("clusterIP") == "None" and [p["port"] for p in h.get("ports", [])] == [8081], f"headless Service: {h}")
+expect("Service/tollgate-headless" not in m, "no headless Service by default")
+
+# OpenShift's restricted-v2 assigns the uid and fsGroup: the fixed ids can be dropped, and the
+# rest of the restricted context stays.
+osh = render({"podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None},
+              "containerSecurityContext": {"runAsUser": None}})
+psc, csc = pod_spec(osh)["securityContext"], container(osh)["securityContext"]
+expect(not {"runAsUser", "runAsGroup", "fsGroup"} & set(psc) and "runAsUser" not in csc, f"uids left out: {psc} {csc}")
+expect(psc.get("runAsNonRoot") is True and csc.get("readOnlyRootFilesystem") is True, f"restricted context kept: {psc} {csc}")
+check_pods(osh, "openshift ids")
+expect(pod_spec(m)["securityContext"].get("runAsUser") == 65532, "uid 65532 by default")
 
 # ---------------------------------------------------------------- every ci/*.yaml
 
