@@ -75,8 +75,8 @@ async fn run(command: Command) -> anyhow::Result<bool> {
     match command {
         Command::Serve(args) => {
             let sources = args.sources(|k| std::env::var(k).ok());
-            app::run_with_env(&sources).await?;
-            Ok(true)
+            // Reports its own fatal error, in the configured log format.
+            Ok(app::run_with_env(&sources).await)
         }
         Command::Bench(args) => Ok(loadgen::run_cli(*args).await?),
         Command::BenchBaseline { grpc_addr } => {

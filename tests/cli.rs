@@ -319,3 +319,83 @@ async fn json_logs_are_one_object_per_line() {
         "fields stay fields: {v}"
     );
 }
+
+/// With `log_format: json`, stderr is JSON to the last line, the fatal error included: a bad
+/// setting (before the settings, and so the logger, exist), a broken rules file and a taken
+/// port (after the logger started) each end in one ERROR object naming the cause.
+#[test]
+fn fatal_startup_errors_are_json_lines_too() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port to occupy");
+    let taken = taken.local_addr().unwrap().to_string();
+    let dir = temp_dir("broken-json");
+    std::fs::write(dir.path().join("r.yaml"), "domain: \"\"\n").unwrap();
+    let broken = dir.path().to_str().unwrap().to_string();
+    for (rules, env, flag, cause) in [
+        (
+            "examples/rules",
+            vec![("TOLLGATE_STORE_TIMEOUT_MS", "zero")],
+            false,
+            "store_timeout_ms",
+        ),
+        (
+            "examples/rules",
+            vec![("TOLLGATE_STORE_TIMEOUT_MS", "zero")],
+            true,
+            "store_timeout_ms",
+        ),
+        (broken.as_str(), vec![], false, "must not be empty"),
+        ("examples/rules", vec![], false, "cannot listen on"),
+    ] {
+        let mut env = env;
+        let mut args = vec![
+            "serve",
+            "--rules",
+            rules,
+            "--grpc-addr",
+            &taken,
+            "--admin-addr",
+            "127.0.0.1:0",
+        ];
+        if flag {
+            args.extend(["--log-format", "json"]);
+        } else {
+            env.push(("TOLLGATE_LOG_FORMAT", "json"));
+        }
+        let (code, _, err) = run_tollgate(&args, &env);
+        assert_eq!(code, 1, "{err}");
+        let lines: Vec<serde_json::Value> = err
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{cause}: {e}: {l:?}")))
+            .collect();
+        let last = lines
+            .last()
+            .unwrap_or_else(|| panic!("{cause}: no line: {err}"));
+        assert_eq!(last["level"], "ERROR", "{cause}: {last}");
+        let message = last["fields"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("tollgate: ") && message.contains(cause),
+            "{cause}: {last}"
+        );
+    }
+    // Text stays text.
+    let (code, _, err) = run_tollgate(
+        &[
+            "serve",
+            "--rules",
+            "examples/rules",
+            "--grpc-addr",
+            &taken,
+            "--admin-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.lines()
+            .last()
+            .is_some_and(|l| l.starts_with("tollgate: cannot listen on")),
+        "{err}"
+    );
+}

@@ -83,22 +83,73 @@ const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// `tollgate serve`: settings from `sources` (validated before anything starts), logging and
 /// traces, a warning per `TOLLGATE_*` variable of the process that is not a setting, then
-/// [`run`] until Ctrl-C or SIGTERM; buffered spans are flushed on the way out.
-pub async fn run_with_env(sources: &Sources) -> Result<(), AppError> {
-    let settings = Settings::load(sources)?;
-    let telemetry = telemetry::init(
+/// [`run`] until Ctrl-C or SIGTERM; buffered spans are flushed on the way out. Returns whether
+/// it started and stopped cleanly: a fatal error is reported here, in the log format the
+/// settings ask for (`log_format: json` makes stderr JSON from the first line to the last, the
+/// fatal error included), so the caller prints nothing more.
+pub async fn run_with_env(sources: &Sources) -> bool {
+    let settings = match Settings::load(sources) {
+        Ok(settings) => settings,
+        Err(e) => {
+            // The settings did not load, so their log_format is the flag's or the variable's
+            // as given (a settings file that cannot be read reports in text).
+            report_fatal(&AppError::from(e), log_format_hint(sources), false);
+            return false;
+        }
+    };
+    let telemetry = match telemetry::init(
         &settings.log_level,
         settings.log_format,
         &settings.otlp_endpoint,
-    )?;
+    ) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            report_fatal(&AppError::from(e), settings.log_format, false);
+            return false;
+        }
+    };
     let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
     for warning in settings::unknown_env_warnings(names) {
         tracing::warn!("{warning}");
     }
+    let format = settings.log_format;
     let result = run(settings, shutdown_signal()).await;
+    if let Err(e) = &result {
+        report_fatal(e, format, true);
+    }
     // Flush the spans still buffered, also after a failed start.
     telemetry.shutdown();
-    result
+    result.is_ok()
+}
+
+/// Writes the error that stops tollgate to stderr: `tollgate: <error>` as a plain line, or, in
+/// JSON, one log object of level ERROR (`logging`: the JSON logger is already installed).
+fn report_fatal(e: &AppError, format: telemetry::LogFormat, logging: bool) {
+    match format {
+        telemetry::LogFormat::Text => eprintln!("tollgate: {e}"),
+        telemetry::LogFormat::Json => {
+            if !logging {
+                // Errors only: the report is the one line this logger writes.
+                let _ = telemetry::init("error", format, "");
+            }
+            tracing::error!("tollgate: {e}");
+        }
+    }
+}
+
+/// The log format a flag or a `TOLLGATE_LOG_FORMAT` variable asks for (flags win), when the
+/// settings as a whole did not load.
+fn log_format_hint(sources: &Sources) -> telemetry::LogFormat {
+    let given = |list: &[(&'static str, String)]| {
+        list.iter()
+            .rev()
+            .find(|(key, _)| *key == "log_format")
+            .map(|(_, v)| v.trim().eq_ignore_ascii_case("json"))
+    };
+    match given(&sources.flags).or_else(|| given(&sources.env)) {
+        Some(true) => telemetry::LogFormat::Json,
+        _ => telemetry::LogFormat::Text,
+    }
 }
 
 /// Runs tollgate on the configured addresses with the system clock until `shutdown` resolves.
