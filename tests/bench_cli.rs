@@ -42,6 +42,8 @@ fn load_run_reports_throughput_latency_and_outcomes_as_json() {
         v["over_limit"].as_u64().unwrap() > 0,
         "a Zipf-hot tenant passes 20/hour: {out}"
     );
+    assert_eq!(v["no_rule"], 0, "every request matched the rule: {out}");
+    assert!(!out.contains("no rule matched"), "{out}");
     // The latencies are the requests' own: a closed loop of 8 keeps 8 in flight, so the mean
     // latency is 8 × the measured time ÷ the requests (Little's law). The median and the p99
     // must sit around it (a unit slip, or a clock read in the wrong place, is off by far more
@@ -52,6 +54,35 @@ fn load_run_reports_throughput_latency_and_outcomes_as_json() {
     assert!(
         p50 > 0.0 && p50 <= 2.0 * mean_us && p99 >= 0.5 * mean_us,
         "p50 {p50} µs, p99 {p99} µs; Little's law gives a mean of {mean_us:.0} µs: {out}"
+    );
+}
+
+/// A run whose descriptor no rule limits says so: it measured the no-rule path.
+#[test]
+fn a_run_that_matched_no_rule_says_so() {
+    let server = TestServer::builder(RULES).start();
+    let target = server.grpc.to_string();
+    let (code, out, err) = run_tollgate(
+        &[
+            "bench",
+            "--target",
+            &target,
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--domain",
+            "elsewhere",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert!(v["no_rule"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(v["no_rule"], v["ok"], "{out}");
+    assert!(
+        out.contains("no rule matched domain 'elsewhere', key 'tenant'"),
+        "{out}"
     );
 }
 

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -40,6 +40,9 @@ pub struct BenchReport {
     pub offered_rps: Option<f64>,
     pub ok: u64,
     pub over_limit: u64,
+    /// Answers in which no descriptor had a limit (no rule matched on the server): a run of
+    /// only these measured the no-rule path, not decisions (the text says so).
+    pub no_rule: u64,
     pub errors: u64,
     /// The first error's text (gRPC code and message), when there was one.
     pub first_error: Option<String>,
@@ -67,6 +70,9 @@ pub struct BenchReport {
     pub connections: usize,
     pub keys: u64,
     pub descriptors: usize,
+    /// The descriptor the requests carried: `domain` and `key` (values `k0`, `k1`, …).
+    pub domain: String,
+    pub key: String,
 }
 
 impl BenchReport {
@@ -119,11 +125,22 @@ impl BenchReport {
         if let Some(e) = &self.first_error {
             out += &format!("\n  first error: {e}");
         }
+        if self.no_rule > 0 && self.no_rule == self.ok + self.over_limit {
+            out += &format!(
+                "\n  note: no answer carried a limit: no rule matched domain '{}', key '{}' on the server, so this measured the no-rule path, not decisions (--domain and --key name a rule's; `make run`'s rules: --domain edge --key tenant)",
+                self.domain, self.key
+            );
+        }
         if let Some(why) = &self.invalid_reason {
             out += &format!("\n  INVALID RUN: {why}");
         }
         out
     }
+}
+
+/// Whether no descriptor of the answer had a limit: no rule matched it on the server.
+pub(super) fn no_limit(r: &RateLimitResponse) -> bool {
+    r.statuses.iter().all(|s| s.current_limit.is_none())
 }
 
 /// A latency histogram in µs, 1 µs to 60 s at 3 significant digits (0.1 % error).
@@ -238,6 +255,7 @@ pub(super) fn build_request(
 struct Counts {
     ok: AtomicU64,
     over: AtomicU64,
+    no_rule: AtomicU64,
     errors: AtomicU64,
     sent: AtomicU64,
     total: AtomicU64,
@@ -281,6 +299,11 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
                 }
                 record(&mut latencies, took);
                 counts.sent.fetch_add(1, Ordering::Relaxed);
+                if let Ok(r) = &result
+                    && no_limit(r.get_ref())
+                {
+                    counts.no_rule.fetch_add(1, Ordering::Relaxed);
+                }
                 let counter = match result {
                     Ok(r) if r.get_ref().overall_code == Code::OverLimit as i32 => &counts.over,
                     Ok(_) => &counts.ok,
@@ -342,6 +365,7 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
         offered_rps: None,
         ok: counts.ok.load(Ordering::Relaxed),
         over_limit: counts.over.load(Ordering::Relaxed),
+        no_rule: counts.no_rule.load(Ordering::Relaxed),
         errors: counts.errors.load(Ordering::Relaxed),
         first_error: counts
             .first_error
@@ -364,6 +388,8 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
         connections: clients.len(),
         keys: cfg.keys,
         descriptors: cfg.descriptors,
+        domain: cfg.domain.clone(),
+        key: cfg.key.clone(),
     })
 }
 

@@ -62,6 +62,7 @@ struct Shared {
     in_flight: AtomicUsize,
     ok: AtomicU64,
     over: AtomicU64,
+    no_rule: AtomicU64,
     errors: AtomicU64,
     /// Answers (any outcome) of requests due in the measured window.
     measured: AtomicU64,
@@ -105,6 +106,7 @@ pub async fn run_open(cfg: BenchConfig, rate: f64) -> Result<BenchReport, BenchE
         in_flight: AtomicUsize::new(0),
         ok: AtomicU64::new(0),
         over: AtomicU64::new(0),
+        no_rule: AtomicU64::new(0),
         errors: AtomicU64::new(0),
         measured: AtomicU64::new(0),
         answered_in_window: AtomicU64::new(0),
@@ -173,8 +175,14 @@ pub async fn run_open(cfg: BenchConfig, rate: f64) -> Result<BenchReport, BenchE
         ))
     } else if Duration::from_micros(lag_p99) > MAX_SEND_LAG {
         Some(format!(
-            "the generator fell behind its schedule (send lag p99 {lag_p99} µs > {} µs): it lacked CPU, so the latencies measure it as much as the server",
-            MAX_SEND_LAG.as_micros()
+            "the generator sent late: its send lag p99 was {lag_p99} µs, over the {} µs it allows. Latencies count from each request's scheduled time, so that lateness is inside the percentiles above, and they measure the generator as much as the server. At {rate:.0} req/s (one request every {gap} µs) the usual cause is {cause}; run again on a quieter machine, or with fewer --connections",
+            MAX_SEND_LAG.as_micros(),
+            gap = (1e6 / rate) as u64,
+            cause = if rate < 1_000.0 {
+                "the senders' timers waking late between sparse requests (the runtime's timer has millisecond resolution, and an idle thread takes longer to wake)"
+            } else {
+                "the generator lacking CPU (it shares the machine with the server)"
+            },
         ))
     } else {
         None
@@ -190,6 +198,7 @@ pub async fn run_open(cfg: BenchConfig, rate: f64) -> Result<BenchReport, BenchE
         offered_rps: Some(rate),
         ok: shared.ok.load(Ordering::SeqCst),
         over_limit: shared.over.load(Ordering::SeqCst),
+        no_rule: shared.no_rule.load(Ordering::SeqCst),
         errors: shared.errors.load(Ordering::SeqCst),
         first_error: shared
             .first_error
@@ -212,6 +221,8 @@ pub async fn run_open(cfg: BenchConfig, rate: f64) -> Result<BenchReport, BenchE
         connections,
         keys: cfg.keys,
         descriptors: cfg.descriptors,
+        domain: cfg.domain.clone(),
+        key: cfg.key.clone(),
     })
 }
 
@@ -398,6 +409,11 @@ impl Send {
                 answered - due,
             );
             shared.measured.fetch_add(1, Ordering::Relaxed);
+            if let Ok(Ok(r)) = &result
+                && super::load::no_limit(r.get_ref())
+            {
+                shared.no_rule.fetch_add(1, Ordering::Relaxed);
+            }
             let counter = match result {
                 Ok(Ok(r)) if r.get_ref().overall_code == Code::OverLimit as i32 => &shared.over,
                 Ok(Ok(_)) => &shared.ok,
