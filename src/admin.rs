@@ -6,7 +6,7 @@
 //! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded; with `unready_until_store_answers`, until the store first answered); a JSON body: status, rules (domains, limits, when loaded, the last failed reload's error), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
 //! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry/mod.rs` |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (the only route that changes state: it spends tokens) |
-//! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit |
+//! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit; `?pretty`: indented |
 //!
 //! Readiness is about tollgate itself: a store outage does not pull replicas out of the
 //! Service (that would turn a Redis blip into a full outage); the store state is reported
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
@@ -236,15 +236,25 @@ async fn json_decide(
     }
 }
 
-async fn config(State(s): State<Arc<AdminState>>) -> Response {
+/// `/config`: one line of JSON for scripts; `/config?pretty` indented, for people with curl.
+async fn config(State(s): State<Arc<AdminState>>, RawQuery(query): RawQuery) -> Response {
     let rules = s.handler.rules.load();
     let (domains, _, limits) = rules.counts();
-    Json(json!({
+    let body = json!({
         "settings": s.settings,
         "store": s.handler.limiter.store().name(),
         "store_state": s.handler.limiter.store().state(),
         "rules": RulesView::new(&rules),
         "rules_status": rules_status(domains, limits, &s.reload.view()),
-    }))
-    .into_response()
+    });
+    let pretty = query.as_deref().is_some_and(|q| {
+        q.split('&')
+            .any(|p| p == "pretty" || p.starts_with("pretty="))
+    });
+    if !pretty {
+        return Json(body).into_response();
+    }
+    // A serde_json::Value always serialises.
+    let text = serde_json::to_string_pretty(&body).unwrap_or_default() + "\n";
+    ([(header::CONTENT_TYPE, "application/json")], text).into_response()
 }

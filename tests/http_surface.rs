@@ -225,6 +225,17 @@ async fn config_shows_rules_and_settings_with_secrets_redacted() {
     assert_eq!(limits[0]["path"], "tenant");
     assert_eq!(limits[2]["rate"]["unit_multiplier"], 5);
     assert_eq!(v["store"], "memory");
+    assert_eq!(out.lines().count(), 1, "one line of JSON for scripts");
+    // `?pretty`: the same document, indented for people reading it with curl.
+    let (code, pretty) = get(server.admin, "/config?pretty");
+    assert_eq!(code, 200);
+    assert!(
+        pretty.lines().count() > 20 && pretty.contains("\n  \"settings\": {"),
+        "{pretty}"
+    );
+    let p: serde_json::Value = serde_json::from_str(&pretty).unwrap();
+    assert_eq!(p["settings"], v["settings"]);
+    assert_eq!(p["rules"], v["rules"]);
 
     // A password given as a setting (nobody listens on the port: the store is down, and the
     // server serves from its fallback) shows only as `***`.
