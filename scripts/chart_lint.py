@@ -523,6 +523,19 @@ h = hl.get("Service/tollgate-headless", {}).get("spec", {})
 expect(h.get("clusterIP") == "None" and [p["port"] for p in h.get("ports", [])] == [8081], f"headless Service: {h}")
 expect("Service/tollgate-headless" not in m, "no headless Service by default")
 
+# TLS Secrets are read at startup: a checksum of each rolls the pods on the upgrade after a
+# rotation (offline, `lookup` finds nothing: the checksum of no data), next to podAnnotations.
+def annotations(m):
+    return m["Deployment/tollgate"]["spec"]["template"]["metadata"].get("annotations") or {}
+
+
+tls = {"grpcTls": {"existingSecret": "grpc-cert"}, "podAnnotations": {"team": "edge"}}
+a = annotations(render(tls))
+expect("checksum/grpc-tls" in a and "checksum/redis-tls" not in a and a.get("team") == "edge", f"TLS checksum annotations: {a}")
+a = annotations(render(dict(tls, rollOnSecretChange=False)))
+expect(a == {"team": "edge"}, f"rollOnSecretChange: false leaves podAnnotations alone: {a}")
+expect(not annotations(m), f"no annotations by default: {annotations(m)}")
+
 # OpenShift's restricted-v2 assigns the uid and fsGroup: the fixed ids can be dropped, and the
 # rest of the restricted context stays.
 osh = render({"podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None},
