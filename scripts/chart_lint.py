@@ -536,6 +536,22 @@ a = annotations(render(dict(tls, rollOnSecretChange=False)))
 expect(a == {"team": "edge"}, f"rollOnSecretChange: false leaves podAnnotations alone: {a}")
 expect(not annotations(m), f"no annotations by default: {annotations(m)}")
 
+# `helm test`: a pod that asks ShouldRateLimit in a domain of the rules, for a key no rule has.
+t = render({"rules": {"a.yaml": "# edge rules\ndomain: edge\ndescriptors: []\n"}}).get("Pod/tollgate-test-rls")
+expect(t is not None, "a helm test pod when the rules name a domain")
+if t:
+    args = t["spec"]["containers"][0]["args"]
+    expect(t["metadata"]["annotations"].get("helm.sh/hook") == "test", f"helm test hook: {t['metadata']}")
+    expect(args[:3] == ["bench", "--target", "tollgate:8081"] and args[args.index("--domain") + 1] == "edge"
+           and args[args.index("--key") + 1] == "tollgate-helm-test" and "--check-limit" in args, f"test args: {args}")
+    expect(t["metadata"]["labels"].get("app.kubernetes.io/name") == "tollgate-test", "the test pod is no tollgate pod (no Service selects it)")
+    expect(t["spec"]["containers"][0]["securityContext"].get("readOnlyRootFilesystem") is True, "test pod securityContext")
+    failures.extend(kube_validate({"Pod/tollgate-test-rls": t}, "helm test pod"))
+expect("Pod/tollgate-test-rls" not in m, "no helm test without a domain to ask")
+expect(render({"existingRulesConfigMap": "r", "helmTest": {"enabled": True, "domain": "mine"}})["Pod/tollgate-test-rls"]
+       ["spec"]["containers"][0]["args"][4] == "mine", "helmTest.domain")
+expect("Pod/tollgate-test-rls" not in render({"rules": {"a.yaml": "domain: edge\n"}, "grpcTls": {"existingSecret": "c"}}), "no plain-gRPC test against TLS")
+
 # OpenShift's restricted-v2 assigns the uid and fsGroup: the fixed ids can be dropped, and the
 # rest of the restricted context stays.
 osh = render({"podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None},
@@ -645,7 +661,10 @@ if m:
     expect(np_.get("policyTypes") == ["Ingress", "Egress"], f"policyTypes: {np_.get('policyTypes')}")
     ing = np_.get("ingress", [])
     expect([[p["port"] for p in r["ports"]] for r in ing] == [[8081], [8080]], f"ingress ports: {ing}")
-    expect(len(ing) == 2 and len(ing[0].get("from", [])) == 2 and ing[1]["from"][0].get("podSelector"), f"ingress peers: {ing}")
+    # grpcFrom's two peers, and the `helm test` pod.
+    expect(len(ing) == 2 and len(ing[0].get("from", [])) == 3 and ing[1]["from"][0].get("podSelector"), f"ingress peers: {ing}")
+    expect(ing[0]["from"][2] == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "tollgate-test", "app.kubernetes.io/instance": "tollgate"}}},
+           f"the helm test pod reaches the gRPC port: {ing[0]['from']}")
     expect(len(np_.get("egress", [])) == 2, "egress rules")
     expect("NetworkPolicy/tollgate-redis" not in m, "no Redis policy without the trial Redis")
     expect("grpcFrom" in notes, "NOTES mentions the NetworkPolicy")

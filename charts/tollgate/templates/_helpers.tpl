@@ -32,6 +32,13 @@ app.kubernetes.io/name: {{ include "tollgate.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The `helm test` pod: a name of its own, so no Service, PDB or policy of tollgate's selects
+     it; the NetworkPolicy admits it to the gRPC port. */}}
+{{- define "tollgate.testSelector" -}}
+app.kubernetes.io/name: {{ include "tollgate.name" . }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
 {{- define "tollgate.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "tollgate.fullname" .) .Values.serviceAccount.name }}
