@@ -39,10 +39,7 @@ RP=$(free_port); start_redis "$RP"
 WP=$(free_port); start_redis "$WP"
 WR=$(free_port); start_redis "$WR" --replicaof 127.0.0.1 "$WP"
 wait_for bash -c "redis-cli -p $WR info replication | grep -q master_link_status:up"
-C1=$(free_port); C2=$(free_port); C3=$(free_port)
-for p in $C1 $C2 $C3; do start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf; done
-redis-cli --cluster create 127.0.0.1:$C1 127.0.0.1:$C2 127.0.0.1:$C3 --cluster-replicas 0 --cluster-yes >/dev/null
-for p in $C1 $C2 $C3; do wait_for bash -c "redis-cli -p $p cluster info | grep -q cluster_state:ok"; done
+start_cluster
 
 # --- the servers ------------------------------------------------------------------------
 mkdir -p "$TMP/rules"
@@ -75,7 +72,7 @@ PIDS+=($!); NOOP_PID=$!
 wait_for bash -c "exec 3<>/dev/tcp/127.0.0.1/$NOOP"
 start_tollgate memory memory; MEM=$GRPC; MEM_PID=$PID
 start_tollgate redis "redis://127.0.0.1:$RP"; RED=$GRPC; RED_PID=$PID
-start_tollgate cluster "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; CLU=$GRPC; CLU_PID=$PID
+start_tollgate cluster "$CLUSTER_URL"; CLU=$GRPC; CLU_PID=$PID
 start_tollgate leased "redis://127.0.0.1:$RP" --lease-max-batch 500 --key-prefix leased:; LEASED=$GRPC; LEASED_PID=$PID
 start_tollgate replicated "redis://127.0.0.1:$WP"; REPL=$GRPC; REPL_PID=$PID
 start_tollgate wait "redis://127.0.0.1:$WP" --store-wait-replicas 1 --store-wait-timeout-ms 50 --key-prefix wait:; WAIT=$GRPC; WAIT_PID=$PID
@@ -168,7 +165,7 @@ KEY=$(redis-cli -p "$RP" --scan --pattern '*mem=*' | head -n 1 || true)
 REDIS_BYTES=$(redis-cli -p "$RP" memory usage "$KEY")
 echo "bench: memory store, 1,000,000 keys…" >&2
 # …and allocations per decision, in process and on the Redis and cluster stores above.
-TOLLGATE_BENCH_STORES="redis://127.0.0.1:$RP redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3" \
+TOLLGATE_BENCH_STORES="redis://127.0.0.1:$RP $CLUSTER_URL" \
   cargo bench -q --bench memory 2>/dev/null > "$TMP/memory.txt" || true
 
 mkdir -p "$(dirname "$SVG")"

@@ -17,10 +17,7 @@ NAME=compare
 source scripts/lib.sh
 trap cleanup EXIT INT TERM
 RP=$(free_port); start_redis "$RP"
-C1=$(free_port); C2=$(free_port); C3=$(free_port)
-for p in $C1 $C2 $C3; do start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf; done
-redis-cli --cluster create 127.0.0.1:$C1 127.0.0.1:$C2 127.0.0.1:$C3 --cluster-replicas 0 --cluster-yes >/dev/null
-for p in $C1 $C2 $C3; do wait_for bash -c "redis-cli -p $p cluster info | grep -q cluster_state:ok"; done
+start_cluster
 mkdir -p "$TMP/rules"
 cat > "$TMP/rules/bench.yaml" <<'YAML'
 domain: bench
@@ -35,7 +32,7 @@ start() { # binary store key-prefix → SG (gRPC port), SPID
   PIDS+=($!); SPID=$!; SG=$g
   wait_for curl -sf "127.0.0.1:$a/readyz"
 }
-for store in memory "redis://127.0.0.1:$RP" "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; do
+for store in memory "redis://127.0.0.1:$RP" "$CLUSTER_URL"; do
   start "$OLD" "$store" old:; OG=$SG; OP=$SPID
   start "$NEW" "$store" new:; NG=$SG; NP=$SPID
   for _ in $(seq "$PASSES"); do

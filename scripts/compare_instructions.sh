@@ -19,10 +19,7 @@ NAME=compare_instructions
 source scripts/lib.sh
 trap cleanup EXIT INT TERM
 RP=$(free_port); start_redis "$RP"
-C1=$(free_port); C2=$(free_port); C3=$(free_port)
-for p in $C1 $C2 $C3; do start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf; done
-redis-cli --cluster create 127.0.0.1:$C1 127.0.0.1:$C2 127.0.0.1:$C3 --cluster-replicas 0 --cluster-yes >/dev/null
-for p in $C1 $C2 $C3; do wait_for bash -c "redis-cli -p $p cluster info | grep -q cluster_state:ok"; done
+start_cluster
 mkdir -p "$TMP/rules"
 cat > "$TMP/rules/bench.yaml" <<'YAML'
 domain: bench
@@ -51,7 +48,7 @@ n = json.load(open(report))["total_requests"]
 print(f"{label:22} {n:>6} requests  {ir // max(n, 1):>7} instructions/request")
 PY
 }
-for store in memory "redis://127.0.0.1:$RP" "redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"; do
+for store in memory "redis://127.0.0.1:$RP" "$CLUSTER_URL"; do
   for who in old new; do
     if [ $who = old ]; then bin=$OLD; else bin=$NEW; fi
     measure "$bin" "$who-${store%%:*}" "$store"

@@ -1,4 +1,4 @@
-# Helpers shared by bench.sh, soak.sh and compare.sh (sourced, not run). The caller sets NAME (for
+# Helpers shared by bench.sh, soak.sh, compare.sh and compare_instructions.sh (sourced, not run). The caller sets NAME (for
 # messages), TMP (a scratch directory) and PIDS=() (the processes it starts) before sourcing,
 # then `trap cleanup EXIT INT TERM`.
 
@@ -36,4 +36,14 @@ start_redis() { # port [extra redis-server args…]
      --daemonize no --logfile "$TMP/redis-$port/log" "$@") &
   PIDS+=($!)
   wait_for redis-cli -p "$port" ping
+}
+
+# A 3-node Redis Cluster (no replicas) on three free loopback ports, stopped by cleanup; sets
+# C1 C2 C3 (the ports) and CLUSTER_URL (redis+cluster://… naming all three).
+start_cluster() {
+  C1=$(free_port); C2=$(free_port); C3=$(free_port)
+  for p in $C1 $C2 $C3; do start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf; done
+  redis-cli --cluster create 127.0.0.1:$C1 127.0.0.1:$C2 127.0.0.1:$C3 --cluster-replicas 0 --cluster-yes >/dev/null
+  for p in $C1 $C2 $C3; do wait_for bash -c "redis-cli -p $p cluster info | grep -q cluster_state:ok"; done
+  CLUSTER_URL="redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"
 }
