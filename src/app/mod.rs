@@ -128,11 +128,19 @@ fn report_fatal(e: &AppError, format: telemetry::LogFormat, logging: bool) {
     match format {
         telemetry::LogFormat::Text => eprintln!("tollgate: {e}"),
         telemetry::LogFormat::Json => {
-            if !logging {
-                // Errors only: the report is the one line this logger writes.
-                let _ = telemetry::init("error", format, "");
+            // Errors only: the report is the one line this logger writes. The logger cannot
+            // start when RUST_LOG is not a filter: the line is then written by hand, in the
+            // same shape, rather than lost.
+            if logging || telemetry::init("error", format, "").is_ok() {
+                tracing::error!("tollgate: {e}");
+            } else {
+                let line = serde_json::json!({
+                    "level": "ERROR",
+                    "target": "tollgate",
+                    "fields": { "message": format!("tollgate: {e}") },
+                });
+                eprintln!("{line}");
             }
-            tracing::error!("tollgate: {e}");
         }
     }
 }
