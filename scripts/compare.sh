@@ -16,15 +16,7 @@ NAME=compare
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 trap cleanup EXIT INT TERM
-RP=$(free_port); start_redis "$RP"
-start_cluster
-mkdir -p "$TMP/rules"
-cat > "$TMP/rules/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-YAML
+start_compare_stores
 start() { # binary store key-prefix → SG (gRPC port), SPID
   local g a; g=$(free_port); a=$(free_port)
   "$1" serve --rules "$TMP/rules" --store "$2" --key-prefix "$3" --grpc-addr 127.0.0.1:$g --admin-addr 127.0.0.1:$a \
@@ -32,7 +24,7 @@ start() { # binary store key-prefix → SG (gRPC port), SPID
   PIDS+=($!); SPID=$!; SG=$g
   wait_for curl -sf "127.0.0.1:$a/readyz"
 }
-for store in memory "redis://127.0.0.1:$RP" "$CLUSTER_URL"; do
+for store in "${STORES[@]}"; do
   start "$OLD" "$store" old:; OG=$SG; OP=$SPID
   start "$NEW" "$store" new:; NG=$SG; NP=$SPID
   for _ in $(seq "$PASSES"); do

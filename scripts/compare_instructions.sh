@@ -18,15 +18,7 @@ NAME=compare_instructions
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 trap cleanup EXIT INT TERM
-RP=$(free_port); start_redis "$RP"
-start_cluster
-mkdir -p "$TMP/rules"
-cat > "$TMP/rules/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-YAML
+start_compare_stores
 measure() { # binary label store
   local g a out="$TMP/$2.callgrind" vp
   g=$(free_port); a=$(free_port)
@@ -48,7 +40,7 @@ n = json.load(open(report))["total_requests"]
 print(f"{label:22} {n:>6} requests  {ir // max(n, 1):>7} instructions/request")
 PY
 }
-for store in memory "redis://127.0.0.1:$RP" "$CLUSTER_URL"; do
+for store in "${STORES[@]}"; do
   for who in old new; do
     if [ $who = old ]; then bin=$OLD; else bin=$NEW; fi
     measure "$bin" "$who-${store%%:*}" "$store"

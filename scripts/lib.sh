@@ -47,3 +47,19 @@ start_cluster() {
   for p in $C1 $C2 $C3; do wait_for bash -c "redis-cli -p $p cluster info | grep -q cluster_state:ok"; done
   CLUSTER_URL="redis+cluster://127.0.0.1:$C1,127.0.0.1:$C2,127.0.0.1:$C3"
 }
+
+# What compare.sh and compare_instructions.sh put two binaries side by side on: a Redis and a
+# 3-node cluster (started), the rules in TMP/rules (one limit high enough that every request is
+# a decision that admits), and STORES (memory, the Redis URL, the cluster URL).
+start_compare_stores() {
+  RP=$(free_port); start_redis "$RP"
+  start_cluster
+  mkdir -p "$TMP/rules"
+  cat > "$TMP/rules/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+YAML
+  STORES=(memory "redis://127.0.0.1:$RP" "$CLUSTER_URL")
+}
