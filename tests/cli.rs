@@ -346,7 +346,12 @@ fn fatal_startup_errors_are_json_lines_too() {
         (broken.as_str(), vec![], false, "must not be empty"),
         ("examples/rules", vec![], false, "cannot listen on"),
         // The logger itself cannot start: the line is still JSON.
-        ("examples/rules", vec![("RUST_LOG", "[[not a filter")], false, "log_level"),
+        (
+            "examples/rules",
+            vec![("RUST_LOG", "[[not a filter")],
+            false,
+            "log_level",
+        ),
     ] {
         let mut env = env;
         let mut args = vec![
