@@ -12,7 +12,8 @@
 # of the peak the closed loop measured, as a table and an SVG plot of p99 against offered load
 # (BENCH_SVG, default target/bench/latency-vs-load.svg).
 # Bounded: BENCH_DURATION seconds per closed-loop row (default 6) plus 2 s warm-up, and
-# BENCH_OPEN_DURATION (default 3) plus 1 s per open-loop point; about 7 minutes in all.
+# BENCH_OPEN_DURATION (default 3) plus 1 s per open-loop point. Last, the CPU-heavy attacks of
+# tests/hostile_peers.rs on the release binary (legitimate p99 under 100 ms). About 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || bash scripts/deps.sh
@@ -168,6 +169,18 @@ echo "bench: memory store, 1,000,000 keys…" >&2
 TOLLGATE_BENCH_STORES="redis://127.0.0.1:$RP $CLUSTER_URL" \
   cargo bench -q --bench memory 2>/dev/null > "$TMP/memory.txt" || true
 
+# --- hostile peers ----------------------------------------------------------------------
+# tests/hostile_peers.rs's CPU-heavy attacks on the release binary, held to the goal of a p99
+# under 100 ms for legitimate requests and /healthz (the suite's debug binary gets 250 ms).
+echo "bench: hostile peers on the release binary…" >&2
+if TOLLGATE_TEST_BINARY="$PWD/$BIN" TOLLGATE_ATTACK_P99_MS=100 \
+  cargo test -q --test hostile_peers -- --nocapture --test-threads 1 \
+  peers_that_send_requests_and_never_read window_update_flood > "$TMP/hostile.txt" 2>&1; then
+  HOSTILE=passed
+else
+  HOSTILE="FAILED (see below)"
+fi
+
 mkdir -p "$(dirname "$SVG")"
 python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$TMP/memory.txt" "$OPEN" "$SVG" <<'PY'
 import json, sys
@@ -280,3 +293,6 @@ for m in mem:
     elif m.get("bench") == "allocations_per_decision":
         print(f'Allocations per decision on {m["store"]}, {m["descriptors"]} descriptor(s): {m["decide"]}')
 PY
+echo
+echo "Hostile peers, release binary, legitimate p99 < 100 ms: $HOSTILE"
+grep -oE "(16 non-reading|WINDOW_UPDATE).*|panicked.*" "$TMP/hostile.txt" || true

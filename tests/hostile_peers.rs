@@ -9,7 +9,8 @@
 //!   answered) is disconnected by the HTTP/2 keepalive (1 s + 1 s here), not kept for ever.
 //! - **Peers that send requests and never read** (raw frames, past the stream cap) have each
 //!   connection closed after 1,024 refused streams: RSS stays bounded while they reconnect,
-//!   and legitimate requests and `/healthz` are answered.
+//!   and legitimate requests and `/healthz` keep answering (p99 under 100 ms on the release
+//!   binary, which `make bench` runs this on; 250 ms on the suite's debug binary).
 //! - **Time limits**: a request's headers sent a byte at a time are ended by the keepalive, a
 //!   body that never finishes by `grpc_request_timeout_ms`.
 //! - **A WINDOW_UPDATE flood** leaves legitimate requests a p99 under 100 ms.
@@ -597,6 +598,20 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
+/// The attacker's own machine: a runtime of its own (one thread), so the attack competes with
+/// the legitimate client below only for the CPU, as a peer on another host would for the
+/// network, and not for the test runtime's two workers, where it would delay the legitimate
+/// client's own sends and reads and be timed as the server's latency. Dropped with
+/// `shutdown_background` (a runtime may not be dropped inside another).
+fn attacker_machine() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("attacker")
+        .enable_all()
+        .build()
+        .expect("attacker runtime")
+}
+
 /// Legitimate requests (a fresh tenant each) and `/healthz` while an attack runs, 20 ms
 /// apart: the p99 of each (the slower of the two p99s, and the slowest of all, returned).
 async fn legitimate_latency(server: &TestServer, count: usize) -> (Duration, Duration) {
@@ -644,12 +659,13 @@ async fn peers_that_send_requests_and_never_read_are_bounded() {
     // back; when the server closes its connection, it opens another and goes on, for as long
     // as the legitimate client below is measured.
     let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let machine = attacker_machine();
     let mut attackers = Vec::new();
     for _ in 0..16 {
         let addr = server.grpc;
         let message = message.clone();
         let flooding = flooding.clone();
-        attackers.push(tokio::spawn(async move {
+        attackers.push(machine.spawn(async move {
             let (mut connections, mut sent) = (0usize, 0usize);
             while flooding.load(std::sync::atomic::Ordering::Relaxed) {
                 let Ok(mut tcp) = TcpStream::connect(addr).await else {
@@ -678,7 +694,10 @@ async fn peers_that_send_requests_and_never_read_are_bounded() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (p99, slowest) = legitimate_latency(&server, 30).await;
+    let (cpu_before, started) = (cpu_time(server.pid()), Instant::now());
+    let (p99, slowest) = legitimate_latency(&server, 100).await;
+    let cpu = (cpu_time(server.pid()) - cpu_before).as_secs_f64() * 100.0
+        / started.elapsed().as_secs_f64();
     let during = rss_kb(server.pid());
     flooding.store(false, std::sync::atomic::Ordering::Relaxed);
     let (mut connections, mut sent) = (0, 0);
@@ -687,9 +706,10 @@ async fn peers_that_send_requests_and_never_read_are_bounded() {
         connections += c;
         sent += n;
     }
+    machine.shutdown_background();
     let grown_mib = during.saturating_sub(before) as f64 / 1024.0;
     println!(
-        "16 non-reading peers sent {sent} requests on {connections} connections: RSS {} → {} MiB (+{grown_mib:.1} MiB); legitimate p99 {p99:?}, slowest {slowest:?}",
+        "16 non-reading peers sent {sent} requests on {connections} connections, server CPU {cpu:.0} %: RSS {} → {} MiB (+{grown_mib:.1} MiB); legitimate p99 {p99:?}, slowest {slowest:?}",
         before / 1024,
         during / 1024
     );
@@ -697,11 +717,17 @@ async fn peers_that_send_requests_and_never_read_are_bounded() {
     // peers that kept their connections grew the server by 118 MiB in 6 s, and kept growing.
     assert!(connections > 16, "no connection was closed");
     assert!(grown_mib < 64.0, "RSS grew {grown_mib:.1} MiB");
-    // Every legitimate request and /healthz was answered. How fast depends on the CPU the
-    // flood leaves (the peers share the machine's 2 cores with the server, and each new
-    // connection's first 100 requests are decided like any others): measured p99 0.6–0.8 s
-    // here, so this bounds liveness, not latency.
-    assert!(slowest < Duration::from_secs(5), "slowest {slowest:?}");
+    // Legitimate requests and /healthz keep answering meanwhile. The goal is a p99 under
+    // 100 ms for what ships; `make bench` holds the release binary to it (measured there: under
+    // 10 ms). This debug binary (its dependencies optimized, its own code not) measured p99
+    // 60–86 ms with the server at ~115 % CPU, so the suite allows it 250 ms. (When the attack
+    // ran on the legitimate client's own runtime, this timed that runtime's queue: p99 0.5 s
+    // here, 85 ms even on the release binary.)
+    let bound = std::env::var("TOLLGATE_ATTACK_P99_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(Duration::from_millis(250), Duration::from_millis);
+    assert!(p99 < bound, "p99 {p99:?}, bound {bound:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -711,11 +737,12 @@ async fn a_window_update_flood_does_not_starve_legitimate_requests() {
     let server = TestServer::builder(RULES).start();
     let cpu_before = cpu_time(server.pid());
     let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let machine = attacker_machine();
     let mut attackers = Vec::new();
     for _ in 0..2 {
         let addr = server.grpc;
         let flooding = flooding.clone();
-        attackers.push(tokio::spawn(async move {
+        attackers.push(machine.spawn(async move {
             let mut tcp = TcpStream::connect(addr).await.expect("connect");
             tcp.write_all(&raw::preface()).await.expect("preface");
             // Connection-level WINDOW_UPDATEs of 1 byte: 2^31 of them before the window
@@ -746,6 +773,7 @@ async fn a_window_update_flood_does_not_starve_legitimate_requests() {
     for attacker in attackers {
         frames += attacker.await.unwrap();
     }
+    machine.shutdown_background();
     println!(
         "WINDOW_UPDATE flood on 2 connections: {frames} frames in {elapsed:?}, server CPU {:.0} %; legitimate p99 {p99:?}, slowest {slowest:?}",
         spent.as_secs_f64() * 100.0 / elapsed.as_secs_f64()

@@ -61,6 +61,14 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1}
 "#;
 
+/// The tollgate binary the servers run: this build's, or `TOLLGATE_TEST_BINARY` (`make bench`
+/// runs the attack tests on the release binary that way, to time what ships).
+pub fn tollgate_binary() -> PathBuf {
+    std::env::var_os("TOLLGATE_TEST_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tollgate")))
+}
+
 /// A loopback port that was free a moment ago (the OS picks it), for an external process
 /// that must be told its port before it starts (redis-server, Envoy) or for an address
 /// nobody listens on. tollgate itself never needs it: it binds port 0.
@@ -332,7 +340,7 @@ impl TestServerBuilder {
             std::fs::write(rules.join(name), text).expect("write rules");
         }
         let log = dir.path().join("tollgate.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        let mut cmd = Command::new(tollgate_binary());
         cmd.arg("serve")
             .arg("--rules")
             .arg(&rules)
