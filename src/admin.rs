@@ -4,6 +4,7 @@
 //! |----------------|--------|
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
 //! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded; with `unready_until_store_answers`, until the store first answered); a JSON body: status, rules (domains, limits, when loaded, the last failed reload's error), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
+//! | `GET /healthcheck` | envoyproxy/ratelimit's probe (Envoy Gateway's readiness probe): 200 `OK` when `/readyz` is 200, else 500 with the reason |
 //! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry/mod.rs` |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (the only route that changes state: it spends tokens) |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit; `?pretty`: indented |
@@ -54,6 +55,7 @@ pub fn router(state: Arc<AdminState>) -> Router {
     let router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
         .route("/config", get(config));
     // `/json` is the one admin route that changes state (it spends tokens): `admin_json: false`
@@ -119,6 +121,28 @@ async fn json_off() -> Response {
         .into_response()
 }
 
+/// Whether this replica is ready, and the status word `/readyz` shows.
+fn readiness(s: &AdminState) -> (bool, &'static str) {
+    let (domains, _, _) = s.handler.rules.load().counts();
+    if !s.ready.load(Ordering::SeqCst) {
+        (false, "not ready")
+    } else if domains == 0 && s.settings.unready_without_rules {
+        (false, "no rules loaded")
+    } else if s.settings.unready_until_store_answers && !s.handler.limiter.store().answered_once() {
+        (false, "store never answered")
+    } else {
+        (true, "ready")
+    }
+}
+
+/// The reference's `/healthcheck`: `OK` (200) when ready, else 500 and why, as it answers.
+async fn healthcheck(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    match readiness(&s) {
+        (true, _) => (StatusCode::OK, "OK".to_string()),
+        (false, why) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")),
+    }
+}
+
 /// 200 when ready, 503 before and while draining; the body says why, in JSON:
 /// `{"status", "rules": {"domains", "limits"}, "store": {"kind", "state", "error"?,
 /// "warnings"?}}` (`error`: why the last connection attempt failed, while the store is not
@@ -127,16 +151,7 @@ async fn json_off() -> Response {
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     let store = s.handler.limiter.store();
     let (domains, _, limits) = s.handler.rules.load().counts();
-    let serving = s.ready.load(Ordering::SeqCst);
-    let (ready, status) = if !serving {
-        (false, "not ready")
-    } else if domains == 0 && s.settings.unready_without_rules {
-        (false, "no rules loaded")
-    } else if s.settings.unready_until_store_answers && !store.answered_once() {
-        (false, "store never answered")
-    } else {
-        (true, "ready")
-    };
+    let (ready, status) = readiness(&s);
     // The store's state is information, not a condition: see the module doc.
     let limiter = &s.handler.limiter;
     let replicas = limiter.replicas();

@@ -53,7 +53,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let command = Cli::parse().command;
+    let command = if started_as_reference() {
+        // envoyproxy/ratelimit's image runs `/bin/ratelimit` with no arguments, configured by
+        // its environment: serve as it would (settings/reference.rs).
+        Command::Serve(ServeArgs {
+            reference_env: true,
+            ..ServeArgs::default()
+        })
+    } else {
+        Cli::parse().command
+    };
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -68,6 +77,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether this binary was started under envoyproxy/ratelimit's name (`/bin/ratelimit`, a
+/// link to tollgate, as in tollgate's image).
+fn started_as_reference() -> bool {
+    std::env::args_os()
+        .next()
+        .and_then(|argv0| {
+            Path::new(&argv0)
+                .file_name()
+                .map(|name| name == "ratelimit")
+        })
+        .unwrap_or(false)
 }
 
 /// Runs one command; `Ok(false)` is a failure the command has already reported.

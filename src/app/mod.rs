@@ -112,6 +112,12 @@ pub async fn run_with_env(sources: &Sources) -> bool {
     for warning in settings::unknown_env_warnings(names) {
         tracing::warn!("{warning}");
     }
+    if !sources.reference_ignored.is_empty() {
+        tracing::warn!(
+            "envoyproxy/ratelimit variables that change nothing here: {}",
+            sources.reference_ignored.join("; ")
+        );
+    }
     let format = settings.log_format;
     let result = run(settings, shutdown_signal()).await;
     if let Err(e) = &result {

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::{KEYS, Sources, from_env};
+use super::{KEYS, Sources, from_env, from_reference_env};
 
 /// The flags of `tollgate serve`, built from [`KEYS`]: `--config FILE` and one
 /// `--<key-with-dashes> VALUE` per setting. No clap defaults and no clap `env`: a clap default
@@ -14,17 +14,40 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
     /// `(key, value)` of the flags that were given.
     pub flags: Vec<(&'static str, String)>,
+    /// `--reference-env` (or started as `ratelimit`): read envoyproxy/ratelimit's variables.
+    pub reference_env: bool,
 }
 
 impl ServeArgs {
     /// The sources of the settings: these flags, the documented `TOLLGATE_*` variables read
-    /// through `get`, and the file (`--config`, else `TOLLGATE_CONFIG`).
+    /// through `get`, and the file (`--config`, else `TOLLGATE_CONFIG`). With `reference_env`,
+    /// envoyproxy/ratelimit's variables too, under the `TOLLGATE_*` ones (which win).
     pub fn sources(self, get: impl Fn(&str) -> Option<String>) -> Sources {
-        let (env_file, env) = from_env(get);
+        let (mut reference_ignored, mut reference_refused) = (Vec::new(), None);
+        let mut env = Vec::new();
+        if self.reference_env {
+            match from_reference_env(&get) {
+                Ok(mapped) => {
+                    env = mapped.env;
+                    reference_ignored = mapped.ignored;
+                }
+                Err(refused) => {
+                    reference_refused = Some(refused.to_string());
+                    // Still report that in the log format the reference's variable asks for.
+                    if let Some(format) = get("LOG_FORMAT").filter(|f| !f.is_empty()) {
+                        env.push(("log_format", format.to_ascii_lowercase()));
+                    }
+                }
+            }
+        }
+        let (env_file, tollgate_env) = from_env(get);
+        env.extend(tollgate_env);
         Sources {
             file: self.config.or(env_file),
             env,
             flags: self.flags,
+            reference_ignored,
+            reference_refused,
         }
     }
 }
@@ -40,6 +63,7 @@ impl clap::FromArgMatches for ServeArgs {
         if let Some(file) = matches.get_one::<PathBuf>("config") {
             self.config = Some(file.clone());
         }
+        self.reference_env |= matches.get_flag("reference-env");
         for key in KEYS {
             if let Some(value) = matches.get_one::<String>(key.name) {
                 self.flags.push((key.name, value.clone()));
@@ -60,6 +84,12 @@ impl clap::Args for ServeArgs {
                 .help(
                     "YAML settings file with the same keys as these flags [env: TOLLGATE_CONFIG]",
                 ),
+        )
+        .arg(
+            Arg::new("reference-env")
+                .long("reference-env")
+                .action(clap::ArgAction::SetTrue)
+                .help("read envoyproxy/ratelimit's environment (REDIS_URL, RUNTIME_ROOT, …) as its image would (as when started as `ratelimit`); TOLLGATE_* variables and flags still win"),
         )
         .args(KEYS.iter().map(|key| {
             Arg::new(key.name)

@@ -121,6 +121,7 @@ mod tests {
             file: f,
             env: vars,
             flags: vec![("key_prefix", "flag".into())],
+            ..Sources::default()
         };
         let s = Settings::load(&sources).unwrap();
         assert_eq!(s.store_timeout_ms, 7, "file over default");

@@ -9,7 +9,8 @@
 //!
 //! Here: the schema (every key once: name, type, default, doc; [`KEYS`] and the struct derive
 //! from it) and the layering; `env.rs` reads the environment (and warns about `TOLLGATE_*`
-//! variables that are not settings), `cli.rs` makes the flags, `validate.rs` checks what
+//! variables that are not settings), `reference.rs` maps envoyproxy/ratelimit's variables
+//! when tollgate runs in its place, `cli.rs` makes the flags, `validate.rs` checks what
 //! serde cannot. The parts' typed configs are built from the result by `configs.rs`.
 
 use std::net::SocketAddr;
@@ -212,6 +213,9 @@ pub enum SettingsError {
     Read(#[from] config::ConfigError),
     #[error("settings: {key}: {message}")]
     Invalid { key: &'static str, message: String },
+    /// A variable of the reference's environment that cannot be honoured (`reference.rs`).
+    #[error("{0}")]
+    Reference(String),
 }
 
 /// Where the settings come from besides the defaults.
@@ -223,18 +227,28 @@ pub struct Sources {
     pub env: Vec<(&'static str, String)>,
     /// `(key, value)` from command-line flags.
     pub flags: Vec<(&'static str, String)>,
+    /// Started as envoyproxy/ratelimit (`reference.rs`): its variables that are set and change
+    /// nothing here, for the one startup warning that names them.
+    pub reference_ignored: Vec<String>,
+    /// …or the reason its environment cannot be served, which stops startup.
+    pub reference_refused: Option<String>,
 }
 
 mod cli;
 mod env;
+mod reference;
 mod validate;
 
 pub use cli::ServeArgs;
 pub use env::{from_env, unknown_env_warnings};
+pub use reference::{Mapped, Refused, from_reference_env};
 
 impl Settings {
     /// Layers the sources (file < env < flags) over the defaults and validates the result.
     pub fn load(sources: &Sources) -> Result<Settings, SettingsError> {
+        if let Some(refused) = &sources.reference_refused {
+            return Err(SettingsError::Reference(refused.clone()));
+        }
         let mut b = config::Config::builder();
         if let Some(file) = &sources.file {
             b = b.add_source(

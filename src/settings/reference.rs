@@ -1,0 +1,728 @@
+//! The environment of envoyproxy/ratelimit (the reference), for a drop-in swap of its image:
+//! started as `ratelimit` (argv[0]) or with `serve --reference-env`, tollgate reads the
+//! reference's variables ([`from_reference_env`]) and maps each to its own setting.
+//!
+//! Data flows one way: the reference's variables → `(setting, value)` pairs, layered where the
+//! `TOLLGATE_*` variables go (so those, and flags, still win and add what the reference lacks:
+//! leasing, fallback, algorithms) → `Settings::load`. A variable with no tollgate meaning is
+//! named in one startup warning ([`Mapped::ignored`]); a value tollgate cannot honour safely
+//! (a Redis type it does not know, a unix socket, rules over xDS, a client-certificate SAN it
+//! would not check) stops startup with the reason ([`Refused`]), because serving anyway would
+//! limit other traffic than the operator configured. The README's "Coming from
+//! envoyproxy/ratelimit" table is this file's table.
+
+use std::time::Duration;
+
+/// The reference's variables, as tollgate settings.
+#[derive(Debug, Default, PartialEq)]
+pub struct Mapped {
+    /// `(setting, value)`, in the schema's names.
+    pub env: Vec<(&'static str, String)>,
+    /// `NAME (why)` for each reference variable that is set and has no effect here.
+    pub ignored: Vec<String>,
+}
+
+/// A reference variable whose value tollgate cannot honour safely.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("envoyproxy/ratelimit environment: {name}={value}: {why}")]
+pub struct Refused {
+    pub name: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+/// Variables that are read but change nothing here, with why (named in the startup warning
+/// when set). Those that tollgate covers another way say how.
+const IGNORED: &[(&str, &str)] = &[
+    ("PROTO", "tollgate listens on TCP"),
+    (
+        "DEBUG_HOST",
+        "no debug port: profiles and stats are not served",
+    ),
+    (
+        "DEBUG_PORT",
+        "no debug port: profiles and stats are not served",
+    ),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "tollgate always starts, with or without rules",
+    ),
+    ("CONFIG_GRPC_XDS_NODE_ID", "rules are read from files"),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", "rules are read from files"),
+    ("CONFIG_GRPC_XDS_SERVER_URL", "rules are read from files"),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        "rules are read from files",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "rules are read from files",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "rules are read from files",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "rules are read from files",
+    ),
+    ("XDS_CLIENT_BACKOFF_JITTER", "rules are read from files"),
+    (
+        "USE_DOG_STATSD",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "USE_DOG_STATSD_MOGRIFIERS",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "STATSD_HOST",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "STATSD_PORT",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "EXTRA_TAGS",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "STATS_FLUSH_INTERVAL",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "DISABLE_STATS",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "USE_PROMETHEUS",
+        "metrics are always Prometheus, on the admin port's /metrics",
+    ),
+    (
+        "PROMETHEUS_ADDR",
+        "metrics are on the admin port's /metrics",
+    ),
+    (
+        "PROMETHEUS_PATH",
+        "metrics are on the admin port's /metrics",
+    ),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "tollgate's metric names are its own (README, Metrics)",
+    ),
+    ("RUNTIME_IGNOREDOTFILES", "dotfiles are always skipped"),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "changed rules files are found by reload_interval_ms",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "buckets expire when full again, no jitter needed",
+    ),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "the over-limit cache is sized in keys: over_limit_cache_max_keys",
+    ),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "a refused request never spends tokens",
+    ),
+    (
+        "LIMIT_LIMIT_HEADER",
+        "the headers are RateLimit-Limit/-Remaining/-Reset and Retry-After",
+    ),
+    (
+        "LIMIT_REMAINING_HEADER",
+        "the headers are RateLimit-Limit/-Remaining/-Reset and Retry-After",
+    ),
+    (
+        "LIMIT_RESET_HEADER",
+        "the headers are RateLimit-Limit/-Remaining/-Reset and Retry-After",
+    ),
+    (
+        "REDIS_POOL_SIZE",
+        "connections are multiplexed: store_pool_size (2) is enough",
+    ),
+    (
+        "REDIS_TIMEOUT",
+        "store_timeout_ms (10 ms) decides: past it the fallback answers, Envoy would not wait seconds",
+    ),
+    (
+        "REDIS_USE_EXPLICIT_PIPELINE",
+        "calls in flight are pipelined on their own",
+    ),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "calls in flight are pipelined on their own",
+    ),
+    (
+        "REDIS_PIPELINE_LIMIT",
+        "calls in flight are pipelined on their own",
+    ),
+    ("REDIS_PERSECOND", "one store holds every limit"),
+    ("REDIS_PERSECOND_SOCKET_TYPE", "one store holds every limit"),
+    ("REDIS_PERSECOND_TYPE", "one store holds every limit"),
+    ("REDIS_PERSECOND_URL", "one store holds every limit"),
+    ("REDIS_PERSECOND_POOL_SIZE", "one store holds every limit"),
+    ("REDIS_PERSECOND_AUTH", "one store holds every limit"),
+    ("REDIS_PERSECOND_TLS", "one store holds every limit"),
+    (
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        "one store holds every limit",
+    ),
+    (
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        "one store holds every limit",
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "a store outage never fails readiness (README, Readiness); unready_until_store_answers gates the start",
+    ),
+    ("MEMCACHE_HOST_PORT", "the store is Redis"),
+    ("MEMCACHE_MAX_IDLE_CONNS", "the store is Redis"),
+    ("MEMCACHE_SRV", "the store is Redis"),
+    ("MEMCACHE_SRV_REFRESH", "the store is Redis"),
+    ("MEMCACHE_TLS", "the store is Redis"),
+    ("MEMCACHE_TLS_CLIENT_CERT", "the store is Redis"),
+    ("MEMCACHE_TLS_CLIENT_KEY", "the store is Redis"),
+    ("MEMCACHE_TLS_CACERT", "the store is Redis"),
+    (
+        "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "the store is Redis",
+    ),
+    (
+        "MERGE_DOMAIN_CONFIG",
+        "a domain's rules are in one file (two files of one domain are refused)",
+    ),
+    ("TRACING_SERVICE_NAME", "spans are named tollgate"),
+    ("TRACING_SERVICE_NAMESPACE", "spans are named tollgate"),
+    ("TRACING_SERVICE_INSTANCE_ID", "spans are named tollgate"),
+    (
+        "TRACING_SAMPLING_RATE",
+        "every request is traced; the collector samples",
+    ),
+];
+
+/// Reads the reference's variables through `get` (empty counts as unset, as in envconfig
+/// with no default) and maps them, or refuses the first value that cannot be honoured.
+pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped, Refused> {
+    let var = |name: &str| get(name).filter(|v| !v.is_empty());
+    let refuse = |name: &'static str, value: &str, why: &str| Refused {
+        name,
+        value: value.to_string(),
+        why: why.to_string(),
+    };
+    let flag = |name: &'static str| -> Result<Option<bool>, Refused> {
+        match var(name) {
+            None => Ok(None),
+            Some(v) => parse_bool(&v)
+                .map(Some)
+                .ok_or_else(|| refuse(name, &v, "not a boolean (true or false)")),
+        }
+    };
+    let (mut env, mut ignored) = (Vec::new(), Vec::new());
+    let mut set = |key: &'static str, value: String| env.push((key, value));
+
+    // Listeners: the reference's HTTP port (PORT, /healthcheck and /json) is tollgate's
+    // admin port; its gRPC port is tollgate's.
+    if let Some(uds) = var("GRPC_UDS") {
+        return Err(refuse(
+            "GRPC_UDS",
+            &uds,
+            "tollgate serves gRPC on TCP only: unset it and use GRPC_HOST/GRPC_PORT",
+        ));
+    }
+    set(
+        "grpc_addr",
+        address(var("GRPC_HOST"), var("GRPC_PORT"), "8081"),
+    );
+    set("admin_addr", address(var("HOST"), var("PORT"), "8080"));
+    if let Some(age) = var("GRPC_MAX_CONNECTION_AGE") {
+        let ms = go_duration(&age).ok_or_else(|| {
+            refuse(
+                "GRPC_MAX_CONNECTION_AGE",
+                &age,
+                "not a duration such as 24h or 90s",
+            )
+        })?;
+        set("grpc_max_connection_age_ms", ms.as_millis().to_string());
+    }
+    if let Some(grace) = var("GRPC_MAX_CONNECTION_AGE_GRACE") {
+        let ms = go_duration(&grace).ok_or_else(|| {
+            refuse(
+                "GRPC_MAX_CONNECTION_AGE_GRACE",
+                &grace,
+                "not a duration such as 1h or 10s",
+            )
+        })?;
+        set(
+            "grpc_max_connection_age_grace_ms",
+            ms.as_millis().to_string(),
+        );
+    }
+    if flag("GRPC_SERVER_USE_TLS")?.unwrap_or(false) {
+        for (name, key) in [
+            ("GRPC_SERVER_TLS_CERT", "grpc_tls_cert"),
+            ("GRPC_SERVER_TLS_KEY", "grpc_tls_key"),
+            ("GRPC_CLIENT_TLS_CACERT", "grpc_tls_client_ca"),
+        ] {
+            if let Some(v) = var(name) {
+                set(key, v);
+            }
+        }
+        if let Some(san) = var("GRPC_CLIENT_TLS_SAN") {
+            return Err(refuse(
+                "GRPC_CLIENT_TLS_SAN",
+                &san,
+                "tollgate does not check client certificates' SANs: it would admit clients this SAN refuses (use a client CA of their own)",
+            ));
+        }
+    }
+
+    // Logs.
+    if let Some(level) = var("LOG_LEVEL") {
+        let level = level.to_ascii_lowercase();
+        let level = if level == "warning" {
+            "warn".to_string()
+        } else {
+            level
+        };
+        set("log_level", level);
+    }
+    if let Some(format) = var("LOG_FORMAT") {
+        set("log_format", format.to_ascii_lowercase());
+    }
+
+    // Rules: files under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, as the
+    // reference's runtime loader reads them.
+    let config_type = var("CONFIG_TYPE").unwrap_or_else(|| "FILE".to_string());
+    if !config_type.eq_ignore_ascii_case("FILE") {
+        return Err(refuse(
+            "CONFIG_TYPE",
+            &config_type,
+            "tollgate reads rules from files only (CONFIG_TYPE=FILE): mount the RateLimit configs as files under RUNTIME_ROOT",
+        ));
+    }
+    let mut rules = std::path::PathBuf::from(
+        var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".to_string()),
+    );
+    if let Some(sub) = var("RUNTIME_SUBDIRECTORY") {
+        rules.push(sub);
+    }
+    rules.push(var("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".to_string()));
+    set("rules", rules.display().to_string());
+    if let Some(on) = flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")? {
+        set("unready_without_rules", on.to_string());
+    }
+
+    // Decisions and responses.
+    if let Some(ratio) = var("NEAR_LIMIT_RATIO") {
+        set("near_limit_ratio", ratio);
+    }
+    if let Some(prefix) = var("CACHE_KEY_PREFIX") {
+        set("key_prefix", prefix);
+    }
+    if let Some(on) = flag("SHADOW_MODE")? {
+        set("shadow_mode", on.to_string());
+    }
+    if let Some(on) = flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+        set("response_headers", on.to_string());
+    }
+
+    // The store. The reference's defaults are Redis over a unix socket (a nutcracker proxy):
+    // that one is refused, with what to set instead.
+    let backend = var("BACKEND_TYPE").unwrap_or_else(|| "redis".to_string());
+    if !backend.eq_ignore_ascii_case("redis") {
+        return Err(refuse(
+            "BACKEND_TYPE",
+            &backend,
+            "tollgate's shared store is Redis (or Valkey): BACKEND_TYPE=redis",
+        ));
+    }
+    let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".to_string());
+    if !socket.eq_ignore_ascii_case("tcp") {
+        return Err(refuse(
+            "REDIS_SOCKET_TYPE",
+            &socket,
+            "tollgate reaches Redis over TCP only: set REDIS_SOCKET_TYPE=tcp and REDIS_URL=host:port (unset, the reference defaults to unix)",
+        ));
+    }
+    let url = var("REDIS_URL").ok_or_else(|| {
+        refuse(
+            "REDIS_URL",
+            "",
+            "unset: the Redis address, host:port (or a comma list of cluster nodes)",
+        )
+    })?;
+    let tls = flag("REDIS_TLS")?.unwrap_or(false);
+    let redis_type = var("REDIS_TYPE").unwrap_or_else(|| "SINGLE".to_string());
+    let scheme = match redis_type.to_ascii_lowercase().as_str() {
+        "single" => "redis",
+        "cluster" => "redis+cluster",
+        "sentinel" => "redis+sentinel",
+        _ => {
+            return Err(refuse(
+                "REDIS_TYPE",
+                &redis_type,
+                "not a Redis type: SINGLE, CLUSTER or SENTINEL",
+            ));
+        }
+    };
+    let scheme = if tls {
+        scheme.replacen("redis", "rediss", 1)
+    } else {
+        scheme.to_string()
+    };
+    let store = if scheme.ends_with("sentinel") {
+        // The reference's form is `master,sentinel1:port,sentinel2:port`.
+        let (master, sentinels) = url.split_once(',').ok_or_else(|| {
+            refuse(
+                "REDIS_URL",
+                &url,
+                "a Sentinel URL is master,host:port[,host:port…]",
+            )
+        })?;
+        format!("{scheme}://{sentinels}/{master}")
+    } else {
+        format!("{scheme}://{url}")
+    };
+    set("store", store);
+    if let Some(auth) = var("REDIS_AUTH") {
+        // `password`, or `user:password` for an ACL user.
+        match auth.split_once(':') {
+            Some((user, password)) => {
+                set("store_username", user.to_string());
+                set("store_password", password.to_string());
+            }
+            None => set("store_password", auth),
+        }
+    }
+    if let Some(auth) = var("REDIS_SENTINEL_AUTH") {
+        set("store_sentinel_password", auth);
+    }
+    if tls {
+        for (name, key) in [
+            ("REDIS_TLS_CACERT", "store_tls_ca"),
+            ("REDIS_TLS_CLIENT_CERT", "store_tls_cert"),
+            ("REDIS_TLS_CLIENT_KEY", "store_tls_key"),
+        ] {
+            if let Some(v) = var(name) {
+                set(key, v);
+            }
+        }
+        if flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?.unwrap_or(false) {
+            return Err(refuse(
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                "true",
+                "tollgate always checks the Redis certificate's host name: connect by a name the certificate holds",
+            ));
+        }
+    }
+
+    // Traces: OTLP over gRPC only.
+    if flag("TRACING_ENABLED")?.unwrap_or(false) {
+        let protocol = var("TRACING_EXPORTER_PROTOCOL").unwrap_or_else(|| "http".to_string());
+        let endpoint = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        match endpoint {
+            Some(endpoint) if protocol.eq_ignore_ascii_case("grpc") => set("otlp_endpoint", endpoint),
+            _ => ignored.push(format!("TRACING_ENABLED (spans go over OTLP/gRPC: TRACING_EXPORTER_PROTOCOL=grpc with OTEL_EXPORTER_OTLP_ENDPOINT, got protocol {protocol})")),
+        }
+    }
+    if flag("USE_STATSD")? == Some(true) {
+        ignored
+            .push("USE_STATSD (metrics are Prometheus on the admin port's /metrics)".to_string());
+    }
+    for (name, why) in IGNORED {
+        if var(name).is_some() {
+            ignored.push(format!("{name} ({why})"));
+        }
+    }
+    Ok(Mapped { env, ignored })
+}
+
+/// `host:port` from the reference's pair (either may be unset).
+fn address(host: Option<String>, port: Option<String>, default_port: &str) -> String {
+    let host = host.unwrap_or_else(|| "0.0.0.0".to_string());
+    let port = port.unwrap_or_else(|| default_port.to_string());
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Go's `time.ParseDuration` for what the reference's defaults use: a sequence of a number and
+/// a unit (`h`, `m`, `s`, `ms`, `us`, `ns`), e.g. `24h`, `1h30m`, `500ms`; `0` alone too.
+fn go_duration(v: &str) -> Option<Duration> {
+    if v == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut total = 0f64;
+    let mut rest = v;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|&i| i > 0)?;
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += number * seconds;
+        rest = &rest[unit_len..];
+    }
+    Some(Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::settings::{Settings, Sources};
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        let map: HashMap<&str, &str> = vars.iter().copied().collect();
+        move |k| map.get(k).map(|v| v.to_string())
+    }
+
+    /// What Envoy Gateway's rate-limit Deployment sets (v1.8), with rules from files.
+    #[test]
+    fn envoy_gateways_variables_map_to_settings_that_load() {
+        let mapped = from_reference_env(env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.infra:6379"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("LOG_LEVEL", "info"),
+            ("USE_STATSD", "false"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+        ]))
+        .unwrap();
+        let get = |k: &str| {
+            mapped
+                .env
+                .iter()
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("store"), Some("redis://redis.infra:6379"));
+        assert_eq!(get("rules"), Some("/data/ratelimit/config"));
+        assert_eq!(get("grpc_addr"), Some("0.0.0.0:8081"));
+        assert_eq!(get("admin_addr"), Some("0.0.0.0:8080"));
+        assert_eq!(get("grpc_tls_client_ca"), Some("/certs/ca.crt"));
+        assert_eq!(get("log_level"), Some("info"));
+        assert_eq!(
+            mapped.ignored,
+            vec![
+                "FORCE_START_WITHOUT_INITIAL_CONFIG (tollgate always starts, with or without rules)",
+                "RUNTIME_IGNOREDOTFILES (dotfiles are always skipped)",
+                "RUNTIME_WATCH_ROOT (changed rules files are found by reload_interval_ms)",
+            ]
+        );
+        // The settings themselves validate (the TLS files are read later, at startup).
+        let s = Settings::load(&Sources {
+            env: mapped.env,
+            ..Sources::default()
+        })
+        .unwrap();
+        assert_eq!(s.grpc_tls_cert, "/certs/tls.crt");
+    }
+
+    #[test]
+    fn redis_types_auth_and_tls_map_to_the_store_url() {
+        let base = [("REDIS_SOCKET_TYPE", "tcp")];
+        let store = |extra: &[(&str, &str)]| {
+            let vars: Vec<(&str, &str)> = base.iter().chain(extra).copied().collect();
+            let mapped = from_reference_env(env(&vars)).unwrap();
+            let value = |k: &str| {
+                mapped
+                    .env
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| v.clone())
+            };
+            (
+                value("store"),
+                value("store_username"),
+                value("store_password"),
+            )
+        };
+        assert_eq!(
+            store(&[
+                ("REDIS_URL", "a:1,b:2"),
+                ("REDIS_TYPE", "cluster"),
+                ("REDIS_TLS", "true")
+            ])
+            .0
+            .unwrap(),
+            "rediss+cluster://a:1,b:2"
+        );
+        assert_eq!(
+            store(&[
+                ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+                ("REDIS_TYPE", "SENTINEL")
+            ])
+            .0
+            .unwrap(),
+            "redis+sentinel://s1:26379,s2:26379/mymaster"
+        );
+        let (_, user, password) = store(&[("REDIS_URL", "r:6379"), ("REDIS_AUTH", "app:s3cret")]);
+        assert_eq!(
+            (user.as_deref(), password.as_deref()),
+            (Some("app"), Some("s3cret"))
+        );
+        let (_, user, password) = store(&[("REDIS_URL", "r:6379"), ("REDIS_AUTH", "s3cret")]);
+        assert_eq!((user, password.as_deref()), (None, Some("s3cret")));
+    }
+
+    #[test]
+    fn values_that_cannot_be_honoured_stop_startup_with_the_reason() {
+        let refused = |vars: &[(&str, &str)]| from_reference_env(env(vars)).unwrap_err();
+        // The reference's own defaults: Redis over a unix socket.
+        let e = refused(&[]);
+        assert_eq!(e.name, "REDIS_SOCKET_TYPE");
+        assert!(e.to_string().contains("REDIS_SOCKET_TYPE=tcp"), "{e}");
+        let tcp = ("REDIS_SOCKET_TYPE", "tcp");
+        let url = ("REDIS_URL", "r:6379");
+        assert_eq!(refused(&[tcp]).name, "REDIS_URL");
+        let e = refused(&[tcp, url, ("REDIS_TYPE", "CLUSTERED")]);
+        assert_eq!(
+            e.to_string(),
+            "envoyproxy/ratelimit environment: REDIS_TYPE=CLUSTERED: not a Redis type: SINGLE, CLUSTER or SENTINEL"
+        );
+        assert_eq!(
+            refused(&[tcp, url, ("CONFIG_TYPE", "GRPC_XDS_SOTW")]).name,
+            "CONFIG_TYPE"
+        );
+        assert_eq!(
+            refused(&[tcp, url, ("BACKEND_TYPE", "memcache")]).name,
+            "BACKEND_TYPE"
+        );
+        assert_eq!(
+            refused(&[tcp, url, ("GRPC_UDS", "/tmp/rl.sock")]).name,
+            "GRPC_UDS"
+        );
+        assert_eq!(
+            refused(&[tcp, url, ("SHADOW_MODE", "yes")]).name,
+            "SHADOW_MODE"
+        );
+        assert_eq!(
+            refused(&[
+                tcp,
+                url,
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_CLIENT_TLS_SAN", "envoy")
+            ])
+            .name,
+            "GRPC_CLIENT_TLS_SAN"
+        );
+        assert_eq!(
+            refused(&[
+                tcp,
+                url,
+                ("REDIS_TLS", "true"),
+                ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")
+            ])
+            .name,
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"
+        );
+    }
+
+    #[test]
+    fn durations_and_the_rest_map_as_the_reference_reads_them() {
+        let mapped = from_reference_env(env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "r:6379"),
+            ("GRPC_MAX_CONNECTION_AGE", "1h30m"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "500ms"),
+            ("GRPC_PORT", "9081"),
+            ("HOST", "::1"),
+            ("LOG_LEVEL", "WARNING"),
+            ("LOG_FORMAT", "JSON"),
+            ("SHADOW_MODE", "1"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+            ("CACHE_KEY_PREFIX", "rl_"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+            ("STATSD_HOST", "localhost"),
+        ]))
+        .unwrap();
+        let s = Settings::load(&Sources {
+            env: mapped.env,
+            ..Sources::default()
+        })
+        .unwrap();
+        assert_eq!(s.grpc_max_connection_age_ms, 5_400_000);
+        assert_eq!(s.grpc_max_connection_age_grace_ms, 500);
+        assert_eq!(s.grpc_addr, "0.0.0.0:9081".parse().unwrap());
+        assert_eq!(s.admin_addr, "[::1]:8080".parse().unwrap());
+        assert_eq!(s.log_level, "warn");
+        assert_eq!(s.log_format, crate::telemetry::LogFormat::Json);
+        assert!(s.shadow_mode && s.response_headers && s.unready_without_rules);
+        assert_eq!(s.near_limit_ratio, 0.9);
+        assert_eq!(s.key_prefix, "rl_");
+        assert_eq!(
+            s.rules,
+            std::path::PathBuf::from("/srv/runtime_data/current/config")
+        );
+        assert_eq!(
+            mapped.ignored,
+            vec!["STATSD_HOST (metrics are Prometheus on the admin port's /metrics)"]
+        );
+        assert_eq!(go_duration("24h"), Some(Duration::from_secs(86_400)));
+        assert_eq!(go_duration("1.5s"), Some(Duration::from_millis(1_500)));
+        assert_eq!(go_duration("10"), None);
+        assert_eq!(go_duration("5x"), None);
+    }
+}

@@ -1,0 +1,159 @@
+//! tollgate in envoyproxy/ratelimit's place: the binary started as `ratelimit` (a link, as
+//! `/bin/ratelimit` in the image) with no arguments and the reference's environment, as Envoy
+//! Gateway's rate-limit Deployment sets it (rules from files: `CONFIG_TYPE=FILE`), against a
+//! real Redis. It serves the reference's config layout (`RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
+//! config/*.yaml`) with the reference's key prefix, answers `/healthcheck`, names the
+//! variables that change nothing in one warning, and refuses a value it cannot honour.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::redis::TestRedis;
+use common::{client_of, free_port, get, poll, request, temp_dir, tollgate_binary};
+
+/// The reference's README example, one level deep: 2 an hour per tenant.
+const CONFIG: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: hour\n      requests_per_unit: 2\n";
+
+/// A link named `ratelimit` to this build's binary, in `dir`.
+fn ratelimit_link(dir: &std::path::Path) -> std::path::PathBuf {
+    let link = dir.join("ratelimit");
+    std::os::unix::fs::symlink(tollgate_binary(), &link).expect("link ratelimit");
+    link
+}
+
+/// Starts `bin` with only `vars` in its environment (nothing of this process's leaks in).
+fn start(bin: &std::path::Path, vars: &[(&str, String)], log: &std::path::Path) -> Child {
+    let mut cmd = Command::new(bin);
+    cmd.env_clear()
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log file"));
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("start ratelimit")
+}
+
+#[tokio::test]
+async fn started_as_ratelimit_it_serves_the_references_environment() {
+    let redis = TestRedis::start();
+    let dir = temp_dir("reference-env");
+    let config = dir.path().join("data/ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("edge.yaml"), CONFIG).unwrap();
+    // A ConfigMap mount's hidden copy: skipped, as RUNTIME_IGNOREDOTFILES asks.
+    std::fs::write(config.join(".edge.yaml"), "not: [yaml").unwrap();
+    let (grpc_port, http_port) = (free_port(), free_port());
+    let vars = [
+        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
+        (
+            "RUNTIME_ROOT",
+            dir.path().join("data").display().to_string(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
+        ("RUNTIME_IGNOREDOTFILES", "true".to_string()),
+        ("RUNTIME_WATCH_ROOT", "false".to_string()),
+        ("LOG_LEVEL", "info".to_string()),
+        ("USE_STATSD", "false".to_string()),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_string()),
+        ("CACHE_KEY_PREFIX", "ref_".to_string()),
+        ("GRPC_HOST", "127.0.0.1".to_string()),
+        ("GRPC_PORT", grpc_port.to_string()),
+        ("HOST", "127.0.0.1".to_string()),
+        ("PORT", http_port.to_string()),
+        // tollgate's own settings still apply on top, as extra env.
+        ("TOLLGATE_RESPONSE_HEADERS", "true".to_string()),
+    ];
+    let log = dir.path().join("tollgate.log");
+    let mut child = start(&ratelimit_link(dir.path()), &vars, &log);
+    let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
+    let healthy = poll(Duration::from_secs(20), || {
+        (get(admin, "/healthcheck") == (200, "OK".to_string())).then_some(())
+    });
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(healthy.is_some(), "no /healthcheck OK; log:\n{}", text());
+
+    let grpc: SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
+    let mut client = client_of(grpc).await;
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .should_rate_limit(request("edge", &[&[("tenant", "acme")]]))
+            .await
+            .expect("ShouldRateLimit")
+            .into_inner();
+        codes.push(r.overall_code);
+        if r.overall_code == 2 {
+            assert!(
+                r.response_headers_to_add
+                    .iter()
+                    .any(|h| h.key == "Retry-After"),
+                "TOLLGATE_RESPONSE_HEADERS applies on top: {r:?}"
+            );
+        }
+    }
+    assert_eq!(codes, vec![1, 1, 2], "OK, OK, OVER_LIMIT");
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with("ref_") && k.contains("acme")),
+        "the bucket is in Redis under CACHE_KEY_PREFIX: {keys:?}"
+    );
+    let log_text = text();
+    let warning = log_text
+        .lines()
+        .find(|l| l.contains("envoyproxy/ratelimit variables that change nothing here"))
+        .unwrap_or_else(|| panic!("no warning naming the ignored variables; log:\n{log_text}"));
+    for name in [
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "RUNTIME_IGNOREDOTFILES",
+        "RUNTIME_WATCH_ROOT",
+    ] {
+        assert!(warning.contains(name), "{name} not named: {warning}");
+    }
+    assert!(!warning.contains("REDIS_URL"), "{warning}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn a_value_it_cannot_honour_stops_startup_with_the_reason() {
+    let dir = temp_dir("reference-refused");
+    let link = ratelimit_link(dir.path());
+    for (vars, says) in [
+        (
+            vec![
+                ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+                ("REDIS_URL", "127.0.0.1:1".to_string()),
+                ("REDIS_TYPE", "CLUSTERED".to_string()),
+            ],
+            "REDIS_TYPE=CLUSTERED: not a Redis type: SINGLE, CLUSTER or SENTINEL",
+        ),
+        // The reference's own default: Redis over a unix socket.
+        (vec![], "REDIS_SOCKET_TYPE=unix"),
+        (
+            vec![
+                ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+                ("REDIS_URL", "127.0.0.1:1".to_string()),
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_string()),
+            ],
+            "CONFIG_TYPE=GRPC_XDS_SOTW: tollgate reads rules from files only",
+        ),
+    ] {
+        let log = dir.path().join("refused.log");
+        let mut child = start(&link, &vars, &log);
+        let status = poll(Duration::from_secs(10), || child.try_wait().ok().flatten());
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let Some(status) = status else {
+            let _ = child.kill();
+            panic!("still running with {vars:?}; log:\n{text}");
+        };
+        assert!(!status.success(), "{vars:?} started; log:\n{text}");
+        assert!(text.contains(says), "{vars:?}: {text}");
+    }
+}
