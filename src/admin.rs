@@ -198,6 +198,9 @@ fn rules_status(
 ) -> serde_json::Value {
     let mut rules =
         json!({ "domains": domains, "limits": limits, "loaded_at_unix_ms": view.loaded_at_ms });
+    if let Some(version) = &view.version {
+        rules["xds_version"] = json!(version);
+    }
     if let Some((at, error)) = &view.failed {
         rules["reload_failed_at_unix_ms"] = json!(at);
         rules["reload_error"] = json!(error);

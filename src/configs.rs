@@ -97,3 +97,14 @@ pub fn redis_config(s: &Settings) -> RedisConfig {
         wait_timeout_ms: s.store_wait_timeout_ms,
     }
 }
+
+/// Where `rules::xds` takes the rules from (`rules_xds_*`).
+pub fn xds_source(settings: &Settings) -> crate::rules::xds::XdsSource {
+    crate::rules::xds::XdsSource {
+        server: settings.rules_xds_server.clone(),
+        node_id: settings.rules_xds_node_id.clone(),
+        tls_ca: settings.rules_xds_tls_ca.clone(),
+        tls_cert: settings.rules_xds_tls_cert.clone(),
+        tls_key: settings.rules_xds_tls_key.clone(),
+    }
+}

@@ -1,6 +1,7 @@
 //! tollgate in envoyproxy/ratelimit's place: the binary started as `ratelimit` (a link, as
 //! `/bin/ratelimit` in the image) with no arguments and the reference's environment, as Envoy
-//! Gateway's rate-limit Deployment sets it (rules from files: `CONFIG_TYPE=FILE`), against a
+//! Gateway's rate-limit Deployment sets it (but rules from files, `CONFIG_TYPE=FILE`: rules
+//! over xDS are `rules_xds.rs`'s), against a
 //! real Redis. It serves the reference's config layout (`RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
 //! config/*.yaml`) with the reference's key prefix, answers `/healthcheck`, names the
 //! variables that change nothing in one warning, and refuses a value it cannot honour.
@@ -140,9 +141,9 @@ fn a_value_it_cannot_honour_stops_startup_with_the_reason() {
             vec![
                 ("REDIS_SOCKET_TYPE", "tcp".to_string()),
                 ("REDIS_URL", "127.0.0.1:1".to_string()),
-                ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_string()),
+                ("CONFIG_TYPE", "GRPC_XDS".to_string()),
             ],
-            "CONFIG_TYPE=GRPC_XDS_SOTW: tollgate reads rules from files only",
+            "CONFIG_TYPE=GRPC_XDS: not a config type: FILE or GRPC_XDS_SOTW",
         ),
     ] {
         let log = dir.path().join("refused.log");

@@ -207,6 +207,14 @@ struct LoadedRules {
 }
 
 fn load_rules(settings: &Settings) -> Result<LoadedRules, AppError> {
+    if !settings.rules_xds_server.is_empty() {
+        // The rules are the xDS server's: none until its first snapshot (`rules::xds`).
+        tracing::info!(server = %settings.rules_xds_server, node = %settings.rules_xds_node_id, "rules from xDS: none until the first snapshot");
+        return Ok(LoadedRules {
+            set: rules::RuleSet::default(),
+            fingerprint: Vec::new(),
+        });
+    }
     let fingerprint = rules::reload::fingerprint(&settings.rules);
     let set = rules::load_path(&settings.rules, load_options(settings))?;
     for w in &set.warnings {
@@ -267,7 +275,10 @@ async fn serve_loaded(
     // One shutdown signal fanned out to every task.
     let (stop_tx, stop_rx) = watch::channel(false);
     let reload_status = Arc::new(rules::reload::ReloadStatus::default());
-    reload_status.loaded();
+    let from_xds = !settings.rules_xds_server.is_empty();
+    if !from_xds {
+        reload_status.loaded();
+    }
     let admin_state = Arc::new(AdminState {
         ready: false.into(),
         handler: handler.clone(),
@@ -301,7 +312,18 @@ async fn serve_loaded(
         let stop = stopped(stop_rx.clone());
         async move { handler.limiter.housekeeping(stop).await }
     });
-    if settings.reload_interval_ms > 0 {
+    if from_xds {
+        tokio::spawn(rules::xds::watch(
+            configs::xds_source(&settings),
+            load_options(&settings),
+            rules::reload::Reloaded {
+                rules,
+                metrics,
+                status: reload_status,
+            },
+            stopped(stop_rx.clone()),
+        ));
+    } else if settings.reload_interval_ms > 0 {
         tokio::spawn(rules::reload::watch(
             settings.rules.clone(),
             loaded.fingerprint,

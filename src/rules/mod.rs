@@ -22,6 +22,7 @@ pub mod matcher;
 pub mod model;
 pub mod reload;
 mod validate;
+pub mod xds;
 pub mod yaml;
 
 pub use error::{RuleError, RulesError};

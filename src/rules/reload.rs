@@ -35,6 +35,8 @@ pub struct StatusView {
     pub loaded_at_ms: u64,
     /// When the last failed reload was tried, and its error (every problem, with file:line).
     pub failed: Option<(u64, String)>,
+    /// The xDS version of the rules in force (`xds.rs`); `None` for rules from files.
+    pub version: Option<String>,
 }
 
 impl ReloadStatus {
@@ -43,6 +45,11 @@ impl ReloadStatus {
         let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         s.loaded_at_ms = unix_ms();
         s.failed = None;
+    }
+
+    /// The rules in force (loaded just now) are this xDS version.
+    pub fn version(&self, version: &str) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).version = Some(version.to_string());
     }
 
     /// A reload failed just now with `error`; the rules in force stay.
@@ -142,15 +149,7 @@ pub fn reload_once(
 ) -> bool {
     match load_path(path, opts) {
         Ok(set) => {
-            let (domains, _, limits) = set.counts();
-            tracing::info!(path = %path.display(), domains, limits, "rules reloaded");
-            metrics.rules_loaded.set(limits as i64);
-            metrics
-                .rules_reloads
-                .get_or_create(&ResultLabels { result: "ok" })
-                .inc();
-            rules.store(Arc::new(set));
-            status.loaded();
+            swap_in(set, &path.display().to_string(), rules, metrics, status);
             true
         }
         Err(e) => {
@@ -163,6 +162,26 @@ pub fn reload_once(
             false
         }
     }
+}
+
+/// Puts a validated `set` in force (from `source`: a path, or an xDS version), counted and
+/// noted in the status.
+pub fn swap_in(
+    set: RuleSet,
+    source: &str,
+    rules: &ArcSwap<RuleSet>,
+    metrics: &Metrics,
+    status: &ReloadStatus,
+) {
+    let (domains, _, limits) = set.counts();
+    tracing::info!(source, domains, limits, "rules reloaded");
+    metrics.rules_loaded.set(limits as i64);
+    metrics
+        .rules_reloads
+        .get_or_create(&ResultLabels { result: "ok" })
+        .inc();
+    rules.store(Arc::new(set));
+    status.loaded();
 }
 
 #[cfg(test)]

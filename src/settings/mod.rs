@@ -81,6 +81,16 @@ macro_rules! settings {
 settings! {
     rules: PathBuf = PathBuf::from("/etc/tollgate/rules"),
         "rules file or directory of *.yaml/*.yml files";
+    rules_xds_server: String = String::new(),
+        "take the rules from this xDS management server instead (ADS, state of the world, RateLimitConfig resources, as Envoy Gateway serves them), e.g. envoy-gateway:18001 (empty: the rules files)";
+    rules_xds_node_id: String = "tollgate".to_string(),
+        "the node id tollgate gives the xDS server (Envoy Gateway's rate-limit snapshots are for envoy-ratelimit)";
+    rules_xds_tls_ca: String = String::new(),
+        "PEM CA of the xDS server's certificate (TLS to it when this or rules_xds_tls_cert is set)";
+    rules_xds_tls_cert: String = String::new(),
+        "PEM client certificate for mutual TLS to the xDS server (with rules_xds_tls_key)";
+    rules_xds_tls_key: String = String::new(),
+        "PEM private key of rules_xds_tls_cert";
     grpc_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8081)),
         "address of the Envoy RateLimitService (gRPC)";
     admin_addr: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 8080)),

@@ -6,8 +6,8 @@
 //! `TOLLGATE_*` variables go (so those, and flags, still win and add what the reference lacks:
 //! leasing, fallback, algorithms) → `Settings::load`. A variable with no tollgate meaning is
 //! named in one startup warning ([`Mapped::ignored`]); a value tollgate cannot honour safely
-//! (a Redis type it does not know, a unix socket, rules over xDS, a client-certificate SAN it
-//! would not check) stops startup with the reason ([`Refused`]), because serving anyway would
+//! (a Redis type it does not know, a unix socket, a client-certificate SAN it would not
+//! check) stops startup with the reason ([`Refused`]), because serving anyway would
 //! limit other traffic than the operator configured. The README's "Coming from
 //! envoyproxy/ratelimit" table is this file's table.
 
@@ -228,6 +228,16 @@ const IGNORED: &[(&str, &str)] = &[
     ),
 ];
 
+/// The xDS variables read when `CONFIG_TYPE=GRPC_XDS_SOTW` (named as ignored otherwise).
+const XDS_MAPPED: &[&str] = &[
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+];
+
 /// Reads the reference's variables through `get` (empty counts as unset, as in envconfig
 /// with no default) and maps them, or refuses the first value that cannot be honoured.
 pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped, Refused> {
@@ -321,12 +331,37 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
     // Rules: files under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, as the
     // reference's runtime loader reads them.
     let config_type = var("CONFIG_TYPE").unwrap_or_else(|| "FILE".to_string());
-    if !config_type.eq_ignore_ascii_case("FILE") {
+    let from_xds = if config_type.eq_ignore_ascii_case("GRPC_XDS_SOTW") {
+        true
+    } else if config_type.eq_ignore_ascii_case("FILE") {
+        false
+    } else {
         return Err(refuse(
             "CONFIG_TYPE",
             &config_type,
-            "tollgate reads rules from files only (CONFIG_TYPE=FILE): mount the RateLimit configs as files under RUNTIME_ROOT",
+            "not a config type: FILE or GRPC_XDS_SOTW",
         ));
+    };
+    if from_xds {
+        set(
+            "rules_xds_server",
+            var("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or_else(|| "localhost:18000".to_string()),
+        );
+        set(
+            "rules_xds_node_id",
+            var("CONFIG_GRPC_XDS_NODE_ID").unwrap_or_else(|| "default".to_string()),
+        );
+        if flag("CONFIG_GRPC_XDS_SERVER_USE_TLS")?.unwrap_or(false) {
+            for (name, key) in [
+                ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "rules_xds_tls_ca"),
+                ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "rules_xds_tls_cert"),
+                ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "rules_xds_tls_key"),
+            ] {
+                if let Some(v) = var(name) {
+                    set(key, v);
+                }
+            }
+        }
     }
     let mut rules = std::path::PathBuf::from(
         var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".to_string()),
@@ -459,6 +494,15 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
             .push("USE_STATSD (metrics are Prometheus on the admin port's /metrics)".to_string());
     }
     for (name, why) in IGNORED {
+        let xds = name.starts_with("CONFIG_GRPC_XDS_") || name.starts_with("XDS_CLIENT_");
+        if from_xds && XDS_MAPPED.contains(name) {
+            continue;
+        }
+        let why = if from_xds && xds {
+            "not used by tollgate's xDS client: it reconnects backing off from 0.5 s to 30 s, and the server's certificate must name the host it is reached by"
+        } else {
+            why
+        };
         if var(name).is_some() {
             ignored.push(format!("{name} ({why})"));
         }
@@ -579,6 +623,45 @@ mod tests {
         assert_eq!(s.grpc_tls_cert, "/certs/tls.crt");
     }
 
+    /// Envoy Gateway's own: rules over xDS with mutual TLS.
+    #[test]
+    fn envoy_gateways_xds_variables_map_to_the_rules_xds_settings() {
+        let mapped = from_reference_env(env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.infra:6379"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ]))
+        .unwrap();
+        let s = Settings::load(&Sources {
+            env: mapped.env,
+            ..Sources::default()
+        })
+        .unwrap();
+        assert_eq!(s.rules_xds_server, "envoy-gateway:18001");
+        assert_eq!(s.rules_xds_node_id, "envoy-ratelimit");
+        assert_eq!(
+            (
+                s.rules_xds_tls_ca.as_str(),
+                s.rules_xds_tls_cert.as_str(),
+                s.rules_xds_tls_key.as_str()
+            ),
+            ("/certs/ca.crt", "/certs/tls.crt", "/certs/tls.key")
+        );
+        assert_eq!(
+            mapped.ignored,
+            vec![
+                "FORCE_START_WITHOUT_INITIAL_CONFIG (tollgate always starts, with or without rules)"
+            ]
+        );
+    }
+
     #[test]
     fn redis_types_auth_and_tls_map_to_the_store_url() {
         let base = [("REDIS_SOCKET_TYPE", "tcp")];
@@ -642,7 +725,7 @@ mod tests {
             "envoyproxy/ratelimit environment: REDIS_TYPE=CLUSTERED: not a Redis type: SINGLE, CLUSTER or SENTINEL"
         );
         assert_eq!(
-            refused(&[tcp, url, ("CONFIG_TYPE", "GRPC_XDS_SOTW")]).name,
+            refused(&[tcp, url, ("CONFIG_TYPE", "GRPC_XDS")]).name,
             "CONFIG_TYPE"
         );
         assert_eq!(
