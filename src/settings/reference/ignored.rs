@@ -1,0 +1,199 @@
+//! The reference's variables that tollgate reads and that change nothing here, each with why:
+//! `reference/mod.rs` names those that are set in one startup warning.
+
+/// Variables that are read but change nothing here, with why (named in the startup warning
+/// when set). Those that tollgate covers another way say how.
+pub(super) const IGNORED: &[(&str, &str)] = &[
+    ("PROTO", "tollgate listens on TCP"),
+    (
+        "DEBUG_HOST",
+        "no debug port: profiles and stats are not served",
+    ),
+    (
+        "DEBUG_PORT",
+        "no debug port: profiles and stats are not served",
+    ),
+    (
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "tollgate always starts, with or without rules",
+    ),
+    ("CONFIG_GRPC_XDS_NODE_ID", "rules are read from files"),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", "rules are read from files"),
+    ("CONFIG_GRPC_XDS_SERVER_URL", "rules are read from files"),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        "rules are read from files",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        "rules are read from files",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "rules are read from files",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "rules are read from files",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "rules are read from files",
+    ),
+    ("XDS_CLIENT_BACKOFF_JITTER", "rules are read from files"),
+    (
+        "USE_DOG_STATSD",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "USE_DOG_STATSD_MOGRIFIERS",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "STATSD_HOST",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "STATSD_PORT",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "EXTRA_TAGS",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "STATS_FLUSH_INTERVAL",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "DISABLE_STATS",
+        "metrics are Prometheus on the admin port's /metrics",
+    ),
+    (
+        "USE_PROMETHEUS",
+        "metrics are always Prometheus, on the admin port's /metrics",
+    ),
+    (
+        "PROMETHEUS_ADDR",
+        "metrics are on the admin port's /metrics",
+    ),
+    (
+        "PROMETHEUS_PATH",
+        "metrics are on the admin port's /metrics",
+    ),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "tollgate's metric names are its own (README, Metrics)",
+    ),
+    ("RUNTIME_IGNOREDOTFILES", "dotfiles are always skipped"),
+    (
+        "RUNTIME_WATCH_ROOT",
+        "changed rules files are found by reload_interval_ms",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "buckets expire when full again, no jitter needed",
+    ),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "the over-limit cache is sized in keys: over_limit_cache_max_keys",
+    ),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "a refused request never spends tokens",
+    ),
+    (
+        "LIMIT_LIMIT_HEADER",
+        "the headers are RateLimit-Limit/-Remaining/-Reset and Retry-After",
+    ),
+    (
+        "LIMIT_REMAINING_HEADER",
+        "the headers are RateLimit-Limit/-Remaining/-Reset and Retry-After",
+    ),
+    (
+        "LIMIT_RESET_HEADER",
+        "the headers are RateLimit-Limit/-Remaining/-Reset and Retry-After",
+    ),
+    (
+        "REDIS_POOL_SIZE",
+        "connections are multiplexed: store_pool_size (2) is enough",
+    ),
+    (
+        "REDIS_TIMEOUT",
+        "store_timeout_ms (10 ms) decides: past it the fallback answers, Envoy would not wait seconds",
+    ),
+    (
+        "REDIS_USE_EXPLICIT_PIPELINE",
+        "calls in flight are pipelined on their own",
+    ),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "calls in flight are pipelined on their own",
+    ),
+    (
+        "REDIS_PIPELINE_LIMIT",
+        "calls in flight are pipelined on their own",
+    ),
+    ("REDIS_PERSECOND", "one store holds every limit"),
+    ("REDIS_PERSECOND_SOCKET_TYPE", "one store holds every limit"),
+    ("REDIS_PERSECOND_TYPE", "one store holds every limit"),
+    ("REDIS_PERSECOND_URL", "one store holds every limit"),
+    ("REDIS_PERSECOND_POOL_SIZE", "one store holds every limit"),
+    ("REDIS_PERSECOND_AUTH", "one store holds every limit"),
+    ("REDIS_PERSECOND_TLS", "one store holds every limit"),
+    (
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        "one store holds every limit",
+    ),
+    (
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        "one store holds every limit",
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "a store outage never fails readiness (README, Readiness); unready_until_store_answers gates the start",
+    ),
+    ("MEMCACHE_HOST_PORT", "the store is Redis"),
+    ("MEMCACHE_MAX_IDLE_CONNS", "the store is Redis"),
+    ("MEMCACHE_SRV", "the store is Redis"),
+    ("MEMCACHE_SRV_REFRESH", "the store is Redis"),
+    ("MEMCACHE_TLS", "the store is Redis"),
+    ("MEMCACHE_TLS_CLIENT_CERT", "the store is Redis"),
+    ("MEMCACHE_TLS_CLIENT_KEY", "the store is Redis"),
+    ("MEMCACHE_TLS_CACERT", "the store is Redis"),
+    (
+        "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "the store is Redis",
+    ),
+    (
+        "MERGE_DOMAIN_CONFIG",
+        "a domain's rules are in one file (two files of one domain are refused)",
+    ),
+    ("TRACING_SERVICE_NAME", "spans are named tollgate"),
+    ("TRACING_SERVICE_NAMESPACE", "spans are named tollgate"),
+    ("TRACING_SERVICE_INSTANCE_ID", "spans are named tollgate"),
+    (
+        "TRACING_SAMPLING_RATE",
+        "every request is traced; the collector samples",
+    ),
+];
