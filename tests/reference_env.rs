@@ -9,35 +9,13 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::redis::TestRedis;
-use common::{client_of, free_port, get, poll, request, temp_dir, tollgate_binary};
+use common::{client_of, free_port, get, poll, ratelimit_link, request, start_clean, temp_dir};
 
 /// The reference's README example, one level deep: 2 an hour per tenant.
 const CONFIG: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: hour\n      requests_per_unit: 2\n";
-
-/// A link named `ratelimit` to this build's binary, in `dir`.
-fn ratelimit_link(dir: &std::path::Path) -> std::path::PathBuf {
-    let link = dir.join("ratelimit");
-    std::os::unix::fs::symlink(tollgate_binary(), &link).expect("link ratelimit");
-    link
-}
-
-/// Starts `bin` with only `vars` in its environment (nothing of this process's leaks in).
-fn start(bin: &std::path::Path, vars: &[(&str, String)], log: &std::path::Path) -> Child {
-    let mut cmd = Command::new(bin);
-    cmd.env_clear()
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).expect("log file"));
-    for (k, v) in vars {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("start ratelimit")
-}
 
 #[tokio::test]
 async fn started_as_ratelimit_it_serves_the_references_environment() {
@@ -71,7 +49,7 @@ async fn started_as_ratelimit_it_serves_the_references_environment() {
         ("TOLLGATE_RESPONSE_HEADERS", "true".to_string()),
     ];
     let log = dir.path().join("tollgate.log");
-    let mut child = start(&ratelimit_link(dir.path()), &vars, &log);
+    let mut child = start_clean(&ratelimit_link(dir.path()), &vars, &log);
     let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
     let healthy = poll(Duration::from_secs(20), || {
         (get(admin, "/healthcheck") == (200, "OK".to_string())).then_some(())
@@ -147,7 +125,7 @@ fn a_value_it_cannot_honour_stops_startup_with_the_reason() {
         ),
     ] {
         let log = dir.path().join("refused.log");
-        let mut child = start(&link, &vars, &log);
+        let mut child = start_clean(&link, &vars, &log);
         let status = poll(Duration::from_secs(10), || child.try_wait().ok().flatten());
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let Some(status) = status else {

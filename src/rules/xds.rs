@@ -211,6 +211,9 @@ async fn follow(
         let label = format!("xds version {}", response.version_info);
         let reply = match rule_set(&response.resources, opts) {
             Ok(set) => {
+                for w in &set.warnings {
+                    tracing::warn!(version = %response.version_info, "{w}");
+                }
                 swap_in(set, &label, &into.rules, &into.metrics, &into.status);
                 into.status.version(&response.version_info);
                 *version = response.version_info.clone();

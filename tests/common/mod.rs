@@ -24,6 +24,7 @@ pub mod redis;
 pub mod sentinel;
 pub mod store;
 pub mod tls;
+pub mod xds;
 
 // Not every test binary starts one.
 #[allow(unused_imports)]
@@ -431,6 +432,27 @@ fn strip_ansi(text: &str) -> String {
         }
     }
     out
+}
+
+/// A link named `ratelimit` to this build's binary, in `dir`.
+pub fn ratelimit_link(dir: &std::path::Path) -> std::path::PathBuf {
+    let link = dir.join("ratelimit");
+    std::os::unix::fs::symlink(tollgate_binary(), &link).expect("link ratelimit");
+    link
+}
+
+/// Starts `bin` (no arguments) with only `vars` in its environment (nothing of this process's leaks in).
+pub fn start_clean(bin: &std::path::Path, vars: &[(&str, String)], log: &std::path::Path) -> Child {
+    let mut cmd = Command::new(bin);
+    cmd.env_clear()
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log file"));
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("start ratelimit")
 }
 
 /// Runs `tollgate` with `args` to completion: (exit code, stdout, stderr).

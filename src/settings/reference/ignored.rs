@@ -6,6 +6,10 @@
 pub(super) const IGNORED: &[(&str, &str)] = &[
     ("PROTO", "tollgate listens on TCP"),
     (
+        "GRPC_SERVER_TLS_CA_CERT",
+        "envoyproxy/ratelimit does not read it either: the clients' CA is GRPC_CLIENT_TLS_CACERT",
+    ),
+    (
         "DEBUG_HOST",
         "no debug port: profiles and stats are not served",
     ),

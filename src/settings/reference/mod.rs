@@ -24,6 +24,8 @@ pub struct Mapped {
     pub env: Vec<(&'static str, String)>,
     /// `NAME (why)` for each reference variable that is set and has no effect here.
     pub ignored: Vec<String>,
+    /// The reference variables that were set and went into `env`.
+    pub read: Vec<String>,
 }
 
 /// A reference variable whose value tollgate cannot honour safely.
@@ -48,7 +50,16 @@ const XDS_MAPPED: &[&str] = &[
 /// Reads the reference's variables through `get` (empty counts as unset, as in envconfig
 /// with no default) and maps them, or refuses the first value that cannot be honoured.
 pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped, Refused> {
-    let var = |name: &str| get(name).filter(|v| !v.is_empty());
+    let set_var = |name: &str| get(name).filter(|v| !v.is_empty());
+    // Every variable read for a setting is noted, for `Mapped::read`.
+    let read = std::cell::RefCell::new(Vec::new());
+    let var = |name: &str| {
+        let value = set_var(name);
+        if value.is_some() {
+            read.borrow_mut().push(name.to_string());
+        }
+        value
+    };
     let refuse = |name: &'static str, value: &str, why: &str| Refused {
         name,
         value: value.to_string(),
@@ -310,11 +321,14 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
         } else {
             why
         };
-        if var(name).is_some() {
+        if set_var(name).is_some() {
             ignored.push(format!("{name} ({why})"));
         }
     }
-    Ok(Mapped { env, ignored })
+    let mut read = read.into_inner();
+    read.sort();
+    read.dedup();
+    Ok(Mapped { env, ignored, read })
 }
 
 /// `host:port` from the reference's pair (either may be unset).
@@ -430,27 +444,52 @@ mod tests {
         assert_eq!(s.grpc_tls_cert, "/certs/tls.crt");
     }
 
-    /// Envoy Gateway's own: rules over xDS with mutual TLS.
+    /// Every variable Envoy Gateway's rate-limit Deployment sets (v1.8, rules over xDS with
+    /// mutual TLS, Redis over TLS), each read for a setting or named in the warning.
+    const ENVOY_GATEWAY: &[(&str, &str)] = &[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.infra:6379"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+        ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+    ];
+
     #[test]
-    fn envoy_gateways_xds_variables_map_to_the_rules_xds_settings() {
-        let mapped = from_reference_env(env(&[
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", "redis.infra:6379"),
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
-            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
-            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
-            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
-            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
-            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-        ]))
-        .unwrap();
+    fn every_variable_envoy_gateway_sets_is_read_or_named() {
+        let mapped = from_reference_env(env(ENVOY_GATEWAY)).unwrap();
+        for (name, _) in ENVOY_GATEWAY {
+            let read = mapped.read.iter().any(|r| r == name);
+            let named = mapped
+                .ignored
+                .iter()
+                .any(|w| w.starts_with(&format!("{name} (")));
+            assert!(read ^ named, "{name}: read {read}, named {named}");
+        }
         let s = Settings::load(&Sources {
             env: mapped.env,
             ..Sources::default()
         })
         .unwrap();
+        assert_eq!(s.store, "rediss://redis.infra:6379");
+        assert_eq!(s.store_tls_cert, "/redis-certs/tls.crt");
         assert_eq!(s.rules_xds_server, "envoy-gateway:18001");
         assert_eq!(s.rules_xds_node_id, "envoy-ratelimit");
         assert_eq!(
@@ -461,12 +500,9 @@ mod tests {
             ),
             ("/certs/ca.crt", "/certs/tls.crt", "/certs/tls.key")
         );
-        assert_eq!(
-            mapped.ignored,
-            vec![
-                "FORCE_START_WITHOUT_INITIAL_CONFIG (tollgate always starts, with or without rules)"
-            ]
-        );
+        // As in the reference, which reads the clients' CA from GRPC_CLIENT_TLS_CACERT only.
+        assert_eq!(s.grpc_tls_client_ca, "");
+        assert_eq!(s.grpc_tls_cert, "/certs/tls.crt");
     }
 
     #[test]

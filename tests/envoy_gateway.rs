@@ -1,0 +1,148 @@
+//! tollgate as Envoy Gateway runs envoyproxy/ratelimit, end to end: the binary started as
+//! `ratelimit` with no arguments and Envoy Gateway's variables (a free port for each), its
+//! rules pushed over xDS with mutual TLS by a test ADS server, Redis for the counts, and a real
+//! Envoy (examples/envoy/envoy.yaml) in front. Envoy's requests are limited by the pushed
+//! rules; a new snapshot changes the limit live; `/healthcheck` answers as Envoy Gateway's
+//! readiness probe expects. (Envoy reaches tollgate over plain h2c here: the example's own
+//! cluster; Envoy Gateway's TLS on that hop is the gRPC port's TLS, tested in `grpc_tls.rs`.)
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::envoy::TestEnvoy;
+use common::redis::TestRedis;
+use common::tls::TestCerts;
+use common::xds::TestAds;
+use common::{
+    HttpResponse, free_port, get, get_with, poll, ratelimit_link, readyz, start_clean, temp_dir,
+};
+use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+
+/// The example Envoy's `/export` descriptors (tenant, then endpoint=/export) at `per_hour`.
+fn export_limit(per_hour: u32) -> Vec<RateLimitConfig> {
+    vec![RateLimitConfig {
+        name: "default/gateway/edge".into(),
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "tenant".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "endpoint".into(),
+                value: "/export".into(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: RateLimitUnit::Hour as i32,
+                    requests_per_unit: per_hour,
+                    ..RateLimitPolicy::default()
+                }),
+                ..RateLimitDescriptor::default()
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+    }]
+}
+
+/// Requests to `/export` as `tenant` until the first non-200: how many passed, and that one.
+async fn until_limited(front: SocketAddr, tenant: &str, max: usize) -> (usize, Option<u16>) {
+    let tenant = tenant.to_string();
+    tokio::task::spawn_blocking(move || {
+        for i in 0..max {
+            let r: HttpResponse =
+                get_with(front, "/export", &[("x-tenant", &tenant)]).expect("envoy answered");
+            if r.status != 200 {
+                return (i, Some(r.status));
+            }
+        }
+        (max, None)
+    })
+    .await
+    .unwrap()
+}
+
+fn wait_version(admin: SocketAddr, version: &str) {
+    poll(Duration::from_secs(20), || {
+        (readyz(admin).1["rules"]["xds_version"] == version).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "xDS version {version} never in force: {:?}",
+            readyz(admin).1
+        )
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_envoy_gateway_runs_it_rules_over_xds_limit_envoys_requests() {
+    let certs = TestCerts::generate();
+    let redis = TestRedis::start();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ads = TestAds::start(&certs, listener, "1", export_limit(3)).await;
+    let dir = temp_dir("envoy-gateway");
+    let (grpc_port, http_port) = (free_port(), free_port());
+    // What Envoy Gateway's rate-limit Deployment sets, with test paths and free ports.
+    let vars = [
+        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
+        (
+            "RUNTIME_ROOT",
+            dir.path().join("data").display().to_string(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
+        ("RUNTIME_IGNOREDOTFILES", "true".to_string()),
+        ("RUNTIME_WATCH_ROOT", "false".to_string()),
+        ("LOG_LEVEL", "info".to_string()),
+        ("USE_STATSD", "false".to_string()),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_string()),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            format!("127.0.0.1:{}", ads.addr.port()),
+        ),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".to_string()),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".to_string()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", certs.file("client.crt")),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", certs.file("client.key")),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", certs.file("ca.crt")),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_string()),
+        ("GRPC_HOST", "127.0.0.1".to_string()),
+        ("GRPC_PORT", grpc_port.to_string()),
+        ("HOST", "127.0.0.1".to_string()),
+        ("PORT", http_port.to_string()),
+    ];
+    let log = dir.path().join("tollgate.log");
+    let mut child = start_clean(&ratelimit_link(dir.path()), &vars, &log);
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
+    let healthy = poll(Duration::from_secs(20), || {
+        (get(admin, "/healthcheck") == (200, "OK".to_string())).then_some(())
+    });
+    assert!(healthy.is_some(), "no /healthcheck OK; log:\n{}", text());
+    wait_version(admin, "1");
+
+    let grpc: SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
+    let envoy = TestEnvoy::start(grpc, &[]);
+    // A first request for another tenant: a fresh debug process can answer its very first
+    // call after Envoy's RLS timeout, and Envoy then fails open.
+    until_limited(envoy.front, "warm", 1).await;
+    let (passed, limited) = until_limited(envoy.front, "acme", 10).await;
+    assert_eq!(
+        (passed, limited),
+        (3, Some(429)),
+        "v1: 3 an hour; envoy:\n{}\ntollgate:\n{}",
+        envoy.log(),
+        text()
+    );
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*acme*"]);
+    assert!(!keys.is_empty(), "the count is in Redis");
+
+    // Envoy Gateway pushes a new limit: it applies at once, without a restart.
+    ads.publish("2", export_limit(5));
+    wait_version(admin, "2");
+    let (passed, limited) = until_limited(envoy.front, "globex", 10).await;
+    assert_eq!((passed, limited), (5, Some(429)), "v2: 5 an hour");
+    let ack = ads.seen().into_iter().last().unwrap();
+    assert_eq!((ack.version_info.as_str(), ack.error_detail), ("2", None));
+    let _ = child.kill();
+    let _ = child.wait();
+}
