@@ -14,9 +14,10 @@ use std::time::Duration;
 use common::envoy::TestEnvoy;
 use common::redis::TestRedis;
 use common::tls::TestCerts;
-use common::xds::TestAds;
+use common::xds::{TestAds, wait_version};
 use common::{
-    HttpResponse, free_port, get, get_with, poll, ratelimit_link, readyz, start_clean, temp_dir,
+    HttpResponse, envoy_gateway_env, free_port, get, get_with, poll, ratelimit_link, start_clean,
+    temp_dir,
 };
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
@@ -61,18 +62,6 @@ async fn until_limited(front: SocketAddr, tenant: &str, max: usize) -> (usize, O
     .unwrap()
 }
 
-fn wait_version(admin: SocketAddr, version: &str) {
-    poll(Duration::from_secs(20), || {
-        (readyz(admin).1["rules"]["xds_version"] == version).then_some(())
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "xDS version {version} never in force: {:?}",
-            readyz(admin).1
-        )
-    });
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn as_envoy_gateway_runs_it_rules_over_xds_limit_envoys_requests() {
     let certs = TestCerts::generate();
@@ -82,18 +71,8 @@ async fn as_envoy_gateway_runs_it_rules_over_xds_limit_envoys_requests() {
     let dir = temp_dir("envoy-gateway");
     let (grpc_port, http_port) = (free_port(), free_port());
     // What Envoy Gateway's rate-limit Deployment sets, with test paths and free ports.
-    let vars = [
-        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
-        ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
-        (
-            "RUNTIME_ROOT",
-            dir.path().join("data").display().to_string(),
-        ),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
-        ("RUNTIME_IGNOREDOTFILES", "true".to_string()),
-        ("RUNTIME_WATCH_ROOT", "false".to_string()),
-        ("LOG_LEVEL", "info".to_string()),
-        ("USE_STATSD", "false".to_string()),
+    let mut vars = envoy_gateway_env(redis.port(), &dir.path().join("data"), grpc_port, http_port);
+    vars.extend([
         ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_string()),
         (
             "CONFIG_GRPC_XDS_SERVER_URL",
@@ -104,12 +83,7 @@ async fn as_envoy_gateway_runs_it_rules_over_xds_limit_envoys_requests() {
         ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", certs.file("client.crt")),
         ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", certs.file("client.key")),
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", certs.file("ca.crt")),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_string()),
-        ("GRPC_HOST", "127.0.0.1".to_string()),
-        ("GRPC_PORT", grpc_port.to_string()),
-        ("HOST", "127.0.0.1".to_string()),
-        ("PORT", http_port.to_string()),
-    ];
+    ]);
     let log = dir.path().join("tollgate.log");
     let mut child = start_clean(&ratelimit_link(dir.path()), &vars, &log);
     let text = || std::fs::read_to_string(&log).unwrap_or_default();

@@ -7,11 +7,10 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::tls::TestCerts;
-use common::xds::{TYPE_URL, TestAds};
+use common::xds::{TYPE_URL, TestAds, wait_version};
 use common::{TestServer, poll, readyz, request};
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
@@ -47,20 +46,6 @@ async fn codes(server: &TestServer, tenant: &str, n: usize) -> Vec<i32> {
         out.push(r.overall_code);
     }
     out
-}
-
-/// Waits until `/readyz` shows xDS version `version` in force.
-fn wait_version(admin: SocketAddr, version: &str) -> serde_json::Value {
-    poll(Duration::from_secs(20), || {
-        let (_, body) = readyz(admin);
-        (body["rules"]["xds_version"] == version).then_some(body)
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "xDS version {version} never in force: {:?}",
-            readyz(admin).1
-        )
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

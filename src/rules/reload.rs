@@ -153,15 +153,24 @@ pub fn reload_once(
             true
         }
         Err(e) => {
-            tracing::error!(path = %path.display(), "rules not reloaded, the rules in force stay: {e}");
-            status.failed(e.to_string());
-            metrics
-                .rules_reloads
-                .get_or_create(&ResultLabels { result: "error" })
-                .inc();
+            refuse(&path.display().to_string(), &e.to_string(), metrics, status);
             false
         }
     }
+}
+
+/// Keeps the rules in force after a new set from `source` failed to load with `error`:
+/// logged, counted and noted in the status.
+pub fn refuse(source: &str, error: &str, metrics: &Metrics, status: &ReloadStatus) {
+    tracing::error!(
+        source,
+        "rules not reloaded, the rules in force stay: {error}"
+    );
+    status.failed(error.to_string());
+    metrics
+        .rules_reloads
+        .get_or_create(&ResultLabels { result: "error" })
+        .inc();
 }
 
 /// Puts a validated `set` in force (from `source`: a path, or an xDS version), counted and

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 
 use super::load::load_sources;
 use super::model::{LoadOptions, RuleSet};
-use super::reload::{Reloaded, swap_in};
+use super::reload::{Reloaded, refuse, swap_in};
 
 /// The resource type the reference's xDS client asks for.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -220,12 +220,7 @@ async fn follow(
                 request(version, &response.nonce, None)
             }
             Err(e) => {
-                tracing::error!(version = %response.version_info, "rules from xDS refused, the rules in force stay: {e}");
-                into.status.failed(e.clone());
-                into.metrics
-                    .rules_reloads
-                    .get_or_create(&crate::telemetry::ResultLabels { result: "error" })
-                    .inc();
+                refuse(&label, &e, &into.metrics, &into.status);
                 request(version, &response.nonce, Some(e))
             }
         };

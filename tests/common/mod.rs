@@ -455,6 +455,32 @@ pub fn start_clean(bin: &std::path::Path, vars: &[(&str, String)], log: &std::pa
     cmd.spawn().expect("start ratelimit")
 }
 
+/// What Envoy Gateway's rate-limit Deployment sets whatever the rules source (v1.8): Redis
+/// over TCP at `redis_port`, the reference's runtime layout under `root`, and, in place of its
+/// fixed ports, `grpc_port` and `http_port` on loopback.
+pub fn envoy_gateway_env(
+    redis_port: u16,
+    root: &std::path::Path,
+    grpc_port: u16,
+    http_port: u16,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+        ("REDIS_URL", format!("127.0.0.1:{redis_port}")),
+        ("RUNTIME_ROOT", root.display().to_string()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
+        ("RUNTIME_IGNOREDOTFILES", "true".to_string()),
+        ("RUNTIME_WATCH_ROOT", "false".to_string()),
+        ("LOG_LEVEL", "info".to_string()),
+        ("USE_STATSD", "false".to_string()),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_string()),
+        ("GRPC_HOST", "127.0.0.1".to_string()),
+        ("GRPC_PORT", grpc_port.to_string()),
+        ("HOST", "127.0.0.1".to_string()),
+        ("PORT", http_port.to_string()),
+    ]
+}
+
 /// Runs `tollgate` with `args` to completion: (exit code, stdout, stderr).
 pub fn run_tollgate(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));

@@ -22,6 +22,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::tls::TestCerts;
+use super::{poll, readyz};
 
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 
@@ -188,4 +189,18 @@ impl TestAds {
     pub fn stop(&self) {
         let _ = self.stop.send(true);
     }
+}
+
+/// Waits until the tollgate on `admin` shows xDS version `version` in force: its `/readyz`.
+pub fn wait_version(admin: SocketAddr, version: &str) -> serde_json::Value {
+    poll(std::time::Duration::from_secs(20), || {
+        let (_, body) = readyz(admin);
+        (body["rules"]["xds_version"] == version).then_some(body)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "xDS version {version} never in force: {:?}",
+            readyz(admin).1
+        )
+    })
 }

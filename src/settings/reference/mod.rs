@@ -567,42 +567,29 @@ mod tests {
             e.to_string(),
             "envoyproxy/ratelimit environment: REDIS_TYPE=CLUSTERED: not a Redis type: SINGLE, CLUSTER or SENTINEL"
         );
-        assert_eq!(
-            refused(&[tcp, url, ("CONFIG_TYPE", "GRPC_XDS")]).name,
-            "CONFIG_TYPE"
-        );
-        assert_eq!(
-            refused(&[tcp, url, ("BACKEND_TYPE", "memcache")]).name,
-            "BACKEND_TYPE"
-        );
-        assert_eq!(
-            refused(&[tcp, url, ("GRPC_UDS", "/tmp/rl.sock")]).name,
-            "GRPC_UDS"
-        );
-        assert_eq!(
-            refused(&[tcp, url, ("SHADOW_MODE", "yes")]).name,
-            "SHADOW_MODE"
-        );
-        assert_eq!(
-            refused(&[
-                tcp,
-                url,
-                ("GRPC_SERVER_USE_TLS", "true"),
-                ("GRPC_CLIENT_TLS_SAN", "envoy")
-            ])
-            .name,
-            "GRPC_CLIENT_TLS_SAN"
-        );
-        assert_eq!(
-            refused(&[
-                tcp,
-                url,
-                ("REDIS_TLS", "true"),
-                ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")
-            ])
-            .name,
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"
-        );
+        for (extra, name) in [
+            (&[("CONFIG_TYPE", "GRPC_XDS")][..], "CONFIG_TYPE"),
+            (&[("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
+            (&[("GRPC_UDS", "/tmp/rl.sock")], "GRPC_UDS"),
+            (&[("SHADOW_MODE", "yes")], "SHADOW_MODE"),
+            (
+                &[
+                    ("GRPC_SERVER_USE_TLS", "true"),
+                    ("GRPC_CLIENT_TLS_SAN", "envoy"),
+                ],
+                "GRPC_CLIENT_TLS_SAN",
+            ),
+            (
+                &[
+                    ("REDIS_TLS", "true"),
+                    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+                ],
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+            ),
+        ] {
+            let vars: Vec<(&str, &str)> = [tcp, url].iter().chain(extra).copied().collect();
+            assert_eq!(refused(&vars).name, name, "{extra:?}");
+        }
     }
 
     #[test]
