@@ -12,7 +12,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::redis::TestRedis;
-use common::{client_of, free_port, get, poll, ratelimit_link, request, start_clean, temp_dir};
+use common::{
+    client_of, envoy_gateway_env, free_port, get, poll, ratelimit_link, request, start_clean,
+    temp_dir,
+};
 
 /// The reference's README example, one level deep: 2 an hour per tenant.
 const CONFIG: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: hour\n      requests_per_unit: 2\n";
@@ -27,27 +30,12 @@ async fn started_as_ratelimit_it_serves_the_references_environment() {
     // A ConfigMap mount's hidden copy: skipped, as RUNTIME_IGNOREDOTFILES asks.
     std::fs::write(config.join(".edge.yaml"), "not: [yaml").unwrap();
     let (grpc_port, http_port) = (free_port(), free_port());
-    let vars = [
-        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
-        ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
-        (
-            "RUNTIME_ROOT",
-            dir.path().join("data").display().to_string(),
-        ),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
-        ("RUNTIME_IGNOREDOTFILES", "true".to_string()),
-        ("RUNTIME_WATCH_ROOT", "false".to_string()),
-        ("LOG_LEVEL", "info".to_string()),
-        ("USE_STATSD", "false".to_string()),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_string()),
+    let mut vars = envoy_gateway_env(redis.port(), &dir.path().join("data"), grpc_port, http_port);
+    vars.extend([
         ("CACHE_KEY_PREFIX", "ref_".to_string()),
-        ("GRPC_HOST", "127.0.0.1".to_string()),
-        ("GRPC_PORT", grpc_port.to_string()),
-        ("HOST", "127.0.0.1".to_string()),
-        ("PORT", http_port.to_string()),
         // tollgate's own settings still apply on top, as extra env.
         ("TOLLGATE_RESPONSE_HEADERS", "true".to_string()),
-    ];
+    ]);
     let log = dir.path().join("tollgate.log");
     let mut child = start_clean(&ratelimit_link(dir.path()), &vars, &log);
     let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
@@ -135,4 +123,50 @@ fn a_value_it_cannot_honour_stops_startup_with_the_reason() {
         assert!(!status.success(), "{vars:?} started; log:\n{text}");
         assert!(text.contains(says), "{vars:?}: {text}");
     }
+}
+
+/// `serve --reference-env` is the same mode as the name `ratelimit`.
+#[test]
+fn the_reference_env_flag_reads_the_same_variables() {
+    let (code, _, err) = common::run_tollgate(
+        &["serve", "--reference-env"],
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "127.0.0.1:1"),
+            ("REDIS_TYPE", "CLUSTERED"),
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("REDIS_TYPE=CLUSTERED: not a Redis type"),
+        "{err}"
+    );
+}
+
+/// `/healthcheck` is 500 with the reason while the replica is not ready: here
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` and no config loaded.
+#[test]
+fn healthcheck_is_500_while_not_ready() {
+    let redis = TestRedis::start();
+    let dir = temp_dir("reference-unhealthy");
+    std::fs::create_dir_all(dir.path().join("data/ratelimit/config")).unwrap();
+    let (grpc_port, http_port) = (free_port(), free_port());
+    let mut vars = envoy_gateway_env(redis.port(), &dir.path().join("data"), grpc_port, http_port);
+    vars.push((
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "true".to_string(),
+    ));
+    let log = dir.path().join("tollgate.log");
+    let mut child = start_clean(&ratelimit_link(dir.path()), &vars, &log);
+    let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
+    // Until both ports listen it says "not ready"; then why it is still not ready.
+    let answer = poll(Duration::from_secs(20), || {
+        let answer = get(admin, "/healthcheck");
+        (answer == (500, "no rules loaded\n".to_string())).then_some(answer)
+    });
+    let last = get(admin, "/healthcheck");
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(answer.is_some(), "last {last:?}; log:\n{text}");
 }
