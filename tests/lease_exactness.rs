@@ -51,6 +51,26 @@ async fn burst_of_300(servers: &[InProcess], domain: &str, tenant: &str) -> usiz
     burst(&clients, domain, tenant, 300).await
 }
 
+/// Bursts of 300 for `tenant`, a lease TTL and a housekeeping pass apart, until one admits
+/// nothing (at most five): what each admitted. A burst can end while a replica's lease holds
+/// tokens that arrived after its last request was answered (a single-flight claim settling
+/// after the waiters claimed for themselves); they go back a TTL later and the next burst
+/// spends them. So the sum is the accounting's test, whatever each burst's share of it.
+async fn bursts_until_spent(servers: &[InProcess], domain: &str, tenant: &str) -> Vec<usize> {
+    let mut admitted = Vec::new();
+    for _ in 0..5 {
+        // The leases' TTL (1 s) passes, and the housekeeping pass after it gives back what
+        // they still held.
+        tokio::time::sleep(Duration::from_millis(3_000)).await;
+        let n = burst_of_300(servers, domain, tenant).await;
+        admitted.push(n);
+        if n == 0 {
+            break;
+        }
+    }
+    admitted
+}
+
 fn logs(servers: &[InProcess]) -> String {
     servers
         .iter()
@@ -60,21 +80,19 @@ fn logs(servers: &[InProcess]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_bursts_a_lease_ttl_apart_admit_exactly_the_limit() {
+async fn bursts_a_lease_ttl_apart_admit_exactly_the_limit() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let redis = TestRedis::start();
     let rules = "domain: lease\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
     let servers = replicas(&redis, rules, 10);
     let first = burst_of_300(&servers, "lease", "hot").await;
-    // The leases' TTL (1 s) passes, and the housekeeping pass after it gives back what they
-    // still held.
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
-    let second = burst_of_300(&servers, "lease", "hot").await;
-    eprintln!("admitted {first} + {second}");
+    let later = bursts_until_spent(&servers, "lease", "hot").await;
+    eprintln!("admitted {first}, then {later:?}");
+    assert!(first <= 100, "{first} admitted of 100");
     assert_eq!(
-        first + second,
+        first + later.iter().sum::<usize>(),
         100,
-        "{first} in the first burst, {second} in the second:\n{}",
+        "{first} in the first burst, {later:?} in the next ones:\n{}",
         logs(&servers)
     );
 }
@@ -120,11 +138,10 @@ async fn what_a_lease_holds_when_its_ttl_ends_goes_back_to_the_bucket() {
         held > 0.0,
         "no lease holds tokens: this test would prove nothing"
     );
-    tokio::time::sleep(Duration::from_millis(3_000)).await;
-    let second = burst_of_300(&servers, "lease", "held").await;
-    eprintln!("admitted {first} + {second} ({held} held in leases after the first part)");
+    let later = bursts_until_spent(&servers, "lease", "held").await;
+    eprintln!("admitted {first}, then {later:?} ({held} held in leases after the first part)");
     assert_eq!(
-        first + second,
+        first + later.iter().sum::<usize>(),
         100,
         "{held} tokens were held in leases when their TTL ended:\n{}",
         logs(&servers)
