@@ -71,10 +71,22 @@ async fn bursts_until_spent(servers: &[InProcess], domain: &str, tenant: &str) -
     admitted
 }
 
+/// Each server's leased tokens by fate, then its log: what a failure needs to say where the
+/// tokens went.
 fn logs(servers: &[InProcess]) -> String {
     servers
         .iter()
-        .map(|s| s.log())
+        .map(|s| {
+            let events: Vec<String> = ["granted", "returned", "expired"]
+                .iter()
+                .map(|e| {
+                    let label = format!("event=\"{e}\"");
+                    let n = common::metric_sum(s.admin, "tollgate_lease_tokens_total", &[&label]);
+                    format!("{e} {n}")
+                })
+                .collect();
+            format!("leased tokens: {}\n{}", events.join(", "), s.log())
+        })
         .collect::<Vec<_>>()
         .join("\n----\n")
 }
