@@ -220,6 +220,8 @@ fn decision(n: usize) -> Decision {
                 reset_ms: 12_345,
                 retry_ms: None,
                 shadow: false,
+                quota_mode: false,
+                metadata: None,
             })
             .collect(),
     }

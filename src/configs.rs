@@ -24,6 +24,7 @@ pub fn limiter_config(
     LimiterConfig {
         key_prefix: s.key_prefix.clone(),
         shadow_mode: s.shadow_mode,
+        quota_mode: s.quota_mode,
         default_algorithm: s.default_algorithm,
         fallback: s.fallback,
         replicas,

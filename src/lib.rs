@@ -25,7 +25,8 @@
 //! import each other (`farm-studio look`: no circle, no arrow running back up):
 //!
 //! 1. [`clock`] (the one handle for time and background tasks: system or manual), [`telemetry`]
-//!    (metric families declared once; logs and OTLP traces), [`redact`], [`quota`] (the core
+//!    (metric families declared once; logs and OTLP traces), [`redact`], [`structpb`]
+//!    (`google.protobuf.Struct` ↔ JSON, for rule metadata), [`quota`] (the core
 //!    with no store, clock or request in it: ops and outcomes, `bucket/` one file per
 //!    algorithm, `share`, `lease`: lease accounting that does not know who holds a lease).
 //! 2. [`rules`] (YAML with positions, loading, validation with file:line, matching, reload) and
@@ -55,4 +56,5 @@ pub mod rules;
 pub mod service;
 pub mod settings;
 pub mod store;
+pub mod structpb;
 pub mod telemetry;

@@ -267,6 +267,7 @@ async fn serve_loaded(
         metrics: metrics.clone(),
         bounds: configs::bounds(&settings),
         response_headers: settings.response_headers,
+        response_dynamic_metadata: settings.response_dynamic_metadata,
         admission: tokio::sync::Semaphore::new(settings.max_concurrent_requests),
     });
     let grpc_addr = local_addr(&listeners.grpc, "gRPC", settings.grpc_addr)?;

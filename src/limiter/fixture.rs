@@ -48,6 +48,15 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10, lease: {max_batch: 5, ttl_ms: 1000}}
   - key: sharded
     rate_limit: {unit: hour, requests_per_unit: 8, shards: 4}
+  - key: user
+    quota_mode: true
+    value_to_metric: true
+    metadata: {budget: user, tier: {name: free}}
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: team
+    quota_mode: true
+    metadata: {budget: team, tier: {name: paid, seats: 5}}
+    rate_limit: {unit: hour, requests_per_unit: 2}
 "#;
 
 /// The rules above, loaded.
@@ -76,16 +85,23 @@ pub(super) fn fixture(shadow_mode: bool) -> Fixture {
 /// cache on over the memory store (which runs the same claim math as `lease.lua`), so their
 /// unit tests run on the manual clock.
 pub(super) fn with_hot_keys(shadow_mode: bool, hot: super::HotKeyConfig) -> Fixture {
+    with_config(|c| {
+        c.shadow_mode = shadow_mode;
+        c.hot = hot;
+    })
+}
+
+/// [`fixture`] with the limiter's config changed by `configure`.
+pub(super) fn with_config(configure: impl FnOnce(&mut LimiterConfig)) -> Fixture {
     let rules = rules();
     let clock = Clock::manual(1_700_000_000_000);
     let metrics = Arc::new(Metrics::new());
-    let config = LimiterConfig {
+    let mut config = LimiterConfig {
         key_prefix: "t:".into(),
-        shadow_mode,
         default_algorithm: Algorithm::TokenBucket,
-        hot,
         ..LimiterConfig::new(clock.clone())
     };
+    configure(&mut config);
     let limiter = Limiter::new(
         Store::Memory(MemoryStore::new(clock.clone())),
         config.clone(),

@@ -46,6 +46,7 @@ use crate::store::{Op, Outcome, Store, StoreError};
 use crate::telemetry::Metrics;
 
 pub use plan::OVERRIDE_CLASS;
+use status::Modes;
 pub use status::UNKNOWN_DOMAIN;
 
 /// One request, already validated by the service layer; borrows the caller's strings.
@@ -105,6 +106,11 @@ pub struct Status {
     pub retry_ms: Option<u64>,
     /// Over a limit in shadow mode (reported as OK).
     pub shadow: bool,
+    /// Over quota-mode limits only: reported OVER_LIMIT, but the overall code is OVER_LIMIT
+    /// only if a limit without quota mode is over too, or every quota-mode limit is.
+    pub quota_mode: bool,
+    /// The matched descriptor's `metadata`, for the response's dynamic metadata.
+    pub metadata: Option<Arc<serde_json::Value>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,6 +125,8 @@ pub struct LimiterConfig {
     pub key_prefix: String,
     /// Global shadow mode: the overall code is always OK (statuses stay as decided).
     pub shadow_mode: bool,
+    /// Global quota mode: every limit is quota-mode (`Limit::quota_mode`).
+    pub quota_mode: bool,
     /// The algorithm of Envoy-supplied limit overrides.
     pub default_algorithm: Algorithm,
     /// What an op falls back to when the store cannot answer, unless its limit says otherwise.
@@ -145,6 +153,7 @@ impl LimiterConfig {
         LimiterConfig {
             key_prefix: "tollgate:".into(),
             shadow_mode: false,
+            quota_mode: false,
             default_algorithm: Algorithm::TokenBucket,
             fallback: FallbackMode::Local,
             replicas: Arc::new(Replicas::new(0, 1)),
@@ -292,7 +301,10 @@ impl Limiter {
             &plan,
             &outcomes,
             &from_fallback,
-            self.config.shadow_mode,
+            Modes {
+                shadow: self.config.shadow_mode,
+                quota: self.config.quota_mode,
+            },
             &self.tally,
         ))
     }

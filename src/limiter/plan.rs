@@ -32,6 +32,9 @@ pub(super) struct Plan {
     pub(super) limits: Vec<Vec<Arc<Limit>>>,
     /// One per op, in the same order: the descriptor and limit the op counts.
     pub(super) planned: Vec<Planned>,
+    /// Per descriptor, the entries whose request values join its limits' metrics class
+    /// (`value_to_metric`); empty lists, which do not allocate, nearly always.
+    pub(super) metric_values: Vec<Vec<usize>>,
     pub(super) ops: Vec<Op>,
 }
 
@@ -160,10 +163,20 @@ pub(super) fn plan(
             ops.push(Op::take(key, kind, cost));
         }
     }
+    // An Envoy override is counted in its own class, whatever the node says.
+    let metric_values = matches
+        .into_iter()
+        .zip(&req.descriptors)
+        .map(|(m, d)| match (m, d.limit_override) {
+            (Some(m), None) => m.metric_values,
+            _ => Vec::new(),
+        })
+        .collect();
     Plan {
         limits,
         planned,
         ops,
+        metric_values,
     }
 }
 
@@ -181,6 +194,8 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Ar
         }),
         shadow_mode: false,
         detailed_metric: false,
+        quota_mode: false,
+        metadata: None,
         replaces: Vec::new(),
         fallback: None,
         shards: 1,

@@ -9,9 +9,14 @@
 //! - otherwise: OVER_LIMIT if any non-shadow limit is over, reporting the over limit with the
 //!   longest wait (its reset and Retry-After are the ones that matter); else the limit with
 //!   the least remaining. A shadow-mode limit that is over reports OK, flagged `shadow`.
+//!   A descriptor over quota-mode limits only reports OVER_LIMIT, flagged `quota_mode`.
 //!
-//! Overall: OVER_LIMIT if any descriptor is, unless global shadow mode turns it into OK
-//! (counted in `tollgate_global_shadow_total`).
+//! Overall, as envoyproxy/ratelimit decides it: OVER_LIMIT if a limit without quota mode is
+//! over, or if the request has quota-mode limits and every one of them is over (under global
+//! quota mode a descriptor without a rule counts as one that is not); shadow-mode limits are
+//! never over. Global shadow mode then turns OVER_LIMIT into OK (counted in
+//! `tollgate_global_shadow_total`). Without quota mode anywhere: OVER_LIMIT if any
+//! descriptor is.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -42,8 +47,17 @@ impl Status {
             reset_ms: 0,
             retry_ms: None,
             shadow: false,
+            quota_mode: false,
+            metadata: None,
         }
     }
+}
+
+/// The global modes the fold applies (the `shadow_mode` and `quota_mode` settings).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Modes {
+    pub(super) shadow: bool,
+    pub(super) quota: bool,
 }
 
 impl Decision {
@@ -130,15 +144,23 @@ impl Tally {
     }
 
     /// The metrics class of a limit; with `detailed_metric` the request's values are appended
-    /// (an explicit opt-in to one series per value), up to `detailed_max` series per limit,
-    /// past which every new value counts as `<class>.(overflow)`.
-    fn class_of(&self, limit: &Limit, req: &RequestDescriptor<'_>) -> Arc<str> {
-        if !limit.detailed_metric {
+    /// (an explicit opt-in to one series per value), with `value_to_metric` those of the
+    /// entries `metric_values` names (matched through such a node), up to `detailed_max`
+    /// series per limit, past which every new value counts as `<class>.(overflow)`.
+    fn class_of(
+        &self,
+        limit: &Limit,
+        req: &RequestDescriptor<'_>,
+        metric_values: &[usize],
+    ) -> Arc<str> {
+        if !limit.detailed_metric && metric_values.is_empty() {
             return limit.class.clone();
         }
         let mut class = limit.class.to_string();
-        for (k, v) in &req.entries {
-            class.push_str(&format!(".{k}_{v}"));
+        for (i, (k, v)) in req.entries.iter().enumerate() {
+            if limit.detailed_metric || metric_values.contains(&i) {
+                class.push_str(&format!(".{k}_{v}"));
+            }
         }
         let mut detailed = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
         let d = detailed
@@ -201,7 +223,7 @@ pub(super) fn fold(
     plan: &Plan,
     outcomes: &[Outcome],
     from_fallback: &[bool],
-    shadow_mode: bool,
+    modes: Modes,
     tally: &Tally,
 ) -> Decision {
     let statuses: Vec<Status> = req
@@ -218,12 +240,14 @@ pub(super) fn fold(
                 outcomes,
                 from_fallback,
                 desc,
+                &plan.metric_values[i],
+                modes.quota,
                 tally,
             )
         })
         .collect();
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit);
-    let overall = if over && shadow_mode {
+    let over = overall_over(plan, outcomes, modes.quota);
+    let overall = if over && modes.shadow {
         tally.metrics.global_shadow.inc();
         Code::Ok
     } else if over {
@@ -234,9 +258,30 @@ pub(super) fn fold(
     Decision { overall, statuses }
 }
 
+/// Whether the request as a whole is over (see the module doc): a limit without quota mode
+/// is over, or the request has quota-mode limits and all of them are.
+fn overall_over(plan: &Plan, outcomes: &[Outcome], global_quota: bool) -> bool {
+    let (mut quota_limits, mut quota_over) = (0usize, 0usize);
+    let mut over = false;
+    for (p, o) in plan.planned.iter().zip(outcomes) {
+        let is_over = !o.allowed && !p.limit.shadow_mode;
+        if global_quota || p.limit.quota_mode {
+            quota_limits += 1;
+            quota_over += usize::from(is_over);
+        } else {
+            over |= is_over;
+        }
+    }
+    if global_quota {
+        // The reference counts a descriptor without a rule as a quota descriptor that passed.
+        quota_limits += plan.limits.iter().filter(|l| l.is_empty()).count();
+    }
+    over || (quota_limits > 0 && quota_over == quota_limits)
+}
+
 /// Folds the outcomes of one descriptor's limits into its status: over if any limit is
-/// over (the non-shadow one with the longest wait is reported), else the one with the
-/// least remaining.
+/// over (the non-shadow one with the longest wait is reported, one without quota mode
+/// first), else the one with the least remaining.
 #[allow(clippy::too_many_arguments)]
 fn descriptor_status(
     domain: &Arc<str>,
@@ -246,6 +291,8 @@ fn descriptor_status(
     outcomes: &[Outcome],
     from_fallback: &[bool],
     req: &RequestDescriptor<'_>,
+    metric_values: &[usize],
+    global_quota: bool,
     tally: &Tally,
 ) -> Status {
     if limits.is_empty() {
@@ -263,19 +310,21 @@ fn descriptor_status(
         for l in limits {
             tally.count(
                 domain,
-                &tally.class_of(l, req),
+                &tally.class_of(l, req, metric_values),
                 telemetry::Outcome::unlimited,
             );
         }
         return Status::no_limit(u32::MAX);
     };
     // Over: report the non-shadow limit that keeps the request out longest (a wait that
-    // never ends first), so its reset and Retry-After are the ones that matter.
+    // never ends first), so its reset and Retry-After are the ones that matter; a limit
+    // without quota mode before a quota-mode one.
     let wait = |o: &Outcome| o.retry_ms.unwrap_or(u64::MAX);
+    let quota = |l: &Limit| global_quota || l.quota_mode;
     let (limit, outcome) = counted
         .iter()
         .filter(|(l, o)| !o.allowed && !l.shadow_mode)
-        .max_by_key(|(_, o)| wait(o))
+        .max_by_key(|(l, o)| (!quota(l), wait(o)))
         .or_else(|| counted.iter().find(|(_, o)| !o.allowed))
         .or_else(|| counted.iter().min_by_key(|(_, o)| o.remaining))
         .copied()
@@ -293,12 +342,15 @@ fn descriptor_status(
             (false, false, false) => telemetry::Outcome::over_limit,
             (false, true, false) => telemetry::Outcome::shadow,
         };
-        tally.count(domain, &tally.class_of(l, req), outcome);
+        tally.count(domain, &tally.class_of(l, req, metric_values), outcome);
     }
     let over = !outcome.allowed;
     // A shadow limit that is over reports OK; a non-shadow over limit elsewhere on the
     // same descriptor still makes it OVER_LIMIT.
     let hard_over = counted.iter().any(|(l, o)| !o.allowed && !l.shadow_mode);
+    let rate_over = counted
+        .iter()
+        .any(|(l, o)| !o.allowed && !l.shadow_mode && !quota(l));
     let (requests_per_unit, unit, capacity, window_ms) =
         limit.rate.map_or((0, Unit::Second, 0, 1_000), |r| {
             (r.requests_per_unit, r.unit, r.burst, r.window_ms())
@@ -316,12 +368,14 @@ fn descriptor_status(
         reset_ms: outcome.reset_ms,
         retry_ms: if over { outcome.retry_ms } else { None },
         shadow: over && !hard_over,
+        quota_mode: hard_over && !rate_over,
+        metadata: limit.metadata.clone(),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixture::{fixture, req};
+    use super::super::fixture::{fixture, req, with_config};
     use super::*;
 
     #[test]
@@ -436,6 +490,68 @@ mod tests {
                 .render()
                 .contains("tollgate_global_shadow_total 1")
         );
+    }
+
+    #[test]
+    fn quota_mode_refuses_only_when_every_quota_limit_is_over() {
+        // user 1/hour and team 2/hour, both quota-mode: the user's own budget spent is not
+        // enough to refuse, the team's spent too is.
+        let f = fixture(false);
+        let r = req("edge", &[&[("user", "a")], &[("team", "t")]]);
+        let d = f.decide(&r);
+        assert_eq!(d.overall, Code::Ok);
+        let d = f.decide(&r);
+        assert_eq!(d.overall, Code::Ok, "only the user's budget is spent");
+        assert_eq!(
+            (d.statuses[0].code, d.statuses[0].quota_mode),
+            (Code::OverLimit, true),
+            "a quota-mode descriptor over its limit still says so"
+        );
+        assert_eq!(d.statuses[1].code, Code::Ok);
+        let d = f.decide(&r);
+        assert_eq!(d.overall, Code::OverLimit, "both budgets are spent");
+        // A limit without quota mode that is over refuses, whatever the quota limits say.
+        let r = req("edge", &[&[("user", "b")], &[("zero", "x")]]);
+        assert_eq!(f.decide(&r).overall, Code::OverLimit);
+        // The only quota-mode limit of a request over is all of them: refused, as in the
+        // reference, though the tenant's limit has room.
+        let r = req("edge", &[&[("user", "c")], &[("tenant", "c")]]);
+        f.decide(&r);
+        assert_eq!(f.decide(&r).overall, Code::OverLimit);
+    }
+
+    #[test]
+    fn global_quota_mode_makes_every_limit_quota_mode() {
+        let f = with_config(|c| c.quota_mode = true);
+        let r = req("edge", &[&[("zero", "x")], &[("tenant", "q")]]);
+        assert_eq!(
+            f.decide(&r).overall,
+            Code::Ok,
+            "zero is over, tenant is not"
+        );
+        f.decide(&r);
+        assert_eq!(f.decide(&r).overall, Code::OverLimit, "both over");
+        // As in the reference, a descriptor without a rule is a quota descriptor that passed.
+        let r = req("edge", &[&[("zero", "x")], &[("nobody", "y")]]);
+        assert_eq!(f.decide(&r).overall, Code::Ok);
+        assert_eq!(
+            f.decide(&req("edge", &[&[("zero", "x")]])).overall,
+            Code::OverLimit
+        );
+    }
+
+    #[test]
+    fn value_to_metric_puts_the_value_in_the_class_and_metadata_rides_the_status() {
+        let f = fixture(false);
+        let d = f.decide(&req("edge", &[&[("user", "ann")], &[("tenant", "t")]]));
+        let m = f.metrics.render();
+        assert!(m.contains(r#"class="user.user_ann",outcome="#), "{m}");
+        assert!(m.contains(r#"class="tenant",outcome="ok""#), "{m}");
+        assert_eq!(
+            d.statuses[0].metadata.as_deref(),
+            Some(&serde_json::json!({"budget": "user", "tier": {"name": "free"}}))
+        );
+        assert_eq!(d.statuses[1].metadata, None);
     }
 
     #[test]

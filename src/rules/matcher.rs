@@ -15,6 +15,9 @@ pub struct Match<'r> {
     /// the bucket key uses the pattern instead of the request's value, so every matching
     /// value shares one bucket. Usually empty (no allocation).
     pub shared: Vec<(usize, &'r str)>,
+    /// Entries matched through a node with `value_to_metric` (not folded by a
+    /// `share_threshold`): their request values join the metrics class. Usually empty.
+    pub metric_values: Vec<usize>,
 }
 
 /// Walks `entries` (key, value) down `domain`'s tree. `None`: nothing matched at full depth.
@@ -24,9 +27,11 @@ pub fn find<'r>(
 ) -> Option<Match<'r>> {
     let mut level = &domain.root;
     let mut shared = Vec::new();
+    let mut metric_values = Vec::new();
     let last = entries.len().checked_sub(1)?;
     for (i, (key, value)) in entries.iter().enumerate() {
         let (key, value) = (key.as_ref(), value.as_ref());
+        let mut folded = false;
         let node = if let Some(d) = level.exact.get(key).and_then(|m| m.get(value)) {
             d
         } else if let Some((_, pattern, d)) = level
@@ -36,13 +41,21 @@ pub fn find<'r>(
         {
             if d.share_threshold {
                 shared.push((i, pattern.as_str()));
+                folded = true;
             }
             d
         } else {
             level.bare.get(key)?
         };
+        if node.value_to_metric && !folded {
+            metric_values.push(i);
+        }
         if i == last {
-            return Some(Match { node, shared });
+            return Some(Match {
+                node,
+                shared,
+                metric_values,
+            });
         }
         level = &node.children;
     }

@@ -178,6 +178,13 @@ pub struct Limit {
     pub shadow_mode: bool,
     /// The descriptor's `detailed_metric`: label metrics with the request's values too.
     pub detailed_metric: bool,
+    /// The descriptor's (or the limit's own) `quota_mode`, as in the reference: over this
+    /// limit, the request is still OK unless a limit without it is over too, or every
+    /// quota-mode limit of the request is (`limiter/status.rs`).
+    pub quota_mode: bool,
+    /// The descriptor's `metadata` (a JSON object), returned in the response's dynamic
+    /// metadata when the descriptor passes and `response_dynamic_metadata` is on.
+    pub metadata: Option<Arc<serde_json::Value>>,
     /// Names of other limits this one replaces when both match one request.
     pub replaces: Vec<String>,
     /// `fallback:` — what this limit does while the store cannot answer (else the global
@@ -266,6 +273,9 @@ pub struct Descriptor {
     pub share_threshold: bool,
     /// Label metrics with this descriptor's full key path and values (opt-in cardinality).
     pub detailed_metric: bool,
+    /// `value_to_metric`: the request's value for this descriptor's key joins the metrics
+    /// class of the limit matched through it (`limiter/status.rs`).
+    pub value_to_metric: bool,
     pub children: Level,
     pub origin: Origin,
 }
@@ -285,7 +295,8 @@ pub struct RuleSet {
     pub domains: HashMap<String, Domain>,
     /// The files read, in load order (for `check` and `/config`).
     pub files: Vec<PathBuf>,
-    /// Non-fatal findings (fields accepted but not acted on), as `file:line: message`.
+    /// Non-fatal findings, as `file:line: message` (none are made today; `tollgate check`
+    /// and the reload log print them).
     pub warnings: Vec<String>,
 }
 

@@ -112,6 +112,9 @@ fn descriptor_json(d: &RateLimitDescriptor) -> Value {
     if !d.descriptors.is_empty() {
         out["descriptors"] = d.descriptors.iter().map(descriptor_json).collect();
     }
+    if let Some(metadata) = &d.metadata {
+        out["metadata"] = crate::structpb::from_struct(metadata);
+    }
     for (field, on) in [
         ("shadow_mode", d.shadow_mode),
         ("detailed_metric", d.detailed_metric),

@@ -27,6 +27,9 @@ pub struct Handler {
     pub metrics: Arc<Metrics>,
     pub bounds: Bounds,
     pub response_headers: bool,
+    /// Add the request and the passing descriptors' `metadata` as dynamic metadata
+    /// (`response_dynamic_metadata`).
+    pub response_dynamic_metadata: bool,
     /// Requests being decided now, capped at `max_concurrent_requests`: past the cap a request
     /// is refused at once, so an overload is answered fast instead of queueing without bound.
     pub admission: Semaphore,
@@ -92,6 +95,10 @@ impl Handler {
             .decide(&rules, &request)
             .await
             .map_err(|_| tonic::Status::unavailable("store unavailable"))?;
-        Ok(response::to_proto(&decision, self.response_headers))
+        let mut response = response::to_proto(&decision, self.response_headers);
+        if self.response_dynamic_metadata {
+            response.dynamic_metadata = Some(response::dynamic_metadata(req, &decision));
+        }
+        Ok(response)
     }
 }

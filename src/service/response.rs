@@ -16,17 +16,27 @@
 //!   fits (the same number as `Retry-After`: the longest wait of the over-limit descriptors);
 //!   otherwise the time until the quota is whole again (a token bucket full, a window over).
 //!   Left at "until whole" when one over-limit descriptor can never fit (no `Retry-After`).
+//!
+//! With `response_dynamic_metadata` on, [`dynamic_metadata`] adds what envoyproxy/ratelimit
+//! adds: the request (`domain`, `descriptors` as `entries: ["key=value"]` with their `limit`
+//! and `hitsAddend`, the request's `hitsAddend`) and, under `metadata`, the `metadata` of
+//! every descriptor that passed, merged (the first one's value wins for a key both have,
+//! maps merge key by key). Envoy puts it in the filter's dynamic metadata namespace
+//! (`envoy.filters.http.ratelimit`) for access logs, Lua or later filters.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::google::protobuf::Duration;
+use envoy_types::pb::google::protobuf::{Duration, Struct};
+use serde_json::{Map, Value as Json, json};
 
 use crate::limiter::{Code, Decision, Status};
 use crate::rules::Unit;
+use crate::structpb;
 
 pub fn to_proto(decision: &Decision, headers: bool) -> RateLimitResponse {
     RateLimitResponse {
@@ -94,6 +104,64 @@ fn status(s: &Status) -> DescriptorStatus {
     }
 }
 
+/// The response's dynamic metadata (see the module doc); `decision` is `req`'s.
+pub fn dynamic_metadata(req: &RateLimitRequest, decision: &Decision) -> Struct {
+    let descriptors: Vec<Json> = req
+        .descriptors
+        .iter()
+        .map(|d| {
+            let entries: Vec<String> = d
+                .entries
+                .iter()
+                .map(|e| format!("{}={}", e.key, e.value))
+                .collect();
+            let mut out = json!({ "entries": entries });
+            if let Some(l) = &d.limit {
+                // The reference writes the proto's text form.
+                let unit = PbUnit::try_from(l.unit).unwrap_or(PbUnit::Unknown);
+                out["limit"] = json!(format!(
+                    "requests_per_unit:{} unit:{}",
+                    l.requests_per_unit,
+                    unit.as_str_name()
+                ));
+            }
+            if let Some(h) = &d.hits_addend {
+                out["hitsAddend"] = json!(h.value);
+            }
+            out
+        })
+        .collect();
+    let mut fields = Map::new();
+    fields.insert("domain".into(), json!(req.domain));
+    fields.insert("descriptors".into(), Json::Array(descriptors));
+    if req.hits_addend != 0 {
+        fields.insert("hitsAddend".into(), json!(req.hits_addend));
+    }
+    let mut passed = Map::new();
+    for s in decision.statuses.iter().filter(|s| s.code == Code::Ok) {
+        if let Some(Json::Object(m)) = s.metadata.as_deref() {
+            merge(&mut passed, m);
+        }
+    }
+    if !passed.is_empty() {
+        fields.insert("metadata".into(), Json::Object(passed));
+    }
+    structpb::to_struct(&fields)
+}
+
+/// Adds `from`'s keys that `into` lacks; maps both have are merged the same way.
+fn merge(into: &mut Map<String, Json>, from: &Map<String, Json>) {
+    for (k, v) in from {
+        match (into.get_mut(k), v) {
+            (None, _) => {
+                into.insert(k.clone(), v.clone());
+            }
+            (Some(Json::Object(a)), Json::Object(b)) => merge(a, b),
+            (Some(_), _) => {}
+        }
+    }
+}
+
 fn header(key: &str, value: impl ToString) -> HeaderValue {
     HeaderValue {
         key: key.to_string(),
@@ -107,7 +175,10 @@ fn rate_limit_headers(decision: &Decision) -> Vec<HeaderValue> {
         .statuses
         .iter()
         .rev()
-        .find(|s| s.code == Code::OverLimit);
+        // Over quota-mode limits only, with the request still OK: not what holds it back.
+        .find(|s| {
+            s.code == Code::OverLimit && (decision.overall == Code::OverLimit || !s.quota_mode)
+        });
     let picked = over.or_else(|| {
         decision
             .statuses
@@ -176,6 +247,8 @@ mod tests {
             reset_ms,
             retry_ms,
             shadow: false,
+            quota_mode: false,
+            metadata: None,
         }
     }
 
@@ -324,5 +397,58 @@ mod tests {
         assert!(h.contains(&("Retry-After".into(), "360".into())), "{h:?}");
         let r = to_proto(&d, false);
         assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 360);
+    }
+
+    #[test]
+    fn dynamic_metadata_is_the_request_and_the_passing_descriptors_metadata() {
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+        use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+            Entry, RateLimitOverride,
+        };
+        let desc = |k: &str, v: &str| RateLimitDescriptor {
+            entries: vec![Entry {
+                key: k.into(),
+                value: v.into(),
+            }],
+            ..Default::default()
+        };
+        let mut second = desc("team", "t");
+        second.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 });
+        second.limit = Some(RateLimitOverride {
+            requests_per_unit: 7,
+            unit: PbUnit::Minute as i32,
+        });
+        let req = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![desc("user", "a"), second, desc("org", "o")],
+            hits_addend: 2,
+        };
+        let with = |code, meta: serde_json::Value| Status {
+            metadata: Some(std::sync::Arc::new(meta)),
+            ..st(code, 1, 0, None)
+        };
+        let d = Decision {
+            overall: Code::OverLimit,
+            statuses: vec![
+                with(Code::Ok, json!({"a": 1, "shared": {"x": "first", "y": 1}})),
+                with(Code::Ok, json!({"a": 2, "shared": {"x": "second", "z": 2}})),
+                // Over: its metadata stays out.
+                with(Code::OverLimit, json!({"over": true})),
+            ],
+        };
+        let got = structpb::from_struct(&dynamic_metadata(&req, &d));
+        assert_eq!(
+            got,
+            json!({
+                "domain": "edge",
+                "descriptors": [
+                    {"entries": ["user=a"]},
+                    {"entries": ["team=t"], "hitsAddend": 3, "limit": "requests_per_unit:7 unit:MINUTE"},
+                    {"entries": ["org=o"]},
+                ],
+                "hitsAddend": 2,
+                "metadata": {"a": 1, "shared": {"x": "first", "y": 1, "z": 2}},
+            })
+        );
     }
 }

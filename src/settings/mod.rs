@@ -107,8 +107,12 @@ settings! {
         "token_bucket, fixed_window or sliding_window, for limits that name none";
     shadow_mode: bool = false,
         "global shadow mode: the overall code is always OK";
+    quota_mode: bool = false,
+        "global quota mode (envoyproxy/ratelimit's QUOTA_MODE): every limit is quota-mode, so a request is OVER_LIMIT only when all its limits are over";
     response_headers: bool = false,
         "add RateLimit-* and Retry-After to responses";
+    response_dynamic_metadata: bool = false,
+        "return the request (domain, descriptors, hits_addend) and the passing descriptors' `metadata` as the response's dynamic metadata (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)";
     near_limit_ratio: f64 = 0.8,
         "an admitted decision past this share of its limit counts as outcome near_limit (as envoyproxy/ratelimit's NEAR_LIMIT_RATIO; 1 turns it off)";
     key_prefix: String = "tollgate:".to_string(),

@@ -14,10 +14,11 @@ use crate::rules::model::{Algorithm, LeaseRule, Limit, Rate, Unit};
 use crate::rules::yaml::{self, Fields, Node, join};
 
 /// What a limit takes over from the descriptor that declares it.
-#[derive(Clone, Copy)]
 pub(super) struct Inherited {
     pub(super) shadow_mode: bool,
     pub(super) detailed_metric: bool,
+    pub(super) quota_mode: bool,
+    pub(super) metadata: Option<Arc<serde_json::Value>>,
 }
 
 /// A field that may be left out but, when given, must be a count of at least 1.
@@ -35,7 +36,7 @@ impl FileWalk<'_> {
         &mut self,
         f: &Fields<'_>,
         path: &str,
-        inherited: Inherited,
+        inherited: &Inherited,
         key_path: &str,
     ) -> Option<Vec<Arc<Limit>>> {
         let mut limits = Vec::new();
@@ -76,7 +77,7 @@ impl FileWalk<'_> {
         &mut self,
         node: &Node,
         path: &str,
-        inherited: Inherited,
+        inherited: &Inherited,
         key_path: &str,
     ) -> Option<Limit> {
         const FIELDS: &[&str] = &[
@@ -114,9 +115,12 @@ impl FileWalk<'_> {
         {
             self.error(n.pos, &join(path, "class"), "must not be empty");
         }
-        if let Some(n) = f.get("quota_mode") {
-            self.not_acted_on(n, &join(path, "quota_mode"));
-        }
+        // The reference reads `quota_mode` on the descriptor; a limit of `rate_limits` may
+        // set its own (either one makes the limit quota-mode).
+        let quota_mode = inherited.quota_mode
+            || f.get("quota_mode")
+                .and_then(|n| yaml::bool(self.problems, n, &join(path, "quota_mode")))
+                .unwrap_or(false);
         let fallback = f.get("fallback").and_then(|n| {
             let field = join(path, "fallback");
             let s = yaml::string(self.problems, n, &field)?;
@@ -166,6 +170,8 @@ impl FileWalk<'_> {
             rate,
             shadow_mode: inherited.shadow_mode,
             detailed_metric: inherited.detailed_metric,
+            quota_mode,
+            metadata: inherited.metadata.clone(),
             replaces,
             fallback,
             shards,

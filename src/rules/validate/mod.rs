@@ -47,14 +47,6 @@ impl FileWalk<'_> {
 
     /// Fields envoyproxy/ratelimit knows but tollgate ignores: accepted, so an existing rules
     /// directory loads unchanged, with a warning so nobody relies on them silently.
-    fn not_acted_on(&mut self, node: &Node, field: &str) {
-        self.problems.warn(
-            node.pos,
-            field,
-            "accepted for compatibility with envoyproxy/ratelimit but not acted on",
-        );
-    }
-
     /// A field that must be there (`missing` says why, at `parent`) and be a non-empty string.
     fn required_string(
         &mut self,
@@ -208,10 +200,29 @@ impl FileWalk<'_> {
         let shadow_mode = flag(self, "shadow_mode");
         let share_threshold = flag(self, "share_threshold");
         let detailed_metric = flag(self, "detailed_metric");
-        for ignored in ["quota_mode", "value_to_metric", "metadata"] {
-            if let Some(n) = f.get(ignored) {
-                self.not_acted_on(n, &join(path, ignored));
-            }
+        let quota_mode = flag(self, "quota_mode");
+        let value_to_metric = flag(self, "value_to_metric");
+        let metadata = match f.get("metadata") {
+            Some(n) if !n.is_null() => match metadata_json(n) {
+                Ok(v) => Some(Arc::new(v)),
+                Err((pos, e)) => {
+                    self.error(pos, &join(path, "metadata"), e);
+                    ok = false;
+                    None
+                }
+            },
+            _ => None,
+        };
+        if share_threshold
+            && value_to_metric
+            && let Some(n) = f.get("value_to_metric")
+        {
+            // As in the reference, the shared pattern wins.
+            self.problems.warn(
+                n.pos,
+                &join(path, "value_to_metric"),
+                "has no effect beside share_threshold: every matching value shares one bucket and one metrics class",
+            );
         }
         let (key, _) = key?;
         let key_path = if parent_keys.is_empty() {
@@ -233,8 +244,10 @@ impl FileWalk<'_> {
         let inherited = Inherited {
             shadow_mode,
             detailed_metric,
+            quota_mode,
+            metadata,
         };
-        let limits = self.limits(&f, path, inherited, &key_path);
+        let limits = self.limits(&f, path, &inherited, &key_path);
         ok &= limits.is_some();
         let children = match f.get("descriptors") {
             Some(n) => self.level(n, &join(path, "descriptors"), &key_path),
@@ -247,9 +260,56 @@ impl FileWalk<'_> {
             limits: limits.unwrap_or_default(),
             share_threshold,
             detailed_metric,
+            value_to_metric,
             children,
             origin: self.origin(node.pos),
         })
+    }
+}
+
+/// A descriptor's `metadata`: a map, as JSON (the reference returns it as a protobuf
+/// `Struct`). Unquoted scalars are typed as YAML types them (null, true/false, numbers),
+/// everything else is a string; nested maps and lists are kept.
+fn metadata_json(node: &Node) -> Result<serde_json::Value, (Pos, String)> {
+    fn value(node: &Node) -> Result<serde_json::Value, (Pos, String)> {
+        use serde_json::Value as J;
+        Ok(match &node.value {
+            yaml::Value::Scalar { text, quoted: true } => J::String(text.clone()),
+            yaml::Value::Scalar { .. } if node.is_null() => J::Null,
+            yaml::Value::Scalar { text, .. } => {
+                if text.eq_ignore_ascii_case("true") {
+                    J::Bool(true)
+                } else if text.eq_ignore_ascii_case("false") {
+                    J::Bool(false)
+                } else if let Ok(n) = text.parse::<i64>() {
+                    J::from(n)
+                } else if let Some(n) = text
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| f.is_finite())
+                    .and_then(serde_json::Number::from_f64)
+                {
+                    J::Number(n)
+                } else {
+                    J::String(text.clone())
+                }
+            }
+            yaml::Value::Seq(items) => J::Array(items.iter().map(value).collect::<Result<_, _>>()?),
+            yaml::Value::Map(pairs) => {
+                let mut out = serde_json::Map::new();
+                for (k, v) in pairs {
+                    let yaml::Value::Scalar { text, .. } = &k.value else {
+                        return Err((k.pos, format!("a key must be a string, found {}", k.kind())));
+                    };
+                    out.insert(text.clone(), value(v)?);
+                }
+                J::Object(out)
+            }
+        })
+    }
+    match &node.value {
+        yaml::Value::Map(_) => value(node),
+        _ => Err((node.pos, format!("expected a map, found {}", node.kind()))),
     }
 }
 
@@ -388,26 +448,53 @@ mod tests {
     }
 
     #[test]
-    fn collects_every_error_and_warns_about_ignored_fields() {
+    fn collects_every_error() {
         let err = load("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: eon, requests_per_unit: 1}\n  - key: b\n    bogus: 1\n").unwrap_err();
         assert_eq!(err.errors.len(), 2, "{err}");
         assert!(err.to_string().contains("r.yaml:4:"), "{err}");
-        let set = load("domain: d\ndescriptors:\n  - key: a\n    value_to_metric: true\n").unwrap();
-        assert_eq!(set.warnings.len(), 1);
-        assert!(
-            set.warnings[0].starts_with("r.yaml:4:"),
-            "{:?}",
-            set.warnings
-        );
-        // Both places that accept `quota_mode` word the warning the same way.
-        let set = load("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit:\n      unlimited: true\n      quota_mode: true\n").unwrap();
-        let said = "accepted for compatibility with envoyproxy/ratelimit but not acted on";
+    }
+
+    #[test]
+    fn the_references_quota_mode_value_to_metric_and_metadata_are_read() {
+        let set = load("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    value_to_metric: true\n    metadata:\n      team: core\n      n: 5\n      on: true\n      nested: {list: [1, \"2\"]}\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: b\n    rate_limits:\n      - {unit: second, requests_per_unit: 1, quota_mode: true}\n      - {unit: hour, requests_per_unit: 9}\n").unwrap();
+        assert!(set.warnings.is_empty(), "{:?}", set.warnings);
+        let warned = load("domain: d\ndescriptors:\n  - key: a\n    value: \"x*\"\n    share_threshold: true\n    value_to_metric: true\n").unwrap();
         assert_eq!(
-            set.warnings,
+            warned.warnings,
             [
-                format!("r.yaml:4: descriptors[0].quota_mode: {said}"),
-                format!("r.yaml:7: descriptors[0].rate_limit.quota_mode: {said}"),
+                "r.yaml:6: descriptors[0].value_to_metric: has no effect beside share_threshold: every matching value shares one bucket and one metrics class"
             ]
         );
+        let root = &set.domains["d"].root;
+        let a = &root.bare["a"];
+        assert!(a.value_to_metric && a.limits[0].quota_mode);
+        assert_eq!(
+            a.limits[0].metadata.as_deref(),
+            Some(
+                &serde_json::json!({"team": "core", "n": 5, "on": true, "nested": {"list": [1, "2"]}})
+            )
+        );
+        let b = &root.bare["b"];
+        assert_eq!(
+            (
+                b.limits[0].quota_mode,
+                b.limits[1].quota_mode,
+                b.value_to_metric
+            ),
+            (true, false, false)
+        );
+        // Refused where they are written, with the reason.
+        let err =
+            load("domain: d\ndescriptors:\n  - key: a\n    quota_mode: maybe\n    metadata: [1]\n")
+                .unwrap_err()
+                .to_string();
+        for said in [
+            "r.yaml:4:",
+            "descriptors[0].quota_mode: expected true or false",
+            "r.yaml:5:",
+            "descriptors[0].metadata: expected a map, found a list",
+        ] {
+            assert!(err.contains(said), "{said} in {err}");
+        }
     }
 }

@@ -203,8 +203,14 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
     if let Some(on) = flag("SHADOW_MODE")? {
         set("shadow_mode", on.to_string());
     }
+    if let Some(on) = flag("QUOTA_MODE")? {
+        set("quota_mode", on.to_string());
+    }
     if let Some(on) = flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
         set("response_headers", on.to_string());
+    }
+    if let Some(on) = flag("RESPONSE_DYNAMIC_METADATA")? {
+        set("response_dynamic_metadata", on.to_string());
     }
 
     // The store. The reference's defaults are Redis over a unix socket (a nutcracker proxy):
