@@ -283,3 +283,63 @@ async fn concurrent_clients_on_one_key_are_admitted_exactly_the_limit() {
     }
     assert_eq!(admitted, 50, "200 requests on a 50/hour key");
 }
+
+/// The reference's rule fields over the real service: a `quota_mode` limit reports
+/// OVER_LIMIT without refusing the request until every quota-mode limit is over, and the
+/// passing descriptors' `metadata` comes back as the response's dynamic metadata.
+#[tokio::test]
+async fn quota_mode_refuses_only_when_every_budget_is_spent_and_metadata_comes_back() {
+    const QUOTA_RULES: &str = r#"
+domain: budgets
+descriptors:
+  - key: user
+    quota_mode: true
+    metadata: {tier: gold, owner: {team: search}}
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: team
+    quota_mode: true
+    metadata: {tier: silver, cost_center: c7}
+    rate_limit: {unit: hour, requests_per_unit: 2}
+"#;
+    let server = InProcess::builder(QUOTA_RULES)
+        .clock(Clock::manual(1_700_000_000_000))
+        .settings(|s| s.response_dynamic_metadata = true)
+        .start();
+    let mut client = server.client().await;
+    let req = request("budgets", &[&[("user", "u1")], &[("team", "t1")]]);
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .should_rate_limit(req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        let codes: Vec<i32> = r.statuses.iter().map(|s| s.code).collect();
+        answers.push((r.overall_code, codes, r.dynamic_metadata));
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!((answers[0].0, &answers[0].1), (ok, &vec![ok, ok]));
+    // The user's budget is spent, the team's is not: OK overall, the user's status says so.
+    assert_eq!((answers[1].0, &answers[1].1), (ok, &vec![over, ok]));
+    // Both spent: refused.
+    assert_eq!((answers[2].0, &answers[2].1), (over, &vec![over, over]));
+
+    let json = |m: &Option<envoy_types::pb::google::protobuf::Struct>| {
+        tollgate::structpb::from_struct(m.as_ref().expect("dynamic metadata is on"))
+    };
+    let first = json(&answers[0].2);
+    assert_eq!(first["domain"], "budgets");
+    assert_eq!(first["descriptors"][0]["entries"][0], "user=u1");
+    // Both passed: merged, the first descriptor's value wins where both have a key.
+    assert_eq!(first["metadata"]["tier"], "gold");
+    assert_eq!(first["metadata"]["owner"]["team"], "search");
+    assert_eq!(first["metadata"]["cost_center"], "c7");
+    // Only the team's descriptor passed the second time.
+    let second = json(&answers[1].2);
+    assert_eq!(second["metadata"]["tier"], "silver");
+    assert!(second["metadata"].get("owner").is_none());
+    // Nothing passed the third time: no `metadata`, the request is still described.
+    let third = json(&answers[2].2);
+    assert!(third.get("metadata").is_none());
+    assert_eq!(third["descriptors"][1]["entries"][0], "team=t1");
+}

@@ -334,6 +334,35 @@ mod tests {
     }
 
     #[test]
+    fn quota_mode_and_metadata_come_through_as_from_a_file() {
+        use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+        let text = |s: &str| Value {
+            kind: Some(Kind::StringValue(s.into())),
+        };
+        let config = RateLimitConfig {
+            name: "budgets".into(),
+            domain: "budgets".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "user".into(),
+                rate_limit: limit(RateLimitUnit::Hour, 1),
+                quota_mode: true,
+                metadata: Some(Struct {
+                    fields: [("tier".to_string(), text("gold"))].into(),
+                }),
+                ..RateLimitDescriptor::default()
+            }],
+        };
+        let rules = rule_set(&[any(&config)], LoadOptions::default()).unwrap();
+        let user = &rules.domains["budgets"].root.bare["user"];
+        let limit = &user.limits[0];
+        assert!(limit.quota_mode);
+        assert_eq!(
+            limit.metadata.as_deref(),
+            Some(&serde_json::json!({"tier": "gold"}))
+        );
+    }
+
+    #[test]
     fn a_bad_snapshot_is_refused_naming_the_config() {
         let good = RateLimitConfig {
             name: "a".into(),

@@ -610,6 +610,8 @@ mod tests {
             ("LOG_LEVEL", "WARNING"),
             ("LOG_FORMAT", "JSON"),
             ("SHADOW_MODE", "1"),
+            ("QUOTA_MODE", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "t"),
             ("NEAR_LIMIT_RATIO", "0.9"),
             ("CACHE_KEY_PREFIX", "rl_"),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
@@ -629,6 +631,7 @@ mod tests {
         assert_eq!(s.log_level, "warn");
         assert_eq!(s.log_format, crate::telemetry::LogFormat::Json);
         assert!(s.shadow_mode && s.response_headers && s.unready_without_rules);
+        assert!(s.quota_mode && s.response_dynamic_metadata);
         assert_eq!(s.near_limit_ratio, 0.9);
         assert_eq!(s.key_prefix, "rl_");
         assert_eq!(
