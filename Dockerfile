@@ -22,7 +22,8 @@ COPY src ./src
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked \
-    && install -D -m 0555 target/release/tollgate /out/tollgate
+    && install -D -m 0555 target/release/tollgate /out/tollgate \
+    && mkdir -p /out/bin && ln -s /usr/local/bin/tollgate /out/bin/ratelimit
 
 # Runtime: glibc, libgcc and the CA certificates (for rediss:// and an OTLP collector over
 # TLS); no shell, no package manager. The :nonroot variant's user is 65532, which the chart's
@@ -37,6 +38,11 @@ LABEL org.opencontainers.image.title="tollgate" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.base.name="gcr.io/distroless/cc-debian12:nonroot"
 COPY --from=build /out/tollgate /usr/local/bin/tollgate
+# /bin/ratelimit, a link to the binary: the command Envoy Gateway's rate-limit Deployment runs
+# (with no args). Started under that name, tollgate reads envoyproxy/ratelimit's environment
+# (README, "Coming from envoyproxy/ratelimit"), so swapping the image is the whole migration.
+# A directory is copied so the link stays a link (a COPY of the link itself would copy the file).
+COPY --from=build /out/bin/ /bin/
 USER 65532:65532
 # gRPC RateLimitService (Envoy) and the admin port (/healthz /readyz /metrics /config /json).
 # tollgate's defaults already listen on 0.0.0.0:8081 and 0.0.0.0:8080 and read the rules from

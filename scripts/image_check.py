@@ -163,8 +163,14 @@ if m and need:
     ok &= expect((int(m[1]), int(m[2])) >= (int(need[1]), int(need[2])), f"build stage {build_from} is older than rust-version {need[1]}.{need[2]}")
 ok &= expect(any("cargo build --release --locked" in a for a in instr(build, "RUN")), "the build stage does not run `cargo build --release --locked`")
 ok &= expect(any(a.startswith("--from=") and "/usr/local/bin/tollgate" in a for a in instr(runtime, "COPY")), "the runtime stage does not COPY the binary from the build stage")
+# Envoy Gateway runs `/bin/ratelimit`: a link to the binary, so argv[0] is `ratelimit` and the
+# reference's environment is read (tests/reference_env.rs starts the binary through such a link).
+ok &= expect(any("ln -s /usr/local/bin/tollgate /out/bin/ratelimit" in a for a in instr(build, "RUN")),
+             "the build stage does not make the link /out/bin/ratelimit -> /usr/local/bin/tollgate")
+ok &= expect(any(a.split() == ["--from=build", "/out/bin/", "/bin/"] for a in instr(runtime, "COPY")),
+             "the runtime stage does not COPY /out/bin/ to /bin/ (Envoy Gateway's command /bin/ratelimit)")
 if ok:
-    done(f"build stage {build_from.split()[0]} (Debian bookworm, Rust ≥ {need[1]}.{need[2] if need else '?'}), `cargo build --release --locked`, the binary copied to /usr/local/bin/tollgate")
+    done(f"build stage {build_from.split()[0]} (Debian bookworm, Rust ≥ {need[1]}.{need[2] if need else '?'}), `cargo build --release --locked`, the binary copied to /usr/local/bin/tollgate, /bin/ratelimit linked to it")
 
 # What the build reads is copied in, and the build context keeps it.
 copied = set()
