@@ -4,7 +4,8 @@
 //! over xDS are `rules_xds.rs`'s), against a
 //! real Redis. It serves the reference's config layout (`RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
 //! config/*.yaml`) with the reference's key prefix, answers `/healthcheck`, names the
-//! variables that change nothing in one warning, and refuses a value it cannot honour.
+//! variables that change nothing in one warning, and refuses a value it cannot honour. The
+//! reference's default, Redis over a unix socket, works too.
 
 mod common;
 
@@ -88,6 +89,52 @@ async fn started_as_ratelimit_it_serves_the_references_environment() {
     let _ = child.wait();
 }
 
+/// The reference's default socket type, a unix socket (`REDIS_SOCKET_TYPE` unset), reaches a
+/// real Redis listening on one.
+#[tokio::test]
+async fn the_references_default_unix_socket_reaches_redis() {
+    let redis = TestRedis::start_unix();
+    let dir = temp_dir("reference-unix");
+    let config = dir.path().join("data/ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("edge.yaml"), CONFIG).unwrap();
+    let (grpc_port, http_port) = (free_port(), free_port());
+    let mut vars = envoy_gateway_env(redis.port(), &dir.path().join("data"), grpc_port, http_port);
+    vars.retain(|(k, _)| !k.starts_with("REDIS_"));
+    let socket = redis
+        .unix_url()
+        .trim_start_matches("redis+unix://")
+        .to_string();
+    vars.push(("REDIS_URL", socket));
+    let log = dir.path().join("tollgate.log");
+    let mut child = start_clean(&ratelimit_link(dir.path()), &vars, &log);
+    let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
+    let healthy = poll(Duration::from_secs(20), || {
+        (get(admin, "/healthcheck") == (200, "OK".to_string())).then_some(())
+    });
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(healthy.is_some(), "no /healthcheck OK; log:\n{}", text());
+    let grpc: SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
+    let mut client = client_of(grpc).await;
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .should_rate_limit(request("edge", &[&[("tenant", "sock")]]))
+            .await
+            .expect("ShouldRateLimit")
+            .into_inner();
+        codes.push(r.overall_code);
+    }
+    assert_eq!(codes, vec![1, 1, 2], "OK, OK, OVER_LIMIT; log:\n{}", text());
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*sock*"]);
+    assert!(
+        !keys.is_empty(),
+        "the bucket is in the Redis behind the socket"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[test]
 fn a_value_it_cannot_honour_stops_startup_with_the_reason() {
     let dir = temp_dir("reference-refused");
@@ -101,8 +148,14 @@ fn a_value_it_cannot_honour_stops_startup_with_the_reason() {
             ],
             "REDIS_TYPE=CLUSTERED: not a Redis type: SINGLE, CLUSTER or SENTINEL",
         ),
-        // The reference's own default: Redis over a unix socket.
-        (vec![], "REDIS_SOCKET_TYPE=unix"),
+        // A unix socket reaches one Redis: not a cluster.
+        (
+            vec![
+                ("REDIS_URL", "/run/redis.sock".to_string()),
+                ("REDIS_TYPE", "CLUSTER".to_string()),
+            ],
+            "REDIS_SOCKET_TYPE=unix: a unix socket reaches one Redis",
+        ),
         (
             vec![
                 ("REDIS_SOCKET_TYPE", "tcp".to_string()),

@@ -1,5 +1,6 @@
 //! The store contract: one set of cases run against every store — the memory store, a real
-//! `redis-server` (over plain TCP and over TLS, `rediss://` with a CA the test generates) and a
+//! `redis-server` (over plain TCP, over TLS, `rediss://` with a CA the test generates, and over
+//! a unix socket, `redis+unix://`) and a
 //! real three-primary Redis Cluster — so the Lua scripts and the Rust bucket math give the same
 //! answers through `Store::apply`.
 //!
@@ -443,6 +444,16 @@ macro_rules! contract {
                     let redis = super::TestRedis::start_tls(&certs, false);
                     let store = super::tls_store(&redis.tls_url(), &certs).await;
                     super::$case(store, super::unique_prefix("tls")).await;
+                }
+            )*
+        }
+        mod unix {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let redis = super::TestRedis::start_unix();
+                    let store = super::contract_store(&redis.unix_url()).await;
+                    super::$case(store, super::unique_prefix("unix")).await;
                 }
             )*
         }

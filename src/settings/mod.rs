@@ -102,7 +102,7 @@ settings! {
     admin_json: bool = true,
         "serve POST /json on the admin port (decisions over HTTP: it spends tokens); false where more than operators reach that port";
     store: String = "memory".to_string(),
-        "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS; see README)";
+        "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS) / redis+unix:///path (see README)";
     default_algorithm: Algorithm = Algorithm::TokenBucket,
         "token_bucket, fixed_window or sliding_window, for limits that name none";
     shadow_mode: bool = false,

@@ -21,11 +21,27 @@ impl Settings {
                 "rediss+cluster://",
                 "redis+sentinel://",
                 "rediss+sentinel://",
+                "redis+unix://",
+                "unix://",
             ]
             .iter()
             .any(|s| self.store.starts_with(s))
         {
             return bad("store", &store_hint(&self.store));
+        }
+        let unix = self.store.starts_with("redis+unix://") || self.store.starts_with("unix://");
+        if unix {
+            let query = self.store.split_once('?').map_or("", |(_, q)| q);
+            if query
+                .split('&')
+                .any(|kv| kv.starts_with("pass=") || kv.starts_with("user="))
+            {
+                // Not echoed: the query would show the password.
+                return bad(
+                    "store",
+                    "a redis+unix:// URL takes no user= or pass= (logs and /config would show them): set store_username and store_password or store_password_file",
+                );
+            }
         }
         let tls_url = self.store.starts_with("rediss");
         for (key, value) in [
@@ -224,7 +240,7 @@ fn store_hint(store: &str) -> String {
             .trim_start_matches("redis://")
             .to_string()
     };
-    let expected = "expected `memory`, redis://…, redis+cluster://…, redis+sentinel://…, or one of them over TLS (rediss://…, rediss+cluster://…, rediss+sentinel://…)";
+    let expected = "expected `memory`, redis://…, redis+cluster://…, redis+sentinel://…, one of them over TLS (rediss://…, rediss+cluster://…, rediss+sentinel://…), or redis+unix:///path/to/redis.sock";
     let guess = if store.contains("://") || store.is_empty() {
         None
     } else if store.contains(',') {
@@ -309,6 +325,19 @@ mod tests {
         );
         let e = with("rediss://r:6380", "store_sentinel_password").unwrap_err();
         assert!(e.contains("store_sentinel_password"), "{e}");
+        // A unix socket: no TLS, and no credentials in the URL's query (logs would show them).
+        assert!(with("redis+unix:///run/redis.sock?db=2", "store_password").is_ok());
+        let e = with("redis+unix:///run/redis.sock", "store_tls_ca").unwrap_err();
+        assert!(e.contains("not a TLS URL"), "{e}");
+        let e = with(
+            "redis+unix:///run/redis.sock?db=1&pass=s3cret",
+            "store_username",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("store_password_file") && !e.contains("s3cret"),
+            "{e}"
+        );
     }
 
     #[test]

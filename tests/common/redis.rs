@@ -139,6 +139,36 @@ impl TestRedis {
         panic!("redis-server did not start: {last}");
     }
 
+    /// Starts a standalone server that also listens on a unix socket in its own directory
+    /// ([`TestRedis::unix_url`]); the TCP port stays open for the test's own inspection.
+    pub fn start_unix() -> TestRedis {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let dir = temp_dir("redis-unix");
+            let socket = dir.path().join("redis.sock");
+            let extra = vec![
+                "--unixsocket".to_string(),
+                socket.display().to_string(),
+                "--unixsocketperm".to_string(),
+                "700".to_string(),
+            ];
+            match TestRedis::try_start(free_port(), Owned(dir), extra) {
+                Ok(r) => return r,
+                Err(e) => last = e,
+            }
+        }
+        panic!("redis-server on a unix socket did not start: {last}");
+    }
+
+    /// `redis+unix://<dir>/redis.sock` of a server from [`TestRedis::start_unix`].
+    pub fn unix_url(&self) -> String {
+        assert!(
+            self.extra.iter().any(|a| a == "--unixsocket"),
+            "started with start_unix"
+        );
+        format!("redis+unix://{}", self.dir.join("redis.sock").display())
+    }
+
     /// Starts a standalone server on `port` (which must be free).
     pub fn start_on(port: u16) -> TestRedis {
         TestRedis::try_start(port, Owned(temp_dir("redis")), Vec::new())

@@ -6,8 +6,8 @@
 //! `TOLLGATE_*` variables go (so those, and flags, still win and add what the reference lacks:
 //! leasing, fallback, algorithms) → `Settings::load`. A variable with no tollgate meaning is
 //! named in one startup warning ([`Mapped::ignored`]); a value tollgate cannot honour safely
-//! (a Redis type it does not know, a unix socket, a client-certificate SAN it would not
-//! check) stops startup with the reason ([`Refused`]), because serving anyway would
+//! (a Redis type it does not know, a unix socket to a cluster, a client-certificate SAN it
+//! would not check) stops startup with the reason ([`Refused`]), because serving anyway would
 //! limit other traffic than the operator configured. The README's "Coming from
 //! envoyproxy/ratelimit" table is this file's table.
 
@@ -224,20 +224,29 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
         ));
     }
     let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".to_string());
-    if !socket.eq_ignore_ascii_case("tcp") {
-        return Err(refuse(
-            "REDIS_SOCKET_TYPE",
-            &socket,
-            "tollgate reaches Redis over TCP only: set REDIS_SOCKET_TYPE=tcp and REDIS_URL=host:port (unset, the reference defaults to unix)",
-        ));
-    }
-    let url = var("REDIS_URL").ok_or_else(|| {
-        refuse(
-            "REDIS_URL",
-            "",
-            "unset: the Redis address, host:port (or a comma list of cluster nodes)",
-        )
-    })?;
+    let unix = match socket.to_ascii_lowercase().as_str() {
+        "tcp" => false,
+        "unix" => true,
+        _ => {
+            return Err(refuse(
+                "REDIS_SOCKET_TYPE",
+                &socket,
+                "not a socket type: tcp or unix",
+            ));
+        }
+    };
+    // Unset, the reference dials its nutcracker sidecar's socket.
+    let url = match var("REDIS_URL") {
+        Some(url) => url,
+        None if unix => "/var/run/nutcracker/ratelimit.sock".to_string(),
+        None => {
+            return Err(refuse(
+                "REDIS_URL",
+                "",
+                "unset: the Redis address, host:port (or a comma list of cluster nodes)",
+            ));
+        }
+    };
     let tls = flag("REDIS_TLS")?.unwrap_or(false);
     let redis_type = var("REDIS_TYPE").unwrap_or_else(|| "SINGLE".to_string());
     let scheme = match redis_type.to_ascii_lowercase().as_str() {
@@ -252,12 +261,28 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
             ));
         }
     };
+    if unix && (scheme != "redis" || tls) {
+        return Err(refuse(
+            "REDIS_SOCKET_TYPE",
+            &socket,
+            "a unix socket reaches one Redis without TLS: with REDIS_TYPE=CLUSTER, SENTINEL or REDIS_TLS=true set REDIS_SOCKET_TYPE=tcp",
+        ));
+    }
+    if unix && !url.starts_with('/') {
+        return Err(refuse(
+            "REDIS_URL",
+            &url,
+            "with REDIS_SOCKET_TYPE=unix, the socket's absolute path",
+        ));
+    }
     let scheme = if tls {
         scheme.replacen("redis", "rediss", 1)
     } else {
         scheme.to_string()
     };
-    let store = if scheme.ends_with("sentinel") {
+    let store = if unix {
+        format!("redis+unix://{url}")
+    } else if scheme.ends_with("sentinel") {
         // The reference's form is `master,sentinel1:port,sentinel2:port`.
         let (master, sentinels) = url.split_once(',').ok_or_else(|| {
             refuse(
@@ -530,6 +555,29 @@ mod tests {
                 value("store_password"),
             )
         };
+        // The reference's defaults: its nutcracker sidecar's socket.
+        let unix = from_reference_env(env(&[])).unwrap();
+        assert!(
+            unix.env.contains(&(
+                "store",
+                "redis+unix:///var/run/nutcracker/ratelimit.sock".into()
+            )),
+            "{:?}",
+            unix.env
+        );
+        let sock = from_reference_env(env(&[
+            ("REDIS_SOCKET_TYPE", "unix"),
+            ("REDIS_URL", "/run/redis.sock"),
+            ("REDIS_AUTH", "pw"),
+        ]))
+        .unwrap();
+        assert!(
+            sock.env
+                .contains(&("store", "redis+unix:///run/redis.sock".into()))
+                && sock.env.contains(&("store_password", "pw".into())),
+            "{:?}",
+            sock.env
+        );
         assert_eq!(
             store(&[
                 ("REDIS_URL", "a:1,b:2"),
@@ -561,10 +609,20 @@ mod tests {
     #[test]
     fn values_that_cannot_be_honoured_stop_startup_with_the_reason() {
         let refused = |vars: &[(&str, &str)]| from_reference_env(env(vars)).unwrap_err();
-        // The reference's own defaults: Redis over a unix socket.
-        let e = refused(&[]);
+        // Unix sockets: one Redis, no TLS, an absolute path.
+        let unix = ("REDIS_SOCKET_TYPE", "unix");
+        let e = refused(&[unix, ("REDIS_TYPE", "CLUSTER"), ("REDIS_URL", "/r.sock")]);
         assert_eq!(e.name, "REDIS_SOCKET_TYPE");
         assert!(e.to_string().contains("REDIS_SOCKET_TYPE=tcp"), "{e}");
+        assert_eq!(
+            refused(&[unix, ("REDIS_TLS", "true")]).name,
+            "REDIS_SOCKET_TYPE"
+        );
+        assert_eq!(refused(&[unix, ("REDIS_URL", "r:6379")]).name, "REDIS_URL");
+        assert_eq!(
+            refused(&[("REDIS_SOCKET_TYPE", "udp")]).name,
+            "REDIS_SOCKET_TYPE"
+        );
         let tcp = ("REDIS_SOCKET_TYPE", "tcp");
         let url = ("REDIS_URL", "r:6379");
         assert_eq!(refused(&[tcp]).name, "REDIS_URL");

@@ -7,6 +7,9 @@
 //! [`MultiplexedConnection`] pipelines concurrent requests, a [`ClusterConnection`] keeps one
 //! connection per node and follows the slot map.
 //!
+//! `redis+unix:///path/to/redis.sock[?db=N]` is one Redis over a unix socket (a sidecar, or
+//! the reference's default); it is a standalone connection like `redis://` in every other way.
+//!
 //! `redis+sentinel://[user:pass@]s1:p1,s2:p2/<master>[/db]` asks the Sentinels for the primary
 //! at each new connection, so a reconnect after a failover reaches the new one (the pool drops
 //! every connection when Redis answers READONLY: see `pool/`).
@@ -218,9 +221,12 @@ impl Connector {
                 password_file,
             });
         }
-        if !url.starts_with("redis://") && !url.starts_with("rediss://") {
+        if !["redis://", "rediss://", "redis+unix://", "unix://"]
+            .iter()
+            .any(|s| url.starts_with(s))
+        {
             return Err(config_error(format!(
-                "{shown}: expected redis://, rediss://, redis+cluster:// or rediss+cluster://"
+                "{shown}: expected redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+unix://"
             )));
         }
         let mut info = url
