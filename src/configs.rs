@@ -89,6 +89,7 @@ pub fn redis_config(s: &Settings) -> RedisConfig {
         tls_ca: s.store_tls_ca.clone(),
         tls_cert: s.store_tls_cert.clone(),
         tls_key: s.store_tls_key.clone(),
+        tls_server_name: s.store_tls_server_name.clone(),
         username: s.store_username.clone(),
         password: s.store_password.clone(),
         password_file: s.store_password_file.clone(),

@@ -132,3 +132,39 @@ async fn tls_to_a_plain_text_port_names_the_likely_cause() {
         "{error}"
     );
 }
+
+/// A managed Redis whose certificate names a host (`redis.managed.test`) other than the one
+/// reached (127.0.0.1, as through a tunnel or a private endpoint): refused as it should be,
+/// and served with `store_tls_server_name` naming the host the certificate carries. The
+/// certificate is still verified: a wrong expected name is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_for_another_host_needs_its_name_and_nothing_less() {
+    let certs = TestCerts::generate();
+    let redis = TestRedis::start_tls_with(
+        &certs,
+        false,
+        &[
+            "--tls-cert-file",
+            &certs.file("managed.crt"),
+            "--tls-key-file",
+            &certs.file("managed.key"),
+        ],
+    );
+    let with_name = |name: &str| Settings {
+        store_tls_ca: certs.file("ca.crt"),
+        store_tls_server_name: name.to_string(),
+        ..settings(&redis.tls_url(), 500)
+    };
+    let k = key("managed:", "a");
+    for refused in ["", "localhost"] {
+        let s = store(with_name(refused)).await;
+        assert_eq!(s.state(), "disconnected", "expected name {refused:?}");
+        assert!(
+            s.apply(&[tb(&k, 3, 3, HOUR, 1)]).await.is_err(),
+            "expected name {refused:?}: the certificate does not carry it"
+        );
+    }
+    let named = store(with_name(common::tls::MANAGED_NAME)).await;
+    assert_eq!(one(&named, tb(&k, 3, 3, HOUR, 1)).await.remaining, 2);
+    assert_eq!(one(&named, tb(&k, 3, 3, HOUR, 1)).await.remaining, 1);
+}

@@ -123,6 +123,8 @@ settings! {
         "PEM client certificate for mutual TLS to Redis (with store_tls_key)";
     store_tls_key: String = String::new(),
         "PEM private key of store_tls_cert";
+    store_tls_server_name: String = String::new(),
+        "the DNS name the Redis server's certificate must carry when it is not the URL's host (a managed Redis reached by IP, tunnel or private endpoint; rediss:// only; empty: the URL's host)";
     store_username: String = String::new(),
         "ACL user for Redis (or in the store URL, not both)";
     store_password: String = String::new(),

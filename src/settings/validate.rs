@@ -48,6 +48,7 @@ impl Settings {
             ("store_tls_ca", &self.store_tls_ca),
             ("store_tls_cert", &self.store_tls_cert),
             ("store_tls_key", &self.store_tls_key),
+            ("store_tls_server_name", &self.store_tls_server_name),
         ] {
             if !value.is_empty() && !tls_url {
                 return bad(
@@ -99,6 +100,14 @@ impl Settings {
             return bad(
                 "grpc_tls_client_ca",
                 "mutual TLS needs TLS: set grpc_tls_cert and grpc_tls_key too",
+            );
+        }
+        if !self.store_tls_server_name.is_empty() && !self.store.starts_with("rediss://") {
+            // Cluster nodes and a Sentinel's primary are reached at the addresses they
+            // announce, each checked against its own name: one override would not fit them.
+            return bad(
+                "store_tls_server_name",
+                "applies to one Redis (rediss://) only: a cluster's nodes and a Sentinel's primary are checked against the names they are reached by",
             );
         }
         if self.store_tls_cert.is_empty() != self.store_tls_key.is_empty() {
@@ -325,6 +334,16 @@ mod tests {
         );
         let e = with("rediss://r:6380", "store_sentinel_password").unwrap_err();
         assert!(e.contains("store_sentinel_password"), "{e}");
+        // The expected certificate name: one Redis over TLS only.
+        assert!(with("rediss://10.0.0.7:6380", "store_tls_server_name").is_ok());
+        for store in [
+            "redis://r:6379",
+            "rediss+cluster://a:1,b:2",
+            "rediss+sentinel://s:1/m",
+        ] {
+            let e = with(store, "store_tls_server_name").unwrap_err();
+            assert!(e.contains("store_tls_server_name"), "{store}: {e}");
+        }
         // A unix socket: no TLS, and no credentials in the URL's query (logs would show them).
         assert!(with("redis+unix:///run/redis.sock?db=2", "store_password").is_ok());
         let e = with("redis+unix:///run/redis.sock", "store_tls_ca").unwrap_err();

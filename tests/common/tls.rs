@@ -1,7 +1,7 @@
 //! Certificates for the TLS tests, made by the `openssl` CLI in a temp directory of their own:
 //! a CA, a server certificate for 127.0.0.1 and localhost signed by it (also good as a client
 //! certificate, for replication and Sentinels), a client certificate
-//! signed by it (mutual TLS), and a second, unrelated CA (a wrong trust anchor). EC P-256 keys:
+//! signed by it (mutual TLS), a server certificate for a DNS name only (a managed Redis's), and a second, unrelated CA (a wrong trust anchor). EC P-256 keys:
 //! quick to make, and both Redis (OpenSSL) and tollgate (rustls) accept them.
 
 #![allow(dead_code)]
@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::temp_dir;
+
+/// The only name in `managed.crt` (no IP): reached at 127.0.0.1, it verifies only when
+/// tollgate is told to expect this name (`store_tls_server_name`).
+pub const MANAGED_NAME: &str = "redis.managed.test";
 
 pub struct TestCerts {
     dir: tempfile::TempDir,
@@ -24,8 +28,16 @@ impl TestCerts {
         certs.ca("wrong-ca", "some other CA");
         // Also a client certificate: a replica and a Sentinel connect to the other servers
         // with it (`tls-replication yes`).
-        certs.leaf("server", "127.0.0.1", "serverAuth,clientAuth");
-        certs.leaf("client", "tollgate", "clientAuth");
+        let local = "IP:127.0.0.1,DNS:localhost";
+        certs.leaf("server", "127.0.0.1", "serverAuth,clientAuth", local);
+        certs.leaf("client", "tollgate", "clientAuth", local);
+        // A managed Redis's certificate: it names a host, not the address the test reaches.
+        certs.leaf(
+            "managed",
+            MANAGED_NAME,
+            "serverAuth",
+            &format!("DNS:{MANAGED_NAME}"),
+        );
         certs
     }
 
@@ -65,12 +77,12 @@ impl TestCerts {
         );
     }
 
-    fn leaf(&self, name: &str, cn: &str, usage: &str) {
+    fn leaf(&self, name: &str, cn: &str, usage: &str, san: &str) {
         let ext = self.dir.path().join(format!("{name}.ext"));
         std::fs::write(
             &ext,
             format!(
-                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage={usage}\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage={usage}\nsubjectAltName={san}\n"
             ),
         )
         .expect("write extensions");

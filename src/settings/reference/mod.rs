@@ -320,11 +320,20 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
             }
         }
         if flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?.unwrap_or(false) {
-            return Err(refuse(
-                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-                "true",
-                "tollgate always checks the Redis certificate's host name: connect by a name the certificate holds",
-            ));
+            // Skipping the check would accept any certificate the CA ever signed; naming the
+            // host the certificate carries is the safe form of the same fix.
+            match set_var("TOLLGATE_STORE_TLS_SERVER_NAME") {
+                Some(name) => ignored.push(format!(
+                    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION (the certificate is checked against TOLLGATE_STORE_TLS_SERVER_NAME={name} instead)"
+                )),
+                None => {
+                    return Err(refuse(
+                        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                        "true",
+                        "tollgate does not skip the check: set TOLLGATE_STORE_TLS_SERVER_NAME to the host name the Redis certificate carries",
+                    ));
+                }
+            }
         }
     }
 
@@ -654,6 +663,33 @@ mod tests {
             let vars: Vec<(&str, &str)> = [tcp, url].iter().chain(extra).copied().collect();
             assert_eq!(refused(&vars).name, name, "{extra:?}");
         }
+        // The skip maps onto the name to expect, with a warning, when that name is given.
+        let e = refused(&[
+            tcp,
+            url,
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ]);
+        assert!(
+            e.to_string().contains("TOLLGATE_STORE_TLS_SERVER_NAME"),
+            "{e}"
+        );
+        let named = from_reference_env(env(&[
+            tcp,
+            url,
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+            ("TOLLGATE_STORE_TLS_SERVER_NAME", "redis.example.com"),
+        ]))
+        .unwrap();
+        assert!(
+            named
+                .ignored
+                .iter()
+                .any(|w| w.contains("TOLLGATE_STORE_TLS_SERVER_NAME=redis.example.com")),
+            "{:?}",
+            named.ignored
+        );
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct RedisConfig {
     pub tls_ca: String,
     pub tls_cert: String,
     pub tls_key: String,
+    /// `rediss://` to one Redis: the name its certificate must carry, when not the URL's host
+    /// (empty: the host). See `connect.rs`.
+    pub tls_server_name: String,
     /// Credentials from the settings (else the URL's); `password_file` is read at each new
     /// connection.
     pub username: String,
@@ -54,6 +57,7 @@ impl RedisConfig {
             tls_ca: String::new(),
             tls_cert: String::new(),
             tls_key: String::new(),
+            tls_server_name: String::new(),
             username: String::new(),
             password: String::new(),
             password_file: String::new(),

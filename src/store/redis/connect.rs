@@ -17,7 +17,9 @@
 //! `rediss://`, `rediss+cluster://` and `rediss+sentinel://` are the same over TLS (rustls
 //! with the ring provider; no OpenSSL): the server's certificate is checked against
 //! `store_tls_ca` (else the system roots) and the host name or IP of the URL (for Sentinel:
-//! of each Sentinel, and of the primary as the Sentinels name it); `store_tls_cert` +
+//! of each Sentinel, and of the primary as the Sentinels name it), or for one Redis against
+//! `store_tls_server_name` when it is set (a managed Redis whose certificate names another
+//! host than the one reached: [`pin_server_name`]); `store_tls_cert` +
 //! `store_tls_key` add a client certificate (mutual TLS). With Sentinel, one TLS setup serves
 //! the Sentinels and the data nodes, as Redis's own `tls-*` settings do for both. The files
 //! are read once, at startup: a missing or unreadable one is a startup error naming the
@@ -27,7 +29,9 @@
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, ConnectionInfo, IntoConnectionInfo, RedisError, Value};
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError, Value,
+};
 
 use super::RedisConfig;
 use super::client::{read_password, standalone_client, tcp_settings, tls_certificates};
@@ -67,6 +71,63 @@ pub(super) enum Connector {
         /// ([`Connector::primary_moved`]).
         primary: std::sync::Mutex<Option<String>>,
     },
+}
+
+/// `store_tls_server_name`: the connection is addressed to `name` (so rustls sends it as SNI
+/// and checks the certificate against it) and a resolver sends `name` to the URL's host, so
+/// the TCP connection still goes where the URL says. The certificate is verified in full;
+/// only the name it must carry changes.
+fn pin_server_name(
+    info: ConnectionInfo,
+    name: &str,
+) -> Result<(ConnectionInfo, PinnedName), String> {
+    rustls::pki_types::ServerName::try_from(name.to_string())
+        .map_err(|e| format!("'{name}' is not a DNS name or IP address: {e}"))?;
+    let ConnectionAddr::TcpTls {
+        host,
+        port,
+        insecure,
+        tls_params,
+    } = info.addr().clone()
+    else {
+        return Err("applies to rediss:// only".into());
+    };
+    let addr = ConnectionAddr::TcpTls {
+        host: name.to_string(),
+        port,
+        insecure,
+        tls_params,
+    };
+    let resolver = PinnedName {
+        name: name.to_string(),
+        host,
+    };
+    Ok((info.set_addr(addr), resolver))
+}
+
+/// Resolves the certificate's name to the URL's host (see [`pin_server_name`]); any other
+/// name as the system does.
+struct PinnedName {
+    name: String,
+    host: String,
+}
+
+impl redis::io::AsyncDNSResolver for PinnedName {
+    fn resolve<'a, 'b: 'a>(
+        &'a self,
+        host: &'b str,
+        port: u16,
+    ) -> redis::RedisFuture<'a, Box<dyn Iterator<Item = std::net::SocketAddr> + Send + 'a>> {
+        let target = if host == self.name {
+            self.host.as_str()
+        } else {
+            host
+        };
+        Box::pin(async move {
+            let addrs = tokio::net::lookup_host((target, port)).await?;
+            Ok(Box::new(addrs) as Box<dyn Iterator<Item = _> + Send>)
+        })
+    }
 }
 
 /// What a cluster client is built from.
@@ -245,10 +306,16 @@ impl Connector {
         // Built once now to check the URL and the TLS files.
         standalone_client(&info, certs.as_ref())
             .map_err(|e| config_error(format!("{shown}: {e}")))?;
-        let config = AsyncConnectionConfig::new()
+        let mut config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(cfg.connect_timeout))
             // Every call is bounded by our own timeout (tokio::time::timeout) instead.
             .set_response_timeout(None);
+        if !cfg.tls_server_name.is_empty() {
+            let (pinned, resolver) = pin_server_name(info, &cfg.tls_server_name)
+                .map_err(|e| config_error(format!("{shown}: store_tls_server_name: {e}")))?;
+            info = pinned;
+            config = config.set_dns_resolver(resolver);
+        }
         Ok(Connector::Standalone {
             info: Box::new(info),
             certs,
