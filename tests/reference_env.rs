@@ -5,7 +5,8 @@
 //! real Redis. It serves the reference's config layout (`RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
 //! config/*.yaml`) with the reference's key prefix, answers `/healthcheck`, names the
 //! variables that change nothing in one warning, and refuses a value it cannot honour. The
-//! reference's default, Redis over a unix socket, works too.
+//! reference's default, Redis over a unix socket, works too, and statsd gets the reference's
+//! counters under its names.
 
 mod common;
 
@@ -130,6 +131,107 @@ async fn the_references_default_unix_socket_reaches_redis() {
     assert!(
         !keys.is_empty(),
         "the bucket is in the Redis behind the socket"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// `USE_STATSD=true` (the reference's default) with `STATSD_HOST`/`STATSD_PORT`: the
+/// reference's per-rule counters arrive at a statsd server over TCP, as the reference sends
+/// them, under its names, counting hits.
+#[tokio::test]
+async fn statsd_gets_the_references_counters_under_its_names() {
+    let redis = TestRedis::start();
+    let dir = temp_dir("reference-statsd");
+    let config = dir.path().join("data/ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    // The statsd server: every line it is sent, from every connection.
+    let statsd = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let statsd_port = statsd.local_addr().unwrap().port();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for conn in statsd.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let mut text = String::new();
+                let _ = std::io::Read::read_to_string(&mut conn, &mut text);
+                lines.lock().unwrap().push_str(&text);
+            }
+        });
+    }
+    let (grpc_port, http_port) = (free_port(), free_port());
+    let mut vars = envoy_gateway_env(redis.port(), &dir.path().join("data"), grpc_port, http_port);
+    vars.retain(|(k, _)| *k != "USE_STATSD");
+    vars.extend([
+        ("STATSD_HOST", "127.0.0.1".to_string()),
+        ("STATSD_PORT", statsd_port.to_string()),
+        ("STATS_FLUSH_INTERVAL", "200ms".to_string()),
+    ]);
+    let log = dir.path().join("tollgate.log");
+    let mut child = start_clean(&ratelimit_link(dir.path()), &vars, &log);
+    let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let healthy = poll(Duration::from_secs(20), || {
+        (get(admin, "/healthcheck") == (200, "OK".to_string())).then_some(())
+    });
+    assert!(healthy.is_some(), "no /healthcheck OK; log:\n{}", text());
+    let grpc: SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
+    let mut client = client_of(grpc).await;
+    let mut codes = Vec::new();
+    for hits in [1, 1, 5] {
+        let mut r = request("edge", &[&[("tenant", "acme")]]);
+        r.hits_addend = hits;
+        codes.push(
+            client
+                .should_rate_limit(r)
+                .await
+                .unwrap()
+                .into_inner()
+                .overall_code,
+        );
+    }
+    client
+        .should_rate_limit(request("nowhere", &[&[("tenant", "acme")]]))
+        .await
+        .unwrap();
+    assert_eq!(codes, vec![1, 1, 2]);
+    // Each send carries the growth since the last: the sums are the totals.
+    let sum = |name: &str| -> u64 {
+        let prefix = format!("ratelimit.service.{name}:");
+        lines
+            .lock()
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix(&prefix)?
+                    .strip_suffix("|c")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let want = [
+        ("rate_limit.edge.tenant_acme.total_hits", 7),
+        ("rate_limit.edge.tenant_acme.within_limit", 2),
+        // 2 an hour, near_limit_ratio 0.8: the second hit passes ⌊2 × 0.8⌋ = 1.
+        ("rate_limit.edge.tenant_acme.near_limit", 1),
+        ("rate_limit.edge.tenant_acme.over_limit", 5),
+        ("rate_limit.nowhere.domain_not_found", 1),
+    ];
+    let arrived = poll(Duration::from_secs(10), || {
+        want.iter().all(|(n, v)| sum(n) == *v).then_some(())
+    });
+    assert!(
+        arrived.is_some(),
+        "want {want:?}; statsd got:\n{}\nlog:\n{}",
+        lines.lock().unwrap(),
+        text()
     );
     let _ = child.kill();
     let _ = child.wait();

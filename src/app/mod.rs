@@ -339,6 +339,18 @@ async fn serve_loaded(
         ));
     }
 
+    // The reference's per-rule counters to statsd: counted from now on, sent off the request
+    // path, and once more at shutdown.
+    let statsd = (!settings.statsd_addr.is_empty()).then(|| {
+        handler.metrics.statsd.enable();
+        tracing::info!(statsd_addr = %settings.statsd_addr, flush_interval_ms = settings.statsd_flush_interval_ms, "sending the reference's counters to statsd");
+        tokio::spawn(telemetry::statsd::run(
+            handler.metrics.clone(),
+            telemetry::statsd::Target::parse(&settings.statsd_addr),
+            Duration::from_millis(settings.statsd_flush_interval_ms),
+            stopped(stop_rx.clone()),
+        ))
+    });
     let membership = clock.spawn({
         let (handler, clock) = (handler.clone(), clock.clone());
         let stop = stopped(stop_rx.clone());
@@ -426,6 +438,10 @@ async fn serve_loaded(
     // Leave the membership set, so the others' share grows at once (bounded: the store may
     // be down).
     let _ = tokio::time::timeout(Duration::from_secs(2), membership).await;
+    // The last statsd send: what was counted since the previous one.
+    if let Some(statsd) = statsd {
+        let _ = tokio::time::timeout(Duration::from_secs(2), statsd).await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

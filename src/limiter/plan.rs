@@ -44,6 +44,8 @@ pub(super) struct Planned {
     pub(super) limit: Arc<Limit>,
     /// The shard picked for a sharded limit (`shards` > 1; see `shard.rs`).
     pub(super) shard: Option<u32>,
+    /// The hits this op takes (the descriptor's `hits_addend`, else the request's, else 1).
+    pub(super) cost: u64,
 }
 
 /// The store operation that enforces a rate, by its algorithm.
@@ -159,6 +161,7 @@ pub(super) fn plan(
                 desc: i,
                 limit: limit.clone(),
                 shard,
+                cost,
             });
             ops.push(Op::take(key, kind, cost));
         }
@@ -200,6 +203,7 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Ar
         fallback: None,
         shards: 1,
         lease: None,
+        stat_path: Arc::from(vec![class.to_string()]),
         class,
         // Its own bucket, apart from the rules' limits on the same entries (keys.rs).
         index: keys::OVERRIDE_INDEX,

@@ -25,7 +25,7 @@ use super::plan::{Plan, Planned};
 use super::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Status};
 use crate::rules::{Limit, Unit};
 use crate::store::Outcome;
-use crate::telemetry::{self, DecisionLabels, Metrics};
+use crate::telemetry::{self, DecisionLabels, Hit, Metrics};
 
 /// The metrics `domain` of requests for a domain no rules file declares (one series for all
 /// of them: request domains are caller input).
@@ -137,6 +137,7 @@ impl Tally {
                 "(other)".into()
             }
         };
+        self.metrics.statsd.domain_not_found(&label);
         self.metrics
             .unknown_domains
             .get_or_create(&telemetry::DomainLabels { domain: label })
@@ -146,15 +147,16 @@ impl Tally {
     /// The metrics class of a limit; with `detailed_metric` the request's values are appended
     /// (an explicit opt-in to one series per value), with `value_to_metric` those of the
     /// entries `metric_values` names (matched through such a node), up to `detailed_max`
-    /// series per limit, past which every new value counts as `<class>.(overflow)`.
+    /// series per limit, past which every new value counts as `<class>.(overflow)`; and
+    /// whether it is that overflow.
     fn class_of(
         &self,
         limit: &Limit,
         req: &RequestDescriptor<'_>,
         metric_values: &[usize],
-    ) -> Arc<str> {
+    ) -> (Arc<str>, bool) {
         if !limit.detailed_metric && metric_values.is_empty() {
-            return limit.class.clone();
+            return (limit.class.clone(), false);
         }
         let mut class = limit.class.to_string();
         for (i, (k, v)) in req.entries.iter().enumerate() {
@@ -170,14 +172,46 @@ impl Tally {
                 overflow: format!("{}.(overflow)", limit.class).into(),
             });
         if let Some(seen) = d.seen.get(class.as_str()) {
-            return seen.clone();
+            return (seen.clone(), false);
         }
         if d.seen.len() >= self.detailed_max {
-            return d.overflow.clone();
+            return (d.overflow.clone(), true);
         }
         let class: Arc<str> = class.into();
         d.seen.insert(class.clone());
-        class
+        (class, false)
+    }
+
+    /// Counts one limit's decision: in `tollgate_decisions_total` by its class, and, with
+    /// statsd on, its hits under the reference's path (`telemetry/statsd.rs`).
+    #[allow(clippy::too_many_arguments)]
+    fn count_limit(
+        &self,
+        domain: &Arc<str>,
+        limit: &Limit,
+        req: &RequestDescriptor<'_>,
+        metric_values: &[usize],
+        outcome: telemetry::Outcome,
+        hits: u64,
+    ) {
+        let (class, overflow) = self.class_of(limit, req, metric_values);
+        self.count(domain, &class, outcome);
+        let statsd = &self.metrics.statsd;
+        let hit = match outcome {
+            _ if !statsd.enabled() => return,
+            telemetry::Outcome::ok | telemetry::Outcome::fallback_ok => Hit::Within,
+            telemetry::Outcome::near_limit => Hit::Near,
+            telemetry::Outcome::over_limit | telemetry::Outcome::fallback_over_limit => Hit::Over,
+            telemetry::Outcome::shadow => Hit::Shadow,
+            // The reference keeps no counters for unlimited limits.
+            telemetry::Outcome::unlimited | telemetry::Outcome::no_rule => return,
+        };
+        statsd.add(
+            domain,
+            &stat_path(limit, req, metric_values, overflow),
+            hit,
+            hits,
+        );
     }
 
     /// A request for a domain no rules file declares: counted by its name, and each
@@ -214,6 +248,46 @@ impl Tally {
             })
             .inc();
     }
+}
+
+/// A limit's statsd path, as the reference names it: the rule's own (`key` or `key_value` per
+/// level); with `detailed_metric` every entry of the request as `key_value`; with
+/// `value_to_metric` the request's value in place at the levels `metric_values` names. Past
+/// the series bound (`overflow`), the rule's path and `(overflow)`.
+fn stat_path(
+    limit: &Limit,
+    req: &RequestDescriptor<'_>,
+    metric_values: &[usize],
+    overflow: bool,
+) -> Arc<[String]> {
+    if overflow {
+        let mut path = limit.stat_path.to_vec();
+        path.push("(overflow)".to_string());
+        return path.into();
+    }
+    if limit.detailed_metric {
+        return req
+            .entries
+            .iter()
+            .map(|(k, v)| format!("{k}_{v}"))
+            .collect();
+    }
+    if metric_values.is_empty() {
+        return limit.stat_path.clone();
+    }
+    limit
+        .stat_path
+        .iter()
+        .zip(&req.entries)
+        .enumerate()
+        .map(|(i, (rule, (k, v)))| {
+            if metric_values.contains(&i) {
+                format!("{k}_{v}")
+            } else {
+                rule.clone()
+            }
+        })
+        .collect()
 }
 
 /// Folds `outcomes` (one per op of `plan`, in order) into the decision for `req`.
@@ -308,10 +382,13 @@ fn descriptor_status(
     let Some(&first) = counted.first() else {
         // Only unlimited limits matched.
         for l in limits {
-            tally.count(
+            tally.count_limit(
                 domain,
-                &tally.class_of(l, req, metric_values),
+                l,
+                req,
+                metric_values,
                 telemetry::Outcome::unlimited,
+                0,
             );
         }
         return Status::no_limit(u32::MAX);
@@ -334,7 +411,8 @@ fn descriptor_status(
         .zip(from_fallback)
         .filter(|(p, _)| p.desc == desc)
         .map(|(_, &f)| f);
-    for ((l, o), fallback) in counted.iter().zip(fallback) {
+    let costs = planned.iter().filter(|p| p.desc == desc).map(|p| p.cost);
+    for (((l, o), fallback), cost) in counted.iter().zip(fallback).zip(costs) {
         let outcome = match (o.allowed, l.shadow_mode, fallback) {
             (true, _, true) => telemetry::Outcome::fallback_ok,
             (false, _, true) => telemetry::Outcome::fallback_over_limit,
@@ -342,7 +420,7 @@ fn descriptor_status(
             (false, false, false) => telemetry::Outcome::over_limit,
             (false, true, false) => telemetry::Outcome::shadow,
         };
-        tally.count(domain, &tally.class_of(l, req, metric_values), outcome);
+        tally.count_limit(domain, l, req, metric_values, outcome, cost);
     }
     let over = !outcome.allowed;
     // A shadow limit that is over reports OK; a non-shadow over limit elsewhere on the
@@ -552,6 +630,37 @@ mod tests {
             Some(&serde_json::json!({"budget": "user", "tier": {"name": "free"}}))
         );
         assert_eq!(d.statuses[1].metadata, None);
+    }
+
+    #[test]
+    fn statsd_counts_hits_under_the_references_paths() {
+        let f = fixture(false);
+        f.metrics.statsd.enable();
+        let mut r = req(
+            "edge",
+            &[
+                &[("tenant", "vip")],
+                &[("user", "ann")],
+                &[("shadowed", "s")],
+            ],
+        );
+        f.decide(&r);
+        r.hits_addend = 3;
+        f.decide(&r);
+        f.decide(&req("nope", &[&[("tenant", "a")]]));
+        let got: HashMap<String, u64> = f.metrics.statsd.snapshot(&f.metrics).into_iter().collect();
+        let at = |path: &str, n: &str| got.get(&format!("rate_limit.edge.{path}.{n}")).copied();
+        // 1 an hour: the first hit is admitted (and near the limit), the next three are over.
+        assert_eq!(at("tenant_vip", "total_hits"), Some(4), "{got:?}");
+        assert_eq!(at("tenant_vip", "within_limit"), Some(1));
+        assert_eq!(at("tenant_vip", "near_limit"), Some(1));
+        assert_eq!(at("tenant_vip", "over_limit"), Some(3));
+        // value_to_metric: the request's value in place, as the reference names it.
+        assert_eq!(at("user_ann", "total_hits"), Some(4), "{got:?}");
+        // Shadow: over (counted in over_limit too) but answered OK.
+        assert_eq!(at("shadowed", "shadow_mode"), Some(3));
+        assert_eq!(at("shadowed", "over_limit"), Some(3));
+        assert_eq!(got.get("rate_limit.nope.domain_not_found"), Some(&1));
     }
 
     #[test]

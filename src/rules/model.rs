@@ -198,6 +198,11 @@ pub struct Limit {
     /// The metrics label for this limit: `class`, else `name`, else the key path. An `Arc`
     /// so each decision's metric labels share it instead of copying it.
     pub class: Arc<str>,
+    /// The reference's stats path of this limit: one segment per level of its rule, `key` or
+    /// `key_value` (`["tenant_acme", "endpoint"]`); statsd names are made from it
+    /// (`telemetry/statsd.rs`).
+    #[serde(skip)]
+    pub stat_path: Arc<[String]>,
     /// How many limits before this one on its descriptor have the same numbers (algorithm,
     /// window, `requests_per_unit`, `burst`): 0 for nearly every limit. The store key names a
     /// limit by its numbers and this count, not by its position, so a rules edit that

@@ -221,6 +221,10 @@ settings! {
         "after SIGTERM: how long to stay up, unready, before closing the listeners";
     otlp_endpoint: String = String::new(),
         "OTLP/gRPC collector for request spans, e.g. http://collector:4317 (empty: off)";
+    statsd_addr: String = String::new(),
+        "statsd server sent the reference's per-rule counters under its names: host:port or udp://host:port over UDP, tcp://host:port over TCP (empty: off; /metrics serves Prometheus either way)";
+    statsd_flush_interval_ms: u64 = 10_000,
+        "how often the statsd counters' growth is sent (the reference's STATS_FLUSH_INTERVAL)";
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -216,11 +216,35 @@ impl Settings {
                 "expected http://host:port (OTLP over gRPC; TLS is not built in), or empty for off",
             );
         }
+        if !self.statsd_addr.is_empty() && !is_host_port(&self.statsd_addr) {
+            return bad(
+                "statsd_addr",
+                "expected host:port or udp://host:port (UDP), or tcp://host:port (TCP, as the reference sends), with a port from 1 to 65535; or empty for off",
+            );
+        }
+        if self.statsd_flush_interval_ms == 0 || self.statsd_flush_interval_ms > 3_600_000 {
+            return bad(
+                "statsd_flush_interval_ms",
+                "must be from 1 to 3600000 (an hour)",
+            );
+        }
         if self.grpc_addr == self.admin_addr && self.grpc_addr.port() != 0 {
             return bad("admin_addr", "must differ from grpc_addr");
         }
         Ok(self)
     }
+}
+
+/// Whether `addr` is `[udp://|tcp://]host:port` (`[v6]:port` too) with a host and a port
+/// from 1 to 65535.
+fn is_host_port(addr: &str) -> bool {
+    let addr = addr
+        .strip_prefix("udp://")
+        .or_else(|| addr.strip_prefix("tcp://"))
+        .unwrap_or(addr);
+    addr.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok_and(|p| p > 0)
+    })
 }
 
 /// Whether a store URL names a user and a password (`scheme://user:pass@host…`).
@@ -279,6 +303,29 @@ mod tests {
             .to_string()
         };
         assert!(load("store_timeout_ms", "0").contains("store_timeout_ms: must be at least 1"));
+        for addr in ["localhost", "localhost:0", "http://h:8125", ":8125", "h:x"] {
+            assert!(
+                load("statsd_addr", addr).contains("statsd_addr: expected host:port"),
+                "{addr}"
+            );
+        }
+        for addr in [
+            "localhost:8125",
+            "udp://[::1]:8125",
+            "tcp://statsd.infra:9125",
+        ] {
+            assert!(
+                Settings::load(&Sources {
+                    flags: vec![("statsd_addr", addr.to_string())],
+                    ..Sources::default()
+                })
+                .is_ok(),
+                "{addr}"
+            );
+        }
+        assert!(
+            load("statsd_flush_interval_ms", "0").contains("statsd_flush_interval_ms: must be")
+        );
         assert!(load("store", "memcached://x").contains("store: 'memcached://x': expected"));
         // The reference's REDIS_URL form, and a node list: what was given, and the likely URL.
         assert!(

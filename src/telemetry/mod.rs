@@ -5,6 +5,8 @@
 //! `outcome`: `class` is the rule's `class`, else its `name`, else its key path, never a raw
 //! request value, so the number of series stays bounded by the rules, not by traffic.
 //!
+//! With `statsd_addr` set, the reference's per-rule counters also go to statsd (`statsd.rs`).
+//!
 //! Logs go to stderr through `tracing`. With `otlp_endpoint` set, each `ShouldRateLimit` call is
 //! also a span (domain, descriptor count, result) exported over OTLP/gRPC to a collector: both
 //! are set up in `traces.rs` ([`init`]).
@@ -18,8 +20,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub mod statsd;
 mod traces;
 
+pub use statsd::{Hit, Statsd};
 pub use traces::{LogFormat, REQUEST_SPAN_TARGET, Telemetry, TelemetryError, init, init_logging};
 
 pub const DECISIONS: &str = "tollgate_decisions";
@@ -168,6 +172,8 @@ pub struct Metrics {
     pub refused: Family<RefusedLabels, Counter>,
     /// Requests for domains no rules file declares, by the name they gave.
     pub unknown_domains: Family<DomainLabels, Counter>,
+    /// The reference's per-rule counters for statsd (off unless `statsd_addr` is set).
+    pub statsd: Statsd,
 }
 
 /// Leasing, the over-limit cache and shard retries (`quota/lease/`, `limiter/overlimit.rs`,
@@ -360,6 +366,7 @@ impl Metrics {
             replicas_from_membership,
             refused,
             unknown_domains,
+            statsd: Statsd::default(),
         }
     }
 

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::FileWalk;
+use super::{FileWalk, RulePath};
 use crate::rules::FallbackMode;
 use crate::rules::model::{Algorithm, LeaseRule, Limit, Rate, Unit};
 use crate::rules::yaml::{self, Fields, Node, join};
@@ -37,7 +37,7 @@ impl FileWalk<'_> {
         f: &Fields<'_>,
         path: &str,
         inherited: &Inherited,
-        key_path: &str,
+        at: &RulePath,
     ) -> Option<Vec<Arc<Limit>>> {
         let mut limits = Vec::new();
         let mut ok = true;
@@ -50,18 +50,16 @@ impl FileWalk<'_> {
                 );
                 ok = false;
             }
-            (Some(n), None) => {
-                match self.limit(n, &join(path, "rate_limit"), inherited, key_path) {
-                    Some(l) => limits.push(l),
-                    None => ok = false,
-                }
-            }
+            (Some(n), None) => match self.limit(n, &join(path, "rate_limit"), inherited, at) {
+                Some(l) => limits.push(l),
+                None => ok = false,
+            },
             (None, Some(n)) => {
                 let field = join(path, "rate_limits");
                 let items = yaml::seq(self.problems, n, &field).unwrap_or(&[]);
                 for (i, item) in items.iter().enumerate() {
                     let item_path = format!("{field}[{i}]");
-                    match self.limit(item, &item_path, inherited, key_path) {
+                    match self.limit(item, &item_path, inherited, at) {
                         Some(l) => limits.push(l),
                         None => ok = false,
                     }
@@ -78,7 +76,7 @@ impl FileWalk<'_> {
         node: &Node,
         path: &str,
         inherited: &Inherited,
-        key_path: &str,
+        at: &RulePath,
     ) -> Option<Limit> {
         const FIELDS: &[&str] = &[
             "unit",
@@ -164,8 +162,9 @@ impl FileWalk<'_> {
         Some(Limit {
             class: class
                 .or_else(|| name.clone())
-                .unwrap_or_else(|| key_path.to_string())
+                .unwrap_or_else(|| at.keys.clone())
                 .into(),
+            stat_path: at.stat.clone().into(),
             name,
             rate,
             shadow_mode: inherited.shadow_mode,

@@ -27,6 +27,34 @@ pub(crate) fn file_rules(text: &str, opts: LoadOptions, problems: &mut Problems)
     FileWalk { opts, problems }.file(text)
 }
 
+/// Where a descriptor sits in its domain's tree: the two names its limits are known by.
+#[derive(Clone, Debug, Default)]
+struct RulePath {
+    /// The keys from the root, joined by `.` (`tenant.endpoint`): a limit's default
+    /// metrics class.
+    keys: String,
+    /// One segment per level, `key` or `key_value` as the reference names it
+    /// (`tenant_acme`, `endpoint`): a limit's statsd path (`telemetry/statsd.rs`).
+    stat: Vec<String>,
+}
+
+impl RulePath {
+    /// The path of a child descriptor with `key` (and `value`, when the rule gives one).
+    fn child(&self, key: &str, value: Option<&str>) -> RulePath {
+        let keys = if self.keys.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.keys)
+        };
+        let mut stat = self.stat.clone();
+        stat.push(match value {
+            Some(v) => format!("{key}_{v}"),
+            None => key.to_string(),
+        });
+        RulePath { keys, stat }
+    }
+}
+
 /// The walk of one file: the settings that resolve defaults and where problems go.
 struct FileWalk<'a> {
     opts: LoadOptions,
@@ -92,7 +120,7 @@ impl FileWalk<'_> {
             "missing: every rules file names its domain",
         );
         let level = match f.get("descriptors") {
-            Some(node) => self.level(node, "descriptors", "")?,
+            Some(node) => self.level(node, "descriptors", &RulePath::default())?,
             None => Level::default(),
         };
         let (name, pos) = domain?;
@@ -104,7 +132,7 @@ impl FileWalk<'_> {
     }
 
     /// A `descriptors:` list → one level of the tree.
-    fn level(&mut self, node: &Node, path: &str, key_path: &str) -> Option<Level> {
+    fn level(&mut self, node: &Node, path: &str, parent: &RulePath) -> Option<Level> {
         let items = yaml::seq(self.problems, node, path)?;
         let mut level = Level::default();
         let mut seen: HashMap<(String, Option<String>), usize> = HashMap::new();
@@ -134,7 +162,7 @@ impl FileWalk<'_> {
                     seen.insert(id, item.pos.line);
                 }
             }
-            let Some(d) = self.descriptor(item, &field, key_path) else {
+            let Some(d) = self.descriptor(item, &field, parent) else {
                 ok = false;
                 continue;
             };
@@ -159,7 +187,7 @@ impl FileWalk<'_> {
         ok.then_some(level)
     }
 
-    fn descriptor(&mut self, node: &Node, path: &str, parent_keys: &str) -> Option<Descriptor> {
+    fn descriptor(&mut self, node: &Node, path: &str, parent: &RulePath) -> Option<Descriptor> {
         const FIELDS: &[&str] = &[
             "key",
             "value",
@@ -225,11 +253,7 @@ impl FileWalk<'_> {
             );
         }
         let (key, _) = key?;
-        let key_path = if parent_keys.is_empty() {
-            key.clone()
-        } else {
-            format!("{parent_keys}.{key}")
-        };
+        let at = parent.child(&key, value.as_deref());
         if share_threshold
             && !value.as_deref().is_some_and(|v| v.contains('*'))
             && let Some(n) = f.get("share_threshold")
@@ -247,10 +271,10 @@ impl FileWalk<'_> {
             quota_mode,
             metadata,
         };
-        let limits = self.limits(&f, path, &inherited, &key_path);
+        let limits = self.limits(&f, path, &inherited, &at);
         ok &= limits.is_some();
         let children = match f.get("descriptors") {
-            Some(n) => self.level(n, &join(path, "descriptors"), &key_path),
+            Some(n) => self.level(n, &join(path, "descriptors"), &at),
             None => Some(Level::default()),
         };
         let children = children?;

@@ -75,11 +75,11 @@ pub(super) const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "STATSD_HOST",
-        "metrics are Prometheus on the admin port's /metrics",
+        "statsd is off: USE_STATSD=false, or another stats sink is named",
     ),
     (
         "STATSD_PORT",
-        "metrics are Prometheus on the admin port's /metrics",
+        "statsd is off: USE_STATSD=false, or another stats sink is named",
     ),
     (
         "EXTRA_TAGS",
@@ -87,7 +87,7 @@ pub(super) const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "STATS_FLUSH_INTERVAL",
-        "metrics are Prometheus on the admin port's /metrics",
+        "statsd is off: USE_STATSD=false, or another stats sink is named",
     ),
     (
         "DISABLE_STATS",

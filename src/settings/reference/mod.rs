@@ -347,11 +347,47 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
             _ => ignored.push(format!("TRACING_ENABLED (spans go over OTLP/gRPC: TRACING_EXPORTER_PROTOCOL=grpc with OTEL_EXPORTER_OTLP_ENDPOINT, got protocol {protocol})")),
         }
     }
-    if flag("USE_STATSD")? == Some(true) {
-        ignored
-            .push("USE_STATSD (metrics are Prometheus on the admin port's /metrics)".to_string());
+    // statsd as the reference sends it: on unless USE_STATSD=false (its default is true), over
+    // TCP to STATSD_HOST:STATSD_PORT, every STATS_FLUSH_INTERVAL. Prometheus on the admin
+    // port's /metrics is served either way.
+    let on = |name: &str| set_var(name).as_deref().and_then(parse_bool) == Some(true);
+    let use_statsd = flag("USE_STATSD")?.unwrap_or(true) && !on("DISABLE_STATS");
+    if use_statsd
+        && let Some(other) = ["USE_DOG_STATSD", "USE_PROMETHEUS"]
+            .into_iter()
+            .find(|n| on(n))
+    {
+        // The reference stops too: it sends to one stats sink only.
+        return Err(refuse(
+            other,
+            "true",
+            "envoyproxy/ratelimit uses one stats sink and USE_STATSD is true (its default): set USE_STATSD=false",
+        ));
+    }
+    if use_statsd {
+        let host = var("STATSD_HOST").unwrap_or_else(|| "localhost".to_string());
+        let port = var("STATSD_PORT").unwrap_or_else(|| "8125".to_string());
+        set(
+            "statsd_addr",
+            format!("tcp://{}", address(Some(host), Some(port), "")),
+        );
+        if let Some(every) = var("STATS_FLUSH_INTERVAL") {
+            let ms = go_duration(&every)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    refuse(
+                        "STATS_FLUSH_INTERVAL",
+                        &every,
+                        "not a duration above 0 such as 10s or 500ms",
+                    )
+                })?;
+            set("statsd_flush_interval_ms", ms.as_millis().to_string());
+        }
     }
     for (name, why) in IGNORED {
+        if read.borrow().iter().any(|r| r == name) {
+            continue;
+        }
         let xds = name.starts_with("CONFIG_GRPC_XDS_") || name.starts_with("XDS_CLIENT_");
         if from_xds && XDS_MAPPED.contains(name) {
             continue;
@@ -732,13 +768,59 @@ mod tests {
             s.rules,
             std::path::PathBuf::from("/srv/runtime_data/current/config")
         );
-        assert_eq!(
-            mapped.ignored,
-            vec!["STATSD_HOST (metrics are Prometheus on the admin port's /metrics)"]
-        );
+        // statsd is on by default, as in the reference, over TCP.
+        assert!(mapped.ignored.is_empty(), "{:?}", mapped.ignored);
+        assert_eq!(s.statsd_addr, "tcp://localhost:8125");
         assert_eq!(go_duration("24h"), Some(Duration::from_secs(86_400)));
         assert_eq!(go_duration("1.5s"), Some(Duration::from_millis(1_500)));
         assert_eq!(go_duration("10"), None);
         assert_eq!(go_duration("5x"), None);
+    }
+
+    #[test]
+    fn statsd_maps_as_the_reference_sends_it() {
+        let load = |vars: &[(&str, &str)]| {
+            let mut all = vec![("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "r:6379")];
+            all.extend_from_slice(vars);
+            let mapped = from_reference_env(env(&all))?;
+            let s = Settings::load(&Sources {
+                env: mapped.env,
+                ..Sources::default()
+            })
+            .unwrap();
+            Ok::<_, Refused>((s.statsd_addr, s.statsd_flush_interval_ms, mapped.ignored))
+        };
+        let (addr, every, ignored) = load(&[
+            ("STATSD_HOST", "statsd.infra"),
+            ("STATSD_PORT", "9125"),
+            ("STATS_FLUSH_INTERVAL", "1.5s"),
+        ])
+        .unwrap();
+        assert_eq!((addr.as_str(), every), ("tcp://statsd.infra:9125", 1_500));
+        assert!(ignored.is_empty(), "{ignored:?}");
+        // Off: the variables it would read are named, and nothing is sent.
+        let (addr, _, ignored) = load(&[("USE_STATSD", "false"), ("STATSD_PORT", "9125")]).unwrap();
+        assert_eq!(addr, "");
+        assert_eq!(
+            ignored,
+            vec!["STATSD_PORT (statsd is off: USE_STATSD=false, or another stats sink is named)"]
+        );
+        let (addr, _, _) = load(&[("DISABLE_STATS", "true")]).unwrap();
+        assert_eq!(addr, "");
+        // Envoy Gateway's telemetry: Prometheus, with statsd off.
+        let (addr, _, ignored) =
+            load(&[("USE_STATSD", "false"), ("USE_PROMETHEUS", "true")]).unwrap();
+        assert_eq!(addr, "");
+        assert!(ignored.iter().any(|w| w.starts_with("USE_PROMETHEUS (")));
+        // Two sinks stop the reference, and tollgate.
+        let e = load(&[("USE_PROMETHEUS", "true")]).unwrap_err().to_string();
+        assert!(
+            e.contains("USE_PROMETHEUS") && e.contains("USE_STATSD=false"),
+            "{e}"
+        );
+        let e = load(&[("STATS_FLUSH_INTERVAL", "0s")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("STATS_FLUSH_INTERVAL"), "{e}");
     }
 }

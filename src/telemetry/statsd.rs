@@ -1,0 +1,423 @@
+//! statsd: envoyproxy/ratelimit's per-rule counters, under its names, for dashboards and
+//! exporters built on them (Envoy Gateway's Prometheus telemetry is a statsd exporter fed by
+//! its rate-limit Deployment). Off unless `statsd_addr` is set; Prometheus on `/metrics` is
+//! served either way.
+//!
+//! Data flow: the limiter adds each decided limit's hits to [`Statsd`] (`limiter/status.rs`),
+//! keyed by domain and the limit's reference path; [`run`] sends every counter's growth since
+//! its last send each `statsd_flush_interval_ms` (the reference's `STATS_FLUSH_INTERVAL`), and
+//! once more at shutdown, as statsd counter lines: over UDP in datagrams packed by cadence's
+//! buffered sink, or over TCP (`tcp://host:port`), as the reference sends them. The names, as the reference makes them:
+//! - `ratelimit.service.rate_limit.<domain>.<path>.{total_hits,within_limit,near_limit,over_limit,shadow_mode}`,
+//!   where `<path>` is the rule's levels, `key` or `key_value` each (`tenant_acme.endpoint`),
+//!   with a value from the request in place where the rule says `value_to_metric`, or every
+//!   entry's `key_value` with `detailed_metric` (up to `detailed_metric_max_series` per limit);
+//! - `ratelimit.service.rate_limit.<domain>.domain_not_found`;
+//! - `ratelimit.service.config_load_success`, `config_load_error`, `global_shadow_mode`.
+//!
+//! Counts are hits (the descriptor's `hits_addend`), as the reference counts them, not
+//! decisions. Sending happens off the request path; counting on it costs one map read and
+//! one atomic add per limit, and nothing while statsd is off.
+
+use std::collections::HashMap;
+use std::io::{BufWriter, Write};
+use std::net::{TcpStream, ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use cadence::{BufferedUdpMetricSink, Counted, MetricSink, StatsdClient};
+
+use super::{Metrics, ResultLabels};
+
+/// Every name starts with this, as the reference's do.
+const PREFIX: &str = "ratelimit.service";
+
+/// How one limit's hits went (the reference's counters besides `total_hits`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hit {
+    /// Admitted.
+    Within,
+    /// Admitted, past `near_limit_ratio` of the limit: counted in `within_limit` too.
+    Near,
+    /// Refused.
+    Over,
+    /// Over, but the limit is in shadow mode: counted in `over_limit` too, as the reference
+    /// does.
+    Shadow,
+}
+
+/// One limit's counters (since start; [`run`] sends the growth).
+#[derive(Debug, Default)]
+struct RuleCounters {
+    total_hits: AtomicU64,
+    within_limit: AtomicU64,
+    near_limit: AtomicU64,
+    over_limit: AtomicU64,
+    shadow_mode: AtomicU64,
+}
+
+impl RuleCounters {
+    fn values(&self) -> [(&'static str, u64); 5] {
+        [
+            ("total_hits", self.total_hits.load(Ordering::Relaxed)),
+            ("within_limit", self.within_limit.load(Ordering::Relaxed)),
+            ("near_limit", self.near_limit.load(Ordering::Relaxed)),
+            ("over_limit", self.over_limit.load(Ordering::Relaxed)),
+            ("shadow_mode", self.shadow_mode.load(Ordering::Relaxed)),
+        ]
+    }
+}
+
+/// A limit's counters by (domain, reference path).
+type RuleMap = HashMap<(Arc<str>, Arc<[String]>), Arc<RuleCounters>>;
+
+/// The counters statsd is sent; their names are bounded by the rules (and the detailed
+/// series bound), never by raw traffic.
+#[derive(Debug, Default)]
+pub struct Statsd {
+    enabled: AtomicBool,
+    rules: RwLock<RuleMap>,
+    /// `domain_not_found`, by the bounded unknown-domain label.
+    unknown_domains: RwLock<HashMap<Arc<str>, Arc<AtomicU64>>>,
+}
+
+impl Statsd {
+    /// Turns counting on (the app does, when `statsd_addr` is set).
+    pub fn enable(&self) {
+        self.enabled.store(true, Ordering::Relaxed);
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Adds `hits` of one limit at `path` in `domain`.
+    pub fn add(&self, domain: &Arc<str>, path: &Arc<[String]>, hit: Hit, hits: u64) {
+        if !self.enabled() {
+            return;
+        }
+        let key = (domain.clone(), path.clone());
+        let found = read(&self.rules).get(&key).cloned();
+        let c = match found {
+            Some(c) => c,
+            None => write(&self.rules).entry(key).or_default().clone(),
+        };
+        c.total_hits.fetch_add(hits, Ordering::Relaxed);
+        match hit {
+            Hit::Within => {
+                c.within_limit.fetch_add(hits, Ordering::Relaxed);
+            }
+            Hit::Near => {
+                c.within_limit.fetch_add(hits, Ordering::Relaxed);
+                c.near_limit.fetch_add(hits, Ordering::Relaxed);
+            }
+            Hit::Over => {
+                c.over_limit.fetch_add(hits, Ordering::Relaxed);
+            }
+            Hit::Shadow => {
+                c.over_limit.fetch_add(hits, Ordering::Relaxed);
+                c.shadow_mode.fetch_add(hits, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Counts a request for a domain no rules declare (`domain` is already the bounded label).
+    pub fn domain_not_found(&self, domain: &Arc<str>) {
+        if !self.enabled() {
+            return;
+        }
+        let found = read(&self.unknown_domains).get(domain).cloned();
+        let c = match found {
+            Some(c) => c,
+            None => write(&self.unknown_domains)
+                .entry(domain.clone())
+                .or_default()
+                .clone(),
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every counter's name (after `ratelimit.service.`) and value since start.
+    pub(crate) fn snapshot(&self, metrics: &Metrics) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for ((domain, path), c) in read(&self.rules).iter() {
+            let path = path.join(".");
+            for (name, v) in c.values() {
+                out.push((format!("rate_limit.{domain}.{path}.{name}"), v));
+            }
+        }
+        for (domain, c) in read(&self.unknown_domains).iter() {
+            out.push((
+                format!("rate_limit.{domain}.domain_not_found"),
+                c.load(Ordering::Relaxed),
+            ));
+        }
+        let reloads = |result| {
+            metrics
+                .rules_reloads
+                .get_or_create(&ResultLabels { result })
+                .get()
+        };
+        out.push(("config_load_success".to_string(), reloads("ok")));
+        out.push(("config_load_error".to_string(), reloads("error")));
+        out.push((
+            "global_shadow_mode".to_string(),
+            metrics.global_shadow.get(),
+        ));
+        for (name, _) in &mut out {
+            *name = sanitize(name);
+        }
+        out
+    }
+}
+
+/// The reference's stat-name sanitizing: `:` and `|` would end a statsd line's name.
+fn sanitize(name: &str) -> String {
+    name.replace([':', '|'], "_")
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sends the counters' growth to `target` every `every`, and once more when `stop`
+/// resolves. A send that fails (the name does not resolve, the socket refuses) keeps the
+/// growth for the next one and is logged once until a send works again.
+pub async fn run(
+    metrics: Arc<Metrics>,
+    target: Target,
+    every: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let mut sent: HashMap<String, u64> = HashMap::new();
+    let mut failing = false;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    tokio::pin!(stop);
+    loop {
+        let last = tokio::select! {
+            _ = tick.tick() => false,
+            _ = &mut stop => true,
+        };
+        let snapshot = metrics.statsd.snapshot(&metrics);
+        let growth: Vec<(String, u64)> = snapshot
+            .iter()
+            .filter_map(|(name, v)| {
+                let delta = v.saturating_sub(sent.get(name).copied().unwrap_or(0));
+                (delta > 0).then(|| (name.clone(), delta))
+            })
+            .collect();
+        if !growth.is_empty() {
+            let to = target.clone();
+            // Resolving a name and writing to a socket block: not on the runtime's threads.
+            let result = tokio::task::spawn_blocking(move || send(&to, &growth))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            match result {
+                Ok(()) => {
+                    if failing {
+                        tracing::info!(?target, "statsd sends work again");
+                    }
+                    failing = false;
+                    sent = snapshot.into_iter().collect();
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(
+                            ?target,
+                            "statsd counters not sent (kept for the next send): {e}"
+                        );
+                    }
+                    failing = true;
+                }
+            }
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+/// Where statsd lines go: `host:port` or `udp://host:port` over UDP (statsd's usual), or
+/// `tcp://host:port` over TCP (what the reference sends: gostats' TCP sink).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Udp(String),
+    Tcp(String),
+}
+
+impl Target {
+    /// The target `statsd_addr` names (checked by the settings: `[udp://|tcp://]host:port`).
+    pub fn parse(addr: &str) -> Target {
+        match addr.split_once("://") {
+            Some(("tcp", rest)) => Target::Tcp(rest.to_string()),
+            Some((_, rest)) => Target::Udp(rest.to_string()),
+            None => Target::Udp(addr.to_string()),
+        }
+    }
+}
+
+/// How long a TCP send may take to connect, and each write.
+const TCP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One send: each counter as `ratelimit.service.<name>:<n>|c`, one line each; over UDP in
+/// datagrams of at most 512 bytes, over TCP on one connection opened for the send. The name
+/// is resolved at each send, so a statsd server that moves is followed.
+fn send(target: &Target, growth: &[(String, u64)]) -> Result<(), String> {
+    let client = match target {
+        Target::Udp(addr) => {
+            let socket = UdpSocket::bind("0.0.0.0:0").map_err(|e| format!("bind: {e}"))?;
+            let sink =
+                BufferedUdpMetricSink::from(addr.as_str(), socket).map_err(|e| e.to_string())?;
+            StatsdClient::from_sink(PREFIX, sink)
+        }
+        Target::Tcp(addr) => StatsdClient::from_sink(PREFIX, TcpSink::connect(addr)?),
+    };
+    for (name, n) in growth {
+        client.count(name, *n).map_err(|e| e.to_string())?;
+    }
+    client.flush().map_err(|e| e.to_string())
+}
+
+/// cadence's sink for one TCP connection: lines buffered, written at flush (cadence ships UDP
+/// and unix-socket sinks only).
+struct TcpSink(Mutex<BufWriter<TcpStream>>);
+
+impl TcpSink {
+    fn connect(addr: &str) -> Result<TcpSink, String> {
+        let mut last = format!("{addr}: the name resolves to no address");
+        for a in addr.to_socket_addrs().map_err(|e| format!("{addr}: {e}"))? {
+            match TcpStream::connect_timeout(&a, TCP_TIMEOUT) {
+                Ok(stream) => {
+                    stream
+                        .set_write_timeout(Some(TCP_TIMEOUT))
+                        .map_err(|e| e.to_string())?;
+                    return Ok(TcpSink(Mutex::new(BufWriter::new(stream))));
+                }
+                Err(e) => last = format!("{a}: {e}"),
+            }
+        }
+        Err(last)
+    }
+}
+
+impl MetricSink for TcpSink {
+    fn emit(&self, metric: &str) -> std::io::Result<usize> {
+        let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        w.write_all(metric.as_bytes())?;
+        w.write_all(b"\n")?;
+        Ok(metric.len() + 1)
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_nothing_until_enabled_then_hits_by_path_under_the_references_names() {
+        let metrics = Metrics::new();
+        let d: Arc<str> = "edge".into();
+        let p: Arc<[String]> = vec!["tenant_acme".to_string(), "endpoint".to_string()].into();
+        metrics.statsd.add(&d, &p, Hit::Within, 1);
+        assert!(
+            metrics
+                .statsd
+                .snapshot(&metrics)
+                .iter()
+                .all(|(n, _)| !n.starts_with("rate_limit"))
+        );
+        metrics.statsd.enable();
+        metrics.statsd.add(&d, &p, Hit::Within, 2);
+        metrics.statsd.add(&d, &p, Hit::Near, 1);
+        metrics.statsd.add(&d, &p, Hit::Over, 3);
+        metrics.statsd.add(&d, &p, Hit::Shadow, 4);
+        metrics.statsd.domain_not_found(&"a:b|c".into());
+        let got: HashMap<String, u64> = metrics.statsd.snapshot(&metrics).into_iter().collect();
+        let at = |n: &str| {
+            got.get(&format!("rate_limit.edge.tenant_acme.endpoint.{n}"))
+                .copied()
+        };
+        assert_eq!(at("total_hits"), Some(10));
+        assert_eq!(at("within_limit"), Some(3));
+        assert_eq!(at("near_limit"), Some(1));
+        assert_eq!(at("over_limit"), Some(7));
+        assert_eq!(at("shadow_mode"), Some(4));
+        assert_eq!(got.get("rate_limit.a_b_c.domain_not_found"), Some(&1));
+        assert_eq!(got.get("config_load_success"), Some(&0));
+    }
+
+    #[tokio::test]
+    async fn run_sends_the_growth_as_statsd_counter_lines_and_flushes_at_stop() {
+        let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
+        listener
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let addr = Target::Udp(listener.local_addr().unwrap().to_string());
+        let metrics = Arc::new(Metrics::new());
+        metrics.statsd.enable();
+        let d: Arc<str> = "edge".into();
+        let p: Arc<[String]> = vec!["tenant".to_string()].into();
+        metrics.statsd.add(&d, &p, Hit::Within, 5);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(
+            metrics.clone(),
+            addr,
+            Duration::from_secs(3600),
+            async {
+                let _ = stop_rx.await;
+            },
+        ));
+        stop_tx.send(()).unwrap();
+        task.await.unwrap();
+        let mut buf = [0u8; 2048];
+        let n = listener.recv(&mut buf).unwrap();
+        let lines = String::from_utf8_lossy(&buf[..n]).to_string();
+        assert!(
+            lines.contains("ratelimit.service.rate_limit.edge.tenant.total_hits:5|c"),
+            "{lines}"
+        );
+        assert!(
+            lines.contains("ratelimit.service.rate_limit.edge.tenant.within_limit:5|c"),
+            "{lines}"
+        );
+        // Counters that did not grow are not sent.
+        assert!(!lines.contains("over_limit"), "{lines}");
+    }
+
+    #[tokio::test]
+    async fn over_tcp_the_lines_arrive_on_one_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = Target::parse(&format!("tcp://{}", listener.local_addr().unwrap()));
+        let metrics = Arc::new(Metrics::new());
+        metrics.statsd.enable();
+        let d: Arc<str> = "edge".into();
+        let p: Arc<[String]> = vec!["tenant_a".to_string()].into();
+        metrics.statsd.add(&d, &p, Hit::Over, 2);
+        let reader = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut conn, &mut text).unwrap();
+            text
+        });
+        run(metrics, target, Duration::from_secs(3600), async {}).await;
+        let text = reader.join().unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l == "ratelimit.service.rate_limit.edge.tenant_a.over_limit:2|c"),
+            "{text}"
+        );
+        assert_eq!(Target::parse("h:1"), Target::Udp("h:1".into()));
+        assert_eq!(Target::parse("udp://h:1"), Target::Udp("h:1".into()));
+    }
+}
