@@ -190,7 +190,7 @@ fn bucket_math(c: &mut Criterion) {
     });
     // One token-bucket take on existing state: refill, compare, retry/reset arithmetic.
     g.bench_function("take_token", |b| {
-        b.iter(|| take_token(black_box(state), black_box(2_000), p, 1))
+        b.iter(|| take_token(black_box(state), black_box(2_000), p, 1, false))
     });
     let w = Some(WindowState {
         start_ms: 1_699_999_980_000,
@@ -198,7 +198,16 @@ fn bucket_math(c: &mut Criterion) {
     });
     // One fixed-window hit in the current window.
     g.bench_function("take_window", |b| {
-        b.iter(|| take_window(black_box(w), black_box(1_700_000_000_000), 100, 60_000, 1))
+        b.iter(|| {
+            take_window(
+                black_box(w),
+                black_box(1_700_000_000_000),
+                100,
+                60_000,
+                1,
+                false,
+            )
+        })
     });
     g.finish();
 }

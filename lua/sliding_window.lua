@@ -7,8 +7,9 @@
 -- window_ms as prev * (1 - elapsed / window_ms) + curr (elapsed: ms since the current window
 -- started), as if the previous window's hits had been spread evenly over it. A take of `cost`
 -- is allowed when estimate + max(cost, 1) <= limit and adds `cost` to the current count. Unlike
--- fixed_window.lua (and the reference), a refused take counts nothing. A cost of 0 checks
--- without counting (allowed while at least one unit is left).
+-- fixed_window.lua (and the reference), a refused take counts nothing, unless overdraft is
+-- on: then it is counted anyway (the current count capped at twice the limit). A cost of 0
+-- checks without counting (allowed while at least one unit is left).
 --
 -- State: KEYS[1] is a hash of three fields, `w` (the current window's start, epoch ms), `p`
 -- (hits allowed in the window before it) and `c` (hits allowed in it). When the stored window
@@ -27,18 +28,22 @@
 -- ARGV[2]  window_ms: the window length, >= 1
 -- ARGV[3]  cost: hits to count, 0 = check only. Sent unclamped as a decimal integer (up to
 --          2^64-1): `tonumber` rounds it to the same double as Rust's `cost as f64`, and an
---          allowed cost is at most the limit, so the stored counts stay exact.
+--          allowed cost is at most the limit, and a charged count is capped at 2 x limit,
+--          so the stored counts stay exact.
+-- ARGV[4]  overdraft: 1 = a take that does not fit is counted anyway (and refused), 0 = not.
 --
 -- Returns {allowed (1|0), remaining (floor(limit - estimate after the take), >= 0),
 --          reset_ms (until the estimate has decayed to 0; 0 if it is 0),
---          retry_ms (until a refused take of this cost would fit, >= 1; 0 if allowed;
---                    -1 = never: the cost is above the limit, or the limit is 0)}.
+--          retry_ms (until a refused take of this cost would fit, with overdraft a take of
+--                    1; >= 1; 0 if allowed; -1 = never: the cost is above the limit, or
+--                    the limit is 0)}.
 -- The estimate and waits are doubles computed in the same order as the Rust (multiply first,
 -- divide once), so both round alike; waits are rounded up.
 
 local limit = tonumber(ARGV[1])
 local window_ms = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local overdraft = ARGV[4] == '1'
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -72,6 +77,13 @@ if allowed then
   if cost > 0 then
     changed = true
   end
+elseif overdraft and cost > 0 then
+  local charged = math.max(math.min(curr + cost, 2 * limit), curr)
+  estimate = estimate + (charged - curr)
+  if charged ~= curr then
+    changed = true
+  end
+  curr = charged
 end
 
 local end_ms = start_ms + window_ms - now_ms
@@ -85,11 +97,15 @@ end
 local retry_ms
 if allowed then
   retry_ms = 0
-elseif cost > limit or limit == 0 then
+elseif limit == 0 or (cost > limit and not overdraft) then
   retry_ms = -1
 else
-  -- sliding_wait: when the decaying estimate is down to `room`, the cost fits.
+  -- sliding_wait: when the decaying estimate is down to `room`, the cost (with overdraft,
+  -- a take of 1) fits.
   local room = limit - need
+  if overdraft then
+    room = limit - 1
+  end
   local wait
   if prev > 0 and curr <= room then
     -- In this window: prev * (w - x) / w + curr <= room from x = w - (room - curr) * w / prev.

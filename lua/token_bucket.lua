@@ -3,7 +3,8 @@
 --
 -- A bucket holds up to `capacity` tokens and refills continuously at `refill` tokens per
 -- `window_ms`; a take of `cost` succeeds when that many tokens are there and removes them; a
--- refused take removes nothing; a cost of 0 checks without consuming (allowed while at least
+-- refused take removes nothing (with overdraft it is charged anyway, the balance going below
+-- zero, at most to -capacity); a cost of 0 checks without consuming (allowed while at least
 -- one token is left). The clock is Redis `TIME` (ms), so every replica sees one clock.
 --
 -- State: KEYS[1] is a hash of two fields, `t` (tokens, a double kept at full precision) and
@@ -19,9 +20,11 @@
 -- ARGV[4]  cost: tokens to take, 0 = check only. Sent unclamped as a decimal integer (up to
 --          2^64-1): `tonumber` rounds it to the same double as Rust's `cost as f64`, so the
 --          comparisons below see exactly the numbers the Rust does.
+-- ARGV[5]  overdraft: 1 = a take that does not fit is charged anyway (and refused), 0 = not.
 --
 -- Returns {allowed (1|0), remaining (whole tokens, floored), reset_ms (until full again),
---          retry_ms (until a take of this cost would fit; 0 if allowed; -1 = never)}.
+--          retry_ms (until a take of this cost would fit, with overdraft a take of 1; 0 if
+--          allowed; -1 = never)}.
 -- Integers sent back are floored/ceiled deliberately; waits are capped at 2^53 ms (~285,000
 -- years, where the Rust saturates at 2^64) so Redis's double-to-integer conversion stays defined.
 
@@ -29,6 +32,7 @@ local capacity = tonumber(ARGV[1])
 local refill = tonumber(ARGV[2])
 local window_ms = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
+local overdraft = ARGV[5] == '1'
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -53,7 +57,9 @@ local function wait_ms(tokens, target)
     return nil
   end
   local ms = math.ceil((target - tokens) * window_ms / refill)
-  local step = math.max(math.ceil(target * EPSILON * window_ms / refill), 1)
+  -- The ulp that matters is the larger number's: the target's, or a debt's (overdraft).
+  local scale = math.max(target, math.abs(tokens))
+  local step = math.max(math.ceil(scale * EPSILON * window_ms / refill), 1)
   for _ = 1, 4 do
     if tokens + refilled(ms) >= target then
       break
@@ -83,11 +89,19 @@ local need = math.max(cost, 1)
 local allowed = capacity > 0 and tokens >= need
 if allowed then
   tokens = tokens - cost
+elseif overdraft then
+  tokens = math.max(tokens - cost, -capacity)
 end
 
 local retry_ms
 if allowed then
   retry_ms = 0
+elseif overdraft then
+  if capacity == 0 then
+    retry_ms = -1
+  else
+    retry_ms = wait_ms(tokens, 1) or -1
+  end
 elseif cost > capacity then
   retry_ms = -1
 else

@@ -2,7 +2,8 @@
 //! (proptest: times that go forward, stand still, jump a window or step back as after a
 //! failover to a skewed host; costs of 0, 1, the limit, above it and `u64::MAX`) run through the
 //! script in a real `redis-server` and through the Rust function, and must give identical
-//! outcomes, bit-identical stored state and the TTL the Rust math implies.
+//! outcomes, bit-identical stored state and the TTL the Rust math implies; each with and
+//! without overdraft (a take that does not fit charged anyway).
 //!
 //! Redis cannot be given a fake clock, so each script runs with `TIME` replaced by two extra
 //! ARGV the test sets, and its `PEXPIRE` replaced by writing the TTL into a `ttl` field the
@@ -14,7 +15,7 @@ mod common;
 use std::cell::{Cell, RefCell};
 
 use common::redis::TestRedis;
-use common::store::{DAY, HOUR, MAX_WAIT, claim, fw, give_back, sw, tb};
+use common::store::{DAY, HOUR, MAX_WAIT, charged, claim, fw, give_back, sw, tb};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseResult, TestRunner};
 use tollgate::quota::bucket::{
@@ -170,7 +171,7 @@ fn eval_at(conn: &mut ::redis::Connection, source: &str, op: &Op, now_ms: u64) -
     // Takes answer `allowed`; `lease.lua` answers what it granted (see the scripts' headers
     // and `store/redis/scripts.rs`, which reads them the same way).
     let (allowed, granted) = match op.action {
-        Action::Take => (reply[0] == 1, if reply[0] == 1 { op.cost } else { 0 }),
+        Action::Take | Action::Charge => (reply[0] == 1, if reply[0] == 1 { op.cost } else { 0 }),
         Action::Claim(_) => (reply[0] > 0, reply[0] as u64),
         Action::Return => (true, 0),
     };
@@ -243,61 +244,64 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
             window_ms,
         });
     let (cases, checked, stored_states) = (Cell::new(0), Cell::new(0), Cell::new(0));
-    check((params, takes()), |(p, (start, takes))| {
-        let conn = &mut *conn.borrow_mut();
-        let k = "mirror:{tb}";
-        del(conn, k);
-        let mut now = BASE_MS + start;
-        let mut state: Option<TokenBucketState> = None;
-        for (step, cost) in takes {
-            now = step.apply(now, p.window_ms);
-            let cost = cost.of(p.capacity);
-            let op = tb(k, p.capacity, p.refill, p.window_ms, cost);
-            let (next, mut want) = bucket::take_token(state, now, p, cost);
-            // The script caps waits at 2^53 ms (~285,000 years) to keep Redis's integer
-            // conversion defined; Rust saturates at 2^64. Only absurd configurations get there.
-            want.reset_ms = want.reset_ms.min(MAX_WAIT);
-            want.retry_ms = want.retry_ms.map(|r| r.min(MAX_WAIT));
-            let got = eval_at(conn, &source, &op, now);
-            let at = format!("{p:?} cost {cost} at {now} from {state:?}");
-            prop_assert_eq!(got, want, "{}", at);
-            // The stored state: a full bucket is no key (the memory store sweeps it too);
-            // otherwise the same two numbers, bit for bit, and the TTL is time-to-full.
-            let stored: Vec<Option<String>> = ::redis::cmd("HMGET")
-                .arg(k)
-                .arg(&["t", "ts", "ttl"])
-                .query(conn)
-                .unwrap();
-            if next.tokens >= p.capacity as f64 {
-                prop_assert!(stored[0].is_none(), "{}: a full bucket is not stored", at);
-                state = None;
-            } else {
-                let t: f64 = stored[0].as_deref().expect("t").parse().unwrap();
-                let ts: u64 = stored[1].as_deref().expect("ts").parse().unwrap();
-                let ttl: u64 = stored[2].as_deref().expect("ttl").parse().unwrap();
-                prop_assert_eq!(
-                    (t.to_bits(), ts),
-                    (next.tokens.to_bits(), next.ts_ms),
-                    "{}: {} {} vs {:?}",
-                    at,
-                    t,
-                    ts,
-                    next
-                );
-                prop_assert_eq!(
-                    ttl,
-                    bucket::token_idle_after_ms(next, p).min(MAX_WAIT),
-                    "{}",
-                    at
-                );
-                state = Some(next);
-                stored_states.set(stored_states.get() + 1);
+    check(
+        (params, takes(), any::<bool>()),
+        |(p, (start, takes), overdraft)| {
+            let conn = &mut *conn.borrow_mut();
+            let k = "mirror:{tb}";
+            del(conn, k);
+            let mut now = BASE_MS + start;
+            let mut state: Option<TokenBucketState> = None;
+            for (step, cost) in takes {
+                now = step.apply(now, p.window_ms);
+                let cost = cost.of(p.capacity);
+                let op = charged(tb(k, p.capacity, p.refill, p.window_ms, cost), overdraft);
+                let (next, mut want) = bucket::take_token(state, now, p, cost, overdraft);
+                // The script caps waits at 2^53 ms (~285,000 years) to keep Redis's integer
+                // conversion defined; Rust saturates at 2^64. Only absurd configurations get there.
+                want.reset_ms = want.reset_ms.min(MAX_WAIT);
+                want.retry_ms = want.retry_ms.map(|r| r.min(MAX_WAIT));
+                let got = eval_at(conn, &source, &op, now);
+                let at = format!("{p:?} cost {cost} overdraft {overdraft} at {now} from {state:?}");
+                prop_assert_eq!(got, want, "{}", at);
+                // The stored state: a full bucket is no key (the memory store sweeps it too);
+                // otherwise the same two numbers, bit for bit, and the TTL is time-to-full.
+                let stored: Vec<Option<String>> = ::redis::cmd("HMGET")
+                    .arg(k)
+                    .arg(&["t", "ts", "ttl"])
+                    .query(conn)
+                    .unwrap();
+                if next.tokens >= p.capacity as f64 {
+                    prop_assert!(stored[0].is_none(), "{}: a full bucket is not stored", at);
+                    state = None;
+                } else {
+                    let t: f64 = stored[0].as_deref().expect("t").parse().unwrap();
+                    let ts: u64 = stored[1].as_deref().expect("ts").parse().unwrap();
+                    let ttl: u64 = stored[2].as_deref().expect("ttl").parse().unwrap();
+                    prop_assert_eq!(
+                        (t.to_bits(), ts),
+                        (next.tokens.to_bits(), next.ts_ms),
+                        "{}: {} {} vs {:?}",
+                        at,
+                        t,
+                        ts,
+                        next
+                    );
+                    prop_assert_eq!(
+                        ttl,
+                        bucket::token_idle_after_ms(next, p).min(MAX_WAIT),
+                        "{}",
+                        at
+                    );
+                    state = Some(next);
+                    stored_states.set(stored_states.get() + 1);
+                }
+                checked.set(checked.get() + 1);
             }
-            checked.set(checked.get() + 1);
-        }
-        cases.set(cases.get() + 1);
-        Ok(())
-    });
+            cases.set(cases.get() + 1);
+            Ok(())
+        },
+    );
     eprintln!(
         "token bucket: {} cases, {} takes, {} left a stored bucket",
         cases.get(),
@@ -328,30 +332,41 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
         window_ms(&[7, 1_000, 60_000, HOUR, DAY]),
     );
     let (cases, refused) = (Cell::new(0), Cell::new(0));
-    check((params, takes()), |((limit, window_ms), (start, takes))| {
-        let conn = &mut *conn.borrow_mut();
-        let k = "mirror:{fw}";
-        del(conn, k);
-        let mut now = BASE_MS + start;
-        let mut state: Option<WindowState> = None;
-        for (step, cost) in takes {
-            now = step.apply(now, window_ms);
-            let cost = cost.of(limit);
-            let (next, want) = bucket::take_window(state, now, limit, window_ms, cost);
-            let got = eval_at(conn, &source, &fw(k, limit, window_ms, cost), now);
-            let at =
-                format!("limit {limit} window {window_ms} cost {cost} at {now} from {state:?}");
-            prop_assert_eq!(got, want, "{}", at);
-            if cost > 0 {
-                let ttl: u64 = ::redis::cmd("HGET").arg(k).arg("ttl").query(conn).unwrap();
-                prop_assert_eq!(ttl, want.reset_ms, "{}: expires when the window ends", at);
+    check(
+        (params, takes(), any::<bool>()),
+        |((limit, window_ms), (start, takes), overdraft)| {
+            let conn = &mut *conn.borrow_mut();
+            let k = "mirror:{fw}";
+            del(conn, k);
+            let mut now = BASE_MS + start;
+            let mut state: Option<WindowState> = None;
+            for (step, cost) in takes {
+                now = step.apply(now, window_ms);
+                let cost = cost.of(limit);
+                let (next, want) =
+                    bucket::take_window(state, now, limit, window_ms, cost, overdraft);
+                let op = charged(fw(k, limit, window_ms, cost), overdraft);
+                let got = eval_at(conn, &source, &op, now);
+                let at = format!(
+                    "limit {limit} window {window_ms} cost {cost} overdraft {overdraft} at {now} from {state:?}"
+                );
+                prop_assert_eq!(got, want, "{}", at);
+                if cost > 0 {
+                    let ttl: u64 = ::redis::cmd("HGET").arg(k).arg("ttl").query(conn).unwrap();
+                    prop_assert_eq!(
+                        ttl,
+                        want.reset_ms,
+                        "{}: expires when the window (or its debt) ends",
+                        at
+                    );
+                }
+                refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
+                state = Some(next);
             }
-            refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
-            state = Some(next);
-        }
-        cases.set(cases.get() + 1);
-        Ok(())
-    });
+            cases.set(cases.get() + 1);
+            Ok(())
+        },
+    );
     eprintln!(
         "fixed window: {} cases, {} refusals with a retry",
         cases.get(),
@@ -381,7 +396,7 @@ fn lua_sliding_window_mirrors_rust() {
     let base = 1_700_000_000_000;
     let mut state = None;
     for (now, cost, remaining) in [(base, 25, 0), (base + 1_440, 0, 11), (base + 1_440, 11, 0)] {
-        let (next, want) = bucket::take_sliding(state, now, 25, 1_000, cost);
+        let (next, want) = bucket::take_sliding(state, now, 25, 1_000, cost, false);
         let got = eval_at(
             &mut conn.borrow_mut(),
             &source,
@@ -401,53 +416,59 @@ fn lua_sliding_window_mirrors_rust() {
         window_ms(&[1, 7, 1_000, 60_000, HOUR, DAY, 353 * DAY, 365 * DAY]),
     );
     let (cases, refused, weighed) = (Cell::new(0), Cell::new(0), Cell::new(0));
-    check((params, takes()), |((limit, window_ms), (start, takes))| {
-        let conn = &mut *conn.borrow_mut();
-        let k = "mirror:{sw}";
-        del(conn, k);
-        let mut now = BASE_MS + start;
-        let mut state: Option<SlidingWindowState> = None;
-        // When the script last wrote the hash and the TTL it set then.
-        let mut expires_at: Option<u64> = None;
-        for (step, cost) in takes {
-            now = step.apply(now, window_ms);
-            let cost = cost.of(limit);
-            let (next, want) = bucket::take_sliding(state, now, limit, window_ms, cost);
-            let got = eval_at(conn, &source, &sw(k, limit, window_ms, cost), now);
-            let at =
-                format!("limit {limit} window {window_ms} cost {cost} at {now} from {state:?}");
-            prop_assert_eq!(got, want, "{}", at);
-            // The stored state: an empty one is no key (the memory store does not keep it
-            // either); otherwise the same three numbers. The script rewrites the hash only
-            // when the state changed, and its TTL always ends where the estimate reaches 0.
-            let stored: Vec<Option<u64>> = ::redis::cmd("HMGET")
-                .arg(k)
-                .arg(&["w", "p", "c", "ttl"])
-                .query(conn)
-                .unwrap();
-            if next.is_empty() {
-                prop_assert!(stored.iter().all(Option::is_none), "{}: {:?}", at, stored);
-                state = None;
-                expires_at = None;
-            } else {
-                prop_assert_eq!(
-                    &stored[..3],
-                    &[Some(next.start_ms), Some(next.prev), Some(next.curr)][..],
-                    "{}",
-                    at
+    check(
+        (params, takes(), any::<bool>()),
+        |((limit, window_ms), (start, takes), overdraft)| {
+            let conn = &mut *conn.borrow_mut();
+            let k = "mirror:{sw}";
+            del(conn, k);
+            let mut now = BASE_MS + start;
+            let mut state: Option<SlidingWindowState> = None;
+            // When the script last wrote the hash and the TTL it set then.
+            let mut expires_at: Option<u64> = None;
+            for (step, cost) in takes {
+                now = step.apply(now, window_ms);
+                let cost = cost.of(limit);
+                let (next, want) =
+                    bucket::take_sliding(state, now, limit, window_ms, cost, overdraft);
+                let op = charged(sw(k, limit, window_ms, cost), overdraft);
+                let got = eval_at(conn, &source, &op, now);
+                let at = format!(
+                    "limit {limit} window {window_ms} cost {cost} overdraft {overdraft} at {now} from {state:?}"
                 );
-                if state != Some(next) {
-                    expires_at = Some(now + stored[3].expect("ttl"));
+                prop_assert_eq!(got, want, "{}", at);
+                // The stored state: an empty one is no key (the memory store does not keep it
+                // either); otherwise the same three numbers. The script rewrites the hash only
+                // when the state changed, and its TTL always ends where the estimate reaches 0.
+                let stored: Vec<Option<u64>> = ::redis::cmd("HMGET")
+                    .arg(k)
+                    .arg(&["w", "p", "c", "ttl"])
+                    .query(conn)
+                    .unwrap();
+                if next.is_empty() {
+                    prop_assert!(stored.iter().all(Option::is_none), "{}: {:?}", at, stored);
+                    state = None;
+                    expires_at = None;
+                } else {
+                    prop_assert_eq!(
+                        &stored[..3],
+                        &[Some(next.start_ms), Some(next.prev), Some(next.curr)][..],
+                        "{}",
+                        at
+                    );
+                    if state != Some(next) {
+                        expires_at = Some(now + stored[3].expect("ttl"));
+                    }
+                    prop_assert_eq!(expires_at, Some(now + want.reset_ms), "{}: TTL", at);
+                    weighed.set(weighed.get() + usize::from(next.prev > 0 && next.curr > 0));
+                    state = Some(next);
                 }
-                prop_assert_eq!(expires_at, Some(now + want.reset_ms), "{}: TTL", at);
-                weighed.set(weighed.get() + usize::from(next.prev > 0 && next.curr > 0));
-                state = Some(next);
+                refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
             }
-            refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
-        }
-        cases.set(cases.get() + 1);
-        Ok(())
-    });
+            cases.set(cases.get() + 1);
+            Ok(())
+        },
+    );
     eprintln!(
         "sliding window: {} cases, {} takes weighed both counts, {} refusals with a retry",
         cases.get(),
@@ -550,7 +571,9 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                 };
                 let mut want = if token_bucket {
                     let (next, o) = match op.action {
-                        Action::Take => bucket::take_token(tb_state, now, p, op.cost),
+                        Action::Take | Action::Charge => {
+                            bucket::take_token(tb_state, now, p, op.cost, false)
+                        }
                         Action::Claim(ask) => bucket::claim_token(tb_state, now, p, ask),
                         Action::Return => bucket::return_token(tb_state, now, p, op.cost),
                     };
@@ -558,7 +581,9 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                     o
                 } else {
                     let (next, o) = match op.action {
-                        Action::Take => bucket::take_window(fw_state, now, cap, window_ms, op.cost),
+                        Action::Take | Action::Charge => {
+                            bucket::take_window(fw_state, now, cap, window_ms, op.cost, false)
+                        }
                         Action::Claim(ask) => {
                             bucket::claim_window(fw_state, now, cap, window_ms, ask)
                         }

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use common::poll_async;
 use common::redis::{TestCluster, TestRedis, unique_prefix};
 use common::store::{
-    DAY, HOUR, assert_near, claim, clear_of_window_edge, contract_store, fw, give_back, key, one,
-    settings, sw, tb, wall_ms,
+    Charged, DAY, HOUR, assert_near, claim, clear_of_window_edge, contract_store, fw, give_back,
+    key, one, settings, sw, tb, wall_ms,
 };
 use common::tls::TestCerts;
 use tollgate::clock::Clock;
@@ -169,6 +169,93 @@ async fn fixed_window_counts_every_hit(store: Arc<Store>, p: String) {
     let o = one(&store, fw(&w, 3, DAY, 1)).await;
     assert!(!o.allowed, "the refused hit was counted: 4 + 1 > 3");
     assert!(!one(&store, fw(&w, 3, DAY, 0)).await.allowed);
+}
+
+/// A charge (`overdraft: true`) that does not fit is counted anyway: the budget goes into
+/// debt, later checks are refused until it is refilled away, and the wait says when; on every
+/// algorithm. The case: 100 tokens an hour, responses of 40.
+async fn overdraft_charges_what_does_not_fit(store: Arc<Store>, p: String) {
+    clear_of_window_edge(DAY).await;
+    let t = key(&p, "od-tb");
+    for left in [60, 20] {
+        assert!(
+            one(&store, tb(&t, 100, 100, HOUR, 0).charged())
+                .await
+                .allowed
+        );
+        let o = one(&store, tb(&t, 100, 100, HOUR, 40).charged()).await;
+        assert!(o.allowed && o.remaining == left, "{o:?}");
+    }
+    assert!(
+        one(&store, tb(&t, 100, 100, HOUR, 0).charged())
+            .await
+            .allowed
+    );
+    let o = one(&store, tb(&t, 100, 100, HOUR, 40).charged()).await;
+    assert!(
+        !o.allowed && o.remaining == 0,
+        "20 - 40 does not fit: {o:?}"
+    );
+    // -20: 21 tokens to refill before a check (or a take of 1) fits, 36 s each.
+    assert_near("retry", o.retry_ms.unwrap(), 21 * 36_000, 5_000);
+    let o = one(&store, tb(&t, 100, 100, HOUR, 0).charged()).await;
+    assert!(!o.allowed, "in debt: {o:?}");
+    assert_near("retry of a check", o.retry_ms.unwrap(), 21 * 36_000, 5_000);
+    assert_near("reset", o.reset_ms, 120 * 36_000, 5_000);
+    // Without overdraft the same take is refused and not counted.
+    let plain = key(&p, "od-plain");
+    one(&store, tb(&plain, 100, 100, HOUR, 80)).await;
+    assert!(!one(&store, tb(&plain, 100, 100, HOUR, 40)).await.allowed);
+    assert_eq!(
+        one(&store, tb(&plain, 100, 100, HOUR, 0)).await.remaining,
+        20
+    );
+    // The debt is at most one capacity deep: -100, then 101 tokens to refill.
+    let o = one(&store, tb(&t, 100, 100, HOUR, 1_000_000).charged()).await;
+    assert_near(
+        "retry at the floor",
+        o.retry_ms.unwrap(),
+        101 * 36_000,
+        5_000,
+    );
+
+    // A fixed window carries the debt into the next window: 120 of 100 in this one.
+    let f = key(&p, "od-fw");
+    for _ in 0..3 {
+        one(&store, fw(&f, 100, DAY, 40).charged()).await;
+    }
+    let o = one(&store, fw(&f, 100, DAY, 0).charged()).await;
+    assert!(!o.allowed, "{o:?}");
+    let window_left = DAY - wall_ms() % DAY;
+    assert_near(
+        "retry: the next window has room",
+        o.retry_ms.unwrap(),
+        window_left,
+        1_000,
+    );
+    assert_near(
+        "reset: the next window pays the debt",
+        o.reset_ms,
+        window_left + DAY,
+        1_000,
+    );
+
+    // A sliding window counts the charge past the limit too.
+    let s = key(&p, "od-sw");
+    for _ in 0..3 {
+        one(&store, sw(&s, 100, DAY, 40).charged()).await;
+    }
+    let o = one(&store, sw(&s, 100, DAY, 0).charged()).await;
+    assert!(!o.allowed && o.remaining == 0, "{o:?}");
+    let plain = key(&p, "od-sw-plain");
+    for _ in 0..3 {
+        one(&store, sw(&plain, 100, DAY, 40)).await;
+    }
+    assert_eq!(
+        one(&store, sw(&plain, 100, DAY, 0)).await.remaining,
+        20,
+        "not counted without overdraft"
+    );
 }
 
 async fn keys_are_independent(store: Arc<Store>, p: String) {
@@ -484,4 +571,5 @@ contract!(
     sliding_window_counts_allowed_takes_only,
     sliding_window_slides_over_time,
     lease_claims_share_the_bucket_with_takes,
+    overdraft_charges_what_does_not_fit,
 );

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use crate::clock::Clock;
 pub use crate::fleet::Replicas;
 pub use crate::rules::FallbackMode;
-use crate::store::{MemoryStore, Op, Outcome};
+use crate::store::{Action, MemoryStore, Op, Outcome};
 
 /// Decides the ops the store could not answer.
 #[derive(Debug)]
@@ -84,12 +84,15 @@ impl Fallback {
             FallbackMode::Local if unknown => Some(refused),
             FallbackMode::Local => {
                 let n = self.replicas.count();
-                // Always a take: a failed lease claim falls back for its request's cost.
-                let share = Op::take(
-                    format!("{}|n{n}", op.key),
-                    crate::quota::share::fallback_part(op.kind, n),
-                    op.cost,
-                );
+                // A take (a failed lease claim falls back for its request's cost), or a charge
+                // for an overdraft limit: its usage is charged to the share.
+                let key = format!("{}|n{n}", op.key);
+                let kind = crate::quota::share::fallback_part(op.kind, n);
+                let share = if op.action == Action::Charge {
+                    Op::charge(key, kind, op.cost)
+                } else {
+                    Op::take(key, kind, op.cost)
+                };
                 let mut outcome = self.local.apply(&share);
                 if !outcome.allowed && outcome.retry_ms.is_none() {
                     // The cost is above this replica's share: the share can never hold it,

@@ -14,6 +14,10 @@
 //! store would; never shorter. Every replica keeps its own cache; a replica that has not seen
 //! the refusal asks the store, which refuses it (and so fills that replica's cache).
 //!
+//! A charge (the take of an `overdraft: true` limit, [`Action::Charge`](crate::store::Action))
+//! is never answered from the cache: its usage must reach the store even while the key's
+//! checks are refused (`hot/mod.rs` sends it past the cache).
+//!
 //! Tokens can come back sooner than the refill would bring them: an ended lease's give-back.
 //! The replica that gives them back forgets its entry for the key ([`OverLimitCache::forget`]),
 //! so its next request asks the store; other replicas' entries stand until they end (they

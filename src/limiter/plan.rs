@@ -163,7 +163,11 @@ pub(super) fn plan(
                 shard,
                 cost,
             });
-            ops.push(Op::take(key, kind, cost));
+            ops.push(if limit.overdraft {
+                Op::charge(key, kind, cost)
+            } else {
+                Op::take(key, kind, cost)
+            });
         }
     }
     // An Envoy override is counted in its own class, whatever the node says.
@@ -203,6 +207,7 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Ar
         fallback: None,
         shards: 1,
         lease: None,
+        overdraft: false,
         stat_path: Arc::from(vec![class.to_string()]),
         class,
         // Its own bucket, apart from the rules' limits on the same entries (keys.rs).

@@ -21,6 +21,10 @@ pub enum Action {
     /// Take `cost` (the algorithm's own script).
     #[default]
     Take,
+    /// Take `cost`, and when it does not fit charge it anyway and refuse: the bucket goes into
+    /// debt, at most one limit deep (a rule's `overdraft: true`; see `bucket/`). Every
+    /// algorithm; never leased or sharded (the rules refuse both beside it).
+    Charge,
     /// Claim a lease: all of `need` and up to `want` tokens, or nothing (`lease.lua`). Token
     /// bucket and fixed window only; on a sliding window it is a take of `cost`.
     Claim(ClaimAsk),
@@ -36,6 +40,14 @@ impl Op {
             kind,
             cost,
             action: Action::Take,
+        }
+    }
+
+    /// A take of `cost` that is charged even when it does not fit ([`Action::Charge`]).
+    pub fn charge(key: String, kind: OpKind, cost: u64) -> Op {
+        Op {
+            action: Action::Charge,
+            ..Op::take(key, kind, cost)
         }
     }
 }

@@ -195,6 +195,10 @@ pub struct Limit {
     pub shards: u32,
     /// `lease:` — this limit's token-leasing override (else the global `lease_*` settings).
     pub lease: Option<LeaseRule>,
+    /// `overdraft: true` — a take that does not fit is charged anyway (and refused): usage
+    /// known only when a response ends is never lost; the bucket goes into debt, at most one
+    /// limit deep (`quota/bucket/`). Never leased or sharded.
+    pub overdraft: bool,
     /// The metrics label for this limit: `class`, else `name`, else the key path. An `Arc`
     /// so each decision's metric labels share it instead of copying it.
     pub class: Arc<str>,

@@ -119,7 +119,8 @@ impl MemoryStore {
                     _ => None,
                 };
                 let (s, o) = match op.action {
-                    Action::Take => bucket::take_token(prev, mono, p, op.cost),
+                    Action::Take => bucket::take_token(prev, mono, p, op.cost, false),
+                    Action::Charge => bucket::take_token(prev, mono, p, op.cost, true),
                     Action::Claim(ask) => bucket::claim_token(prev, mono, p, ask),
                     Action::Return => bucket::return_token(prev, mono, p, op.cost),
                 };
@@ -140,7 +141,12 @@ impl MemoryStore {
                 };
                 let now = self.clock.wall_ms();
                 let (s, o) = match op.action {
-                    Action::Take => bucket::take_window(prev, now, limit, window_ms, op.cost),
+                    Action::Take => {
+                        bucket::take_window(prev, now, limit, window_ms, op.cost, false)
+                    }
+                    Action::Charge => {
+                        bucket::take_window(prev, now, limit, window_ms, op.cost, true)
+                    }
                     Action::Claim(ask) => bucket::claim_window(prev, now, limit, window_ms, ask),
                     Action::Return => bucket::return_window(prev, now, limit, window_ms, op.cost),
                 };
@@ -161,11 +167,12 @@ impl MemoryStore {
                 // A sliding window has no leases (the rules refuse them): a claim is a take of
                 // its cost, a give-back a check.
                 let cost = match op.action {
-                    Action::Take | Action::Claim(_) => op.cost,
+                    Action::Take | Action::Charge | Action::Claim(_) => op.cost,
                     Action::Return => 0,
                 };
-                let (s, o) =
-                    bucket::take_sliding(prev, self.clock.wall_ms(), limit, window_ms, cost);
+                let overdraft = op.action == Action::Charge;
+                let now = self.clock.wall_ms();
+                let (s, o) = bucket::take_sliding(prev, now, limit, window_ms, cost, overdraft);
                 // reset_ms is when the estimate has decayed to 0 (0 for an empty state).
                 (
                     Entry {

@@ -1,4 +1,5 @@
-//! A real Envoy running `examples/envoy/envoy.yaml`, with its ports replaced by free ones.
+//! A real Envoy running `examples/envoy/envoy.yaml` (or another example, such as
+//! `examples/envoy/llm/envoy.yaml`), with its ports replaced by free ones.
 //!
 //! The test uses the example file itself (one copy, no drift); only the four port numbers and,
 //! where a test asks, single settings such as `failure_mode_deny` are substituted.
@@ -24,8 +25,18 @@ impl TestEnvoy {
     /// another process may take before Envoy binds them: an Envoy that exits because a port
     /// is in use is started again on new ports (three tries).
     pub fn start(rls: SocketAddr, substitutions: &[(&str, &str)]) -> TestEnvoy {
+        Self::start_example("examples/envoy/envoy.yaml", rls, substitutions)
+    }
+
+    /// As [`TestEnvoy::start`], with the example config at `example` (relative to the crate);
+    /// it has the same four ports as `examples/envoy/envoy.yaml`.
+    pub fn start_example(
+        example: &str,
+        rls: SocketAddr,
+        substitutions: &[(&str, &str)],
+    ) -> TestEnvoy {
         for attempt in 1.. {
-            match Self::try_start(rls, substitutions) {
+            match Self::try_start(example, rls, substitutions) {
                 Ok(envoy) => return envoy,
                 Err(log) if attempt < 3 && log.contains("in use") => {
                     eprintln!(
@@ -39,9 +50,14 @@ impl TestEnvoy {
     }
 
     /// One start; `Err(log)` when Envoy exited before it was ready.
-    fn try_start(rls: SocketAddr, substitutions: &[(&str, &str)]) -> Result<TestEnvoy, String> {
-        let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/envoy/envoy.yaml");
-        let mut config = std::fs::read_to_string(&example).expect("read examples/envoy/envoy.yaml");
+    fn try_start(
+        example: &str,
+        rls: SocketAddr,
+        substitutions: &[(&str, &str)],
+    ) -> Result<TestEnvoy, String> {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(example);
+        let mut config =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {example}: {e}"));
         let (front, upstream, admin) = (free_port(), free_port(), free_port());
         for (from, to) in [
             ("port_value: 10000", format!("port_value: {front}")),

@@ -79,6 +79,29 @@ pub fn claim(op: Op, need: u64, want: u64, share: u64) -> Op {
     }
 }
 
+/// `.charged()`: an op as a charge (a rule's `overdraft: true`).
+pub trait Charged {
+    fn charged(self) -> Op;
+}
+
+impl Charged for Op {
+    fn charged(self) -> Op {
+        charged(self, true)
+    }
+}
+
+/// `op` as a charge (a rule's `overdraft: true`) when `overdraft`, else as it is.
+pub fn charged(op: Op, overdraft: bool) -> Op {
+    if overdraft {
+        Op {
+            action: Action::Charge,
+            ..op
+        }
+    } else {
+        op
+    }
+}
+
 /// `op` as a give-back of `n` leased tokens.
 pub fn give_back(op: Op, n: u64) -> Op {
     Op {

@@ -36,7 +36,7 @@ use crate::clock::Clock;
 use crate::keys;
 use crate::quota::lease::{Claim, LeasePolicy, Leases, Take, TokenEvents};
 use crate::rules::Limit;
-use crate::store::{Op, OpKind, Outcome, Store, StoreError};
+use crate::store::{Action, Op, OpKind, Outcome, Store, StoreError};
 use crate::telemetry::{ClassLabels, HotKeyMetrics, LeaseTokenLabels, LocalLabels};
 
 mod housekeeping;
@@ -314,6 +314,11 @@ impl HotKeys {
         let Some(cache) = &self.cache else {
             return false;
         };
+        // A charge (overdraft) always reaches the store: refusing it from memory would
+        // drop usage that must be counted.
+        if op.action == Action::Charge && op.cost > 0 {
+            return false;
+        }
         let Some(o) = cache.check(&op.key, op.kind, op.cost, now) else {
             return false;
         };
@@ -353,6 +358,10 @@ impl HotKeys {
     /// a token bucket or fixed window, and a cost that can fit at all (a cost above the
     /// capacity goes to the store, which refuses it for good, instead of tying up the lease).
     fn policy(&self, limit: &Limit, op: &Op) -> Option<LeasePolicy> {
+        // Leased tokens cannot go into debt: an overdraft limit is never leased.
+        if limit.overdraft {
+            return None;
+        }
         let capacity = match op.kind {
             OpKind::TokenBucket { capacity, .. } => capacity,
             OpKind::FixedWindow { limit, .. } => limit,

@@ -18,6 +18,15 @@
 //!
 //! A cost of 0 checks without consuming: allowed while at least one unit is left.
 //!
+//! Overdraft (`overdraft: true` on a rule, [`Action::Charge`](crate::quota::ops::Action)): a
+//! take that does not fit is charged anyway and refused, so usage known only afterwards (an
+//! LLM response's tokens) is never lost. The bucket goes below zero, at most one limit deep
+//! (a token bucket's balance down to `-capacity`, a window's count up to twice the limit);
+//! usage past that is not carried. Later takes are refused until the debt is refilled away,
+//! and a refused take's `retry_ms` is when a take of 1 fits again. A fixed window carries
+//! its debt into the windows after it (each pays one limit); a sliding window's decays with
+//! its counts.
+//!
 //! One file per algorithm, as `lua/` has one script each: `token_bucket.rs`,
 //! `fixed_window.rs`, `sliding_window.rs`; what they share (the [`Outcome`] of an op, the
 //! [`ClaimAsk`] of a lease claim) is here.
@@ -26,7 +35,7 @@ mod fixed_window;
 mod sliding_window;
 mod token_bucket;
 
-pub use fixed_window::{WindowState, claim_window, return_window, take_window};
+pub use fixed_window::{WindowState, claim_window, overdraft_cap, return_window, take_window};
 pub use sliding_window::{SlidingWindowState, take_sliding};
 pub use token_bucket::{
     TokenBucketParams, TokenBucketState, claim_token, return_token, take_token, token_idle_after_ms,

@@ -145,8 +145,8 @@ proptest! {
             now = now.saturating_add_signed(dt);
             let first = *first_ms.get_or_insert(now);
             latest = latest.max(now);
-            let (check, _) = take_token(state, now, p, 0);
-            let (next, o) = take_token(state, now, p, cost);
+            let (check, _) = take_token(state, now, p, 0, false);
+            let (next, o) = take_token(state, now, p, cost, false);
 
             prop_assert!(next.tokens >= 0.0 && next.tokens <= p.capacity as f64, "{next:?}");
             prop_assert!(o.remaining <= p.capacity, "{o:?}");
@@ -155,7 +155,7 @@ proptest! {
                 // A check consumes nothing: any take right after it answers as if the
                 // check had not happened.
                 for c in [1, p.capacity, p.capacity + 1] {
-                    prop_assert_eq!(take_token(Some(next), now, p, c), take_token(state, now, p, c));
+                    prop_assert_eq!(take_token(Some(next), now, p, c, false), take_token(state, now, p, c, false));
                 }
             }
             if o.allowed {
@@ -174,7 +174,7 @@ proptest! {
                         // at 10 a year is 45 ms more), unless that moment is past
                         // u64 ms.
                         if let Some(at) = next.ts_ms.checked_add(r) {
-                            let (_, then) = take_token(Some(next), at, p, cost);
+                            let (_, then) = take_token(Some(next), at, p, cost, false);
                             prop_assert!(then.allowed, "{:?} {:?} cost {} retry {}", p, next, cost, r);
                         }
                         // And the wait is not much longer than the refill takes: the
@@ -211,8 +211,8 @@ proptest! {
         let mut admitted = Admitted::new();
         for (dt, cost) in steps {
             now = now.saturating_add_signed(dt);
-            let (check, _) = take_window(state, now, limit, w, 0);
-            let (next, o) = take_window(state, now, limit, w, cost);
+            let (check, _) = take_window(state, now, limit, w, 0, false);
+            let (next, o) = take_window(state, now, limit, w, cost, false);
             let start_ms = now - now % w;
             prop_assert_eq!(next.start_ms, start_ms);
             prop_assert!(o.reset_ms > 0 && o.reset_ms <= w, "{:?}", o);
@@ -231,7 +231,7 @@ proptest! {
                 // The window's end is the wait.
                 prop_assert!(o.retry_ms.is_none_or(|r| r == o.reset_ms), "{:?}", o);
                 refusal_waits_until_it_fits(&o, limit, cost, |r| {
-                    take_window(Some(next), now + r, limit, w, cost).1.allowed
+                    take_window(Some(next), now + r, limit, w, cost, false).1.allowed
                 })?;
             }
             state = Some(next);
@@ -250,8 +250,8 @@ proptest! {
         let mut admitted = Admitted::new();
         for (dt, cost) in steps {
             now = now.saturating_add_signed(dt);
-            let (check, _) = take_sliding(state, now, limit, w, 0);
-            let (next, o) = take_sliding(state, now, limit, w, cost);
+            let (check, _) = take_sliding(state, now, limit, w, 0, false);
+            let (next, o) = take_sliding(state, now, limit, w, cost, false);
             let start_ms = now - now % w;
             prop_assert_eq!(next.start_ms, start_ms);
             prop_assert_eq!(o.allowed, o.retry_ms == Some(0), "{:?}", o);
@@ -271,8 +271,8 @@ proptest! {
             if cost == 0 {
                 for c in [1, limit, limit + 1] {
                     prop_assert_eq!(
-                        take_sliding(Some(next), now, limit, w, c),
-                        take_sliding(state, now, limit, w, c)
+                        take_sliding(Some(next), now, limit, w, c, false),
+                        take_sliding(state, now, limit, w, c, false)
                     );
                 }
             }
@@ -285,10 +285,92 @@ proptest! {
             }
             if !o.allowed {
                 refusal_waits_until_it_fits(&o, limit, cost, |r| {
-                    take_sliding(Some(next), now + r, limit, w, cost).1.allowed
+                    take_sliding(Some(next), now + r, limit, w, cost, false).1.allowed
                 })?;
             }
             state = Some(next);
+        }
+    }
+
+    /// Overdraft, every algorithm: a take of a non-zero cost is always charged (in full, down
+    /// to the debt floor: a token bucket's `-capacity`, a window's count of twice the
+    /// limit), allowed or not; a check charges nothing; a refusal says when a take of 1 fits
+    /// again (`None` only when nothing ever refills, or the limit is 0), and it does then.
+    #[test]
+    fn overdraft_charges_every_take_and_says_when_the_debt_is_paid(
+        (p, offset, steps) in token_case(),
+        (limit, w, w_offset, _back, w_steps) in window_case(),
+    ) {
+        let mut state: Option<TokenBucketState> = None;
+        let mut now = T0 + offset;
+        for (dt, cost) in steps {
+            now = now.saturating_add_signed(dt);
+            let (check, _) = take_token(state, now, p, 0, true);
+            let (next, o) = take_token(state, now, p, cost, true);
+            let cap = p.capacity as f64;
+            prop_assert!(next.tokens >= -cap && next.tokens <= cap, "{next:?}");
+            prop_assert_eq!(next.tokens.to_bits(), (check.tokens - cost as f64).max(-cap).to_bits(), "charged in full, to the floor");
+            if !o.allowed {
+                match o.retry_ms {
+                    Some(r) => {
+                        prop_assert!(r > 0);
+                        if let Some(at) = next.ts_ms.checked_add(r) {
+                            prop_assert!(take_token(Some(next), at, p, 1, true).1.allowed, "{:?} {:?} retry {}", p, next, r);
+                        }
+                    }
+                    None => prop_assert!(p.capacity == 0 || p.refill == 0, "{:?}", p),
+                }
+            }
+            state = Some(next);
+        }
+
+        let (mut fixed, mut sliding): (Option<WindowState>, Option<SlidingWindowState>) = (None, None);
+        let mut now = T0 + w_offset;
+        for (dt, cost) in w_steps {
+            now = now.saturating_add(dt.unsigned_abs());
+            // What the window holds before the take: its own count, or what is left of an
+            // earlier window's debt (a limit paid per window since).
+            let start_ms = now - now % w;
+            let before = match fixed {
+                Some(f) if f.start_ms == start_ms => f.count,
+                Some(f) if f.start_ms < start_ms => {
+                    f.count.saturating_sub((start_ms - f.start_ms) / w * limit)
+                }
+                _ => 0,
+            };
+            let (next, o) = take_window(fixed, now, limit, w, cost, true);
+            prop_assert_eq!(o.allowed, before.saturating_add(cost.max(1)) <= limit || (cost == 0 && before < limit));
+            if cost > 0 {
+                prop_assert_eq!(next.count, before.saturating_add(cost).min(2 * limit));
+            }
+            if !o.allowed {
+                match o.retry_ms {
+                    Some(r) => {
+                        prop_assert!(r > 0 && r <= o.reset_ms, "{:?}", o);
+                        prop_assert!(take_window(Some(next), now + r, limit, w, 1, true).1.allowed, "limit {} {:?} {:?}", limit, next, o);
+                        // Not a window earlier.
+                        if r > w {
+                            prop_assert!(!take_window(Some(next), now + r - w, limit, w, 1, true).1.allowed);
+                        }
+                    }
+                    None => prop_assert_eq!(limit, 0),
+                }
+            }
+            fixed = Some(next);
+
+            let (check, _) = take_sliding(sliding, now, limit, w, 0, true);
+            let (next, o) = take_sliding(sliding, now, limit, w, cost, true);
+            prop_assert!(next.curr <= 2 * limit, "{:?}", next);
+            if !o.allowed && cost > 0 {
+                prop_assert_eq!(next.curr, check.curr.saturating_add(cost).min(2 * limit).max(check.curr));
+            }
+            if !o.allowed {
+                match o.retry_ms {
+                    Some(r) => prop_assert!(r > 0 && take_sliding(Some(next), now + r, limit, w, 1, true).1.allowed, "limit {} {:?} {:?}", limit, next, o),
+                    None => prop_assert_eq!(limit, 0),
+                }
+            }
+            sliding = Some(next);
         }
     }
 }

@@ -36,12 +36,17 @@ impl SlidingWindowState {
 /// A stored window that is neither the current nor the previous one counts nothing: it ended
 /// long ago, or (a clock that stepped back into an earlier window) it is ahead of `now_ms`,
 /// which, like the fixed window, starts the window again rather than guessing.
+///
+/// With `overdraft` a take that does not fit is counted anyway (the current count is capped
+/// at twice the limit: one limit of debt) and refused; its `retry_ms` is when a take of 1
+/// fits again. The debt decays with the window, as every count does.
 pub fn take_sliding(
     state: Option<SlidingWindowState>,
     now_ms: u64,
     limit: u64,
     window_ms: u64,
     cost: u64,
+    overdraft: bool,
 ) -> (SlidingWindowState, Outcome) {
     let start_ms = now_ms - now_ms % window_ms;
     let (prev, curr) = match state {
@@ -61,6 +66,13 @@ pub fn take_sliding(
         // An allowed cost is at most the limit, so this never saturates in practice.
         curr = curr.saturating_add(cost);
         estimate += cost as f64;
+    } else if overdraft && cost > 0 {
+        let charged = curr
+            .saturating_add(cost)
+            .min(limit.saturating_mul(2))
+            .max(curr);
+        estimate += (charged - curr) as f64;
+        curr = charged;
     }
     let end_ms = start_ms.saturating_add(window_ms) - now_ms;
     let reset_ms = if curr > 0 {
@@ -72,7 +84,11 @@ pub fn take_sliding(
     };
     let retry_ms = if allowed {
         Some(0)
-    } else if cost > limit || limit == 0 {
+    } else if limit == 0 {
+        None
+    } else if overdraft {
+        Some(sliding_wait(prev, curr, lim - 1.0, w, elapsed))
+    } else if cost > limit {
         None
     } else {
         Some(sliding_wait(prev, curr, lim - need, w, elapsed))
@@ -130,7 +146,7 @@ mod tests {
         steps
             .iter()
             .map(|&(now, cost)| {
-                let (s, o) = take_sliding(state, now, limit, window_ms, cost);
+                let (s, o) = take_sliding(state, now, limit, window_ms, cost, false);
                 state = Some(s);
                 o
             })
@@ -198,17 +214,17 @@ mod tests {
 
     #[test]
     fn sliding_window_decays_to_nothing() {
-        let (s, o) = take_sliding(None, T0 + 10, 5, 1000, 3);
+        let (s, o) = take_sliding(None, T0 + 10, 5, 1000, 3, false);
         assert_eq!((o.remaining, o.reset_ms), (2, 1990));
         // One window later: prev = 3 at weight 0.75.
-        let (s2, o) = take_sliding(Some(s), T0 + 1250, 5, 1000, 0);
+        let (s2, o) = take_sliding(Some(s), T0 + 1250, 5, 1000, 0, false);
         assert_eq!((s2.prev, s2.curr, s2.start_ms), (3, 0, T0 + 1000));
         assert_eq!((o.remaining, o.reset_ms), (2, 750), "5 - 2.25, floored");
         // Two windows later nothing is left, and the state is empty (not stored).
-        let (s3, o) = take_sliding(Some(s), T0 + 2000, 5, 1000, 0);
+        let (s3, o) = take_sliding(Some(s), T0 + 2000, 5, 1000, 0, false);
         assert!(s3.is_empty());
         assert_eq!((o.remaining, o.reset_ms, o.retry_ms), (5, 0, Some(0)));
-        let (_, o) = take_sliding(Some(s2), T0 + 1999, 5, 1000, 0);
+        let (_, o) = take_sliding(Some(s2), T0 + 1999, 5, 1000, 0, false);
         assert_eq!((o.remaining, o.reset_ms), (4, 1), "3 * 0.001 left");
     }
 
@@ -216,17 +232,17 @@ mod tests {
     fn sliding_window_check_only_does_not_consume() {
         let mut state = None;
         for _ in 0..3 {
-            let (s, o) = take_sliding(state, T0, 2, 60_000, 0);
+            let (s, o) = take_sliding(state, T0, 2, 60_000, 0, false);
             assert!(o.allowed && o.remaining == 2);
             assert!(s.is_empty());
             state = Some(s);
         }
-        let (s, o) = take_sliding(state, T0, 2, 60_000, 1);
+        let (s, o) = take_sliding(state, T0, 2, 60_000, 1, false);
         assert!(o.allowed && o.remaining == 1);
-        let (s, o) = take_sliding(Some(s), T0 + 5, 2, 60_000, 0);
+        let (s, o) = take_sliding(Some(s), T0 + 5, 2, 60_000, 0, false);
         assert!(o.allowed && o.remaining == 1 && s.curr == 1);
-        let (s, _) = take_sliding(Some(s), T0 + 5, 2, 60_000, 1);
-        let (s, o) = take_sliding(Some(s), T0 + 5, 2, 60_000, 0);
+        let (s, _) = take_sliding(Some(s), T0 + 5, 2, 60_000, 1, false);
+        let (s, o) = take_sliding(Some(s), T0 + 5, 2, 60_000, 0, false);
         assert!(!o.allowed, "check-only needs one whole unit");
         assert_eq!(s.curr, 2, "refusals count nothing");
         // 2 in this window: one unit frees up when the next window is half over.
@@ -236,13 +252,13 @@ mod tests {
     #[test]
     fn sliding_window_cost_above_limit_and_zero_limit_never_fit() {
         for cost in [4, 1_000, u64::MAX] {
-            let (s, o) = take_sliding(None, T0, 3, 1000, cost);
+            let (s, o) = take_sliding(None, T0, 3, 1000, cost, false);
             assert!(!o.allowed, "cost {cost}");
             assert_eq!((o.remaining, o.retry_ms, o.reset_ms), (3, None, 0));
             assert!(s.is_empty(), "a refusal counts nothing");
         }
-        let (s, _) = take_sliding(None, T0, 3, 1000, 1);
-        let (_, o) = take_sliding(Some(s), T0, 3, 1000, 3);
+        let (s, _) = take_sliding(None, T0, 3, 1000, 1, false);
+        let (_, o) = take_sliding(Some(s), T0, 3, 1000, 3, false);
         assert!(!o.allowed);
         assert_eq!(
             o.retry_ms,
@@ -250,7 +266,7 @@ mod tests {
             "3 fits only once the 1 has decayed: the end of the next window"
         );
         for cost in [1, 0] {
-            let (s, o) = take_sliding(None, T0 + 7, 0, 1000, cost);
+            let (s, o) = take_sliding(None, T0 + 7, 0, 1000, cost, false);
             assert!(!o.allowed && o.retry_ms.is_none() && o.remaining == 0);
             assert!(s.is_empty() && o.reset_ms == 0);
         }
@@ -258,15 +274,15 @@ mod tests {
 
     #[test]
     fn sliding_window_saturates_and_survives_a_clock_step_back() {
-        let (s, o) = take_sliding(None, T0, u64::MAX, 1000, u64::MAX);
+        let (s, o) = take_sliding(None, T0, u64::MAX, 1000, u64::MAX, false);
         assert!(o.allowed && s.curr == u64::MAX);
-        let (s, o) = take_sliding(Some(s), T0 + 1, u64::MAX, 1000, u64::MAX);
+        let (s, o) = take_sliding(Some(s), T0 + 1, u64::MAX, 1000, u64::MAX, false);
         assert!(!o.allowed && s.curr == u64::MAX && o.retry_ms >= Some(1));
-        let (_, o) = take_sliding(None, T0, 10, u64::MAX, 5);
+        let (_, o) = take_sliding(None, T0, 10, u64::MAX, 5, false);
         assert!(o.allowed && o.reset_ms == u64::MAX, "saturated: {o:?}");
         // A clock that steps back into an earlier window starts it afresh, without panicking.
-        let (s, _) = take_sliding(None, T0 + 5_000, 1, 1000, 1);
-        let (s, o) = take_sliding(Some(s), T0 + 3_500, 1, 1000, 1);
+        let (s, _) = take_sliding(None, T0 + 5_000, 1, 1000, 1, false);
+        let (s, o) = take_sliding(Some(s), T0 + 3_500, 1, 1000, 1, false);
         assert!(o.allowed && s.start_ms == T0 + 3_000);
     }
 
@@ -295,7 +311,8 @@ mod tests {
                             curr,
                         };
                         for cost in [0, 1, 2, limit / 2, limit] {
-                            let (_, o) = take_sliding(Some(state), now, limit, window_ms, cost);
+                            let (_, o) =
+                                take_sliding(Some(state), now, limit, window_ms, cost, false);
                             if o.allowed || cost > limit {
                                 continue;
                             }
@@ -303,8 +320,15 @@ mod tests {
                                 panic!("{state:?} w {window_ms} at {at} cost {cost}: {o:?}")
                             };
                             assert!(retry >= 1, "{state:?} at {at} cost {cost}");
-                            let at_retry =
-                                take_sliding(Some(state), now + retry, limit, window_ms, cost).1;
+                            let at_retry = take_sliding(
+                                Some(state),
+                                now + retry,
+                                limit,
+                                window_ms,
+                                cost,
+                                false,
+                            )
+                            .1;
                             assert!(
                                 at_retry.allowed,
                                 "{state:?} w {window_ms} at {at} cost {cost}: retry {retry}"
@@ -316,6 +340,7 @@ mod tests {
                                     limit,
                                     window_ms,
                                     cost,
+                                    false,
                                 )
                                 .1;
                                 assert!(

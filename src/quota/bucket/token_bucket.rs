@@ -35,8 +35,8 @@ impl TokenBucketParams {
     /// The plain quotient is one ulp short now and then when the numbers are large (a
     /// bucket of 10^8 with 10 a year: an ulp of the balance, 1.5e-8 tokens, takes 45 ms to
     /// refill), and a client told to retry then would be refused again. So the wait steps
-    /// on by the time one ulp of `target` takes to refill until the sum is there (a step or
-    /// two at most; bounded at four).
+    /// on by the time one ulp of `target` (or of a debt, when `tokens` is the larger number)
+    /// takes to refill until the sum is there (a step or two at most; bounded at four).
     fn wait_ms(&self, tokens: f64, target: f64) -> Option<u64> {
         if tokens >= target {
             return Some(0);
@@ -46,7 +46,9 @@ impl TokenBucketParams {
         }
         let (window, refill) = (self.window_ms as f64, self.refill as f64);
         let mut ms = ((target - tokens) * window / refill).ceil();
-        let step = (target * f64::EPSILON * window / refill).ceil().max(1.0);
+        // The ulp that matters is the larger number's: the target's, or a debt's (overdraft).
+        let scale = target.max(tokens.abs());
+        let step = (scale * f64::EPSILON * window / refill).ceil().max(1.0);
         for _ in 0..4 {
             if tokens + self.refilled(ms) >= target {
                 break;
@@ -60,11 +62,16 @@ impl TokenBucketParams {
 
 /// One token-bucket take at `now_ms`. `state` is `None` for a bucket never seen (full).
 /// Returns the state to store and the outcome.
+///
+/// With `overdraft` a take that does not fit is charged anyway and refused: the balance goes
+/// below zero, at most one capacity deep (usage past that is not carried), and its
+/// `retry_ms` is when the balance is back at one token (what a check, or a take of 1, needs).
 pub fn take_token(
     state: Option<TokenBucketState>,
     now_ms: u64,
     p: TokenBucketParams,
     cost: u64,
+    overdraft: bool,
 ) -> (TokenBucketState, Outcome) {
     let capacity = p.capacity as f64;
     let last_ms = state.map_or(now_ms, |s| s.ts_ms);
@@ -79,9 +86,17 @@ pub fn take_token(
     let allowed = p.capacity > 0 && tokens >= need;
     if allowed {
         tokens -= cost as f64;
+    } else if overdraft {
+        tokens = (tokens - cost as f64).max(-capacity);
     }
     let retry_ms = if allowed {
         Some(0)
+    } else if overdraft {
+        if p.capacity == 0 {
+            None
+        } else {
+            p.wait_ms(tokens, 1.0)
+        }
     } else if cost > p.capacity {
         None
     } else {
@@ -208,7 +223,7 @@ mod tests {
         steps
             .iter()
             .map(|&(now, cost)| {
-                let (s, o) = take_token(state, now, p, cost);
+                let (s, o) = take_token(state, now, p, cost, false);
                 state = Some(s);
                 o
             })
@@ -307,9 +322,9 @@ mod tests {
 
     #[test]
     fn idle_time_is_time_to_full() {
-        let (s, _) = take_token(None, 0, P, 4);
+        let (s, _) = take_token(None, 0, P, 4, false);
         assert_eq!(token_idle_after_ms(s, P), 400);
-        let (s, _) = take_token(None, 0, P, 0);
+        let (s, _) = take_token(None, 0, P, 0, false);
         assert_eq!(
             token_idle_after_ms(s, P),
             1,

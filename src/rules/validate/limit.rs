@@ -92,6 +92,7 @@ impl FileWalk<'_> {
             "shards",
             "lease",
             "quota_mode",
+            "overdraft",
         ];
         let f = yaml::fields(self.problems, node, path, FIELDS)?;
         // Every check below runs even after one fails (to report them all); whether any
@@ -156,6 +157,7 @@ impl FileWalk<'_> {
         };
         let shards = self.shards(&f, path, unlimited, rate);
         let lease = self.lease(&f, path, unlimited, rate);
+        let overdraft = self.overdraft(&f, path, unlimited, shards, lease);
         if self.problems.errors.len() > errors_before {
             return None;
         }
@@ -175,6 +177,7 @@ impl FileWalk<'_> {
             fallback,
             shards,
             lease,
+            overdraft,
             // Set once the descriptor's limits are all read (`number_identical`).
             index: 0,
             origin: self.origin(node.pos),
@@ -251,6 +254,48 @@ impl FileWalk<'_> {
             _ => {}
         }
         Some(LeaseRule { max_batch, ttl_ms })
+    }
+
+    /// `overdraft: true`: a take that does not fit is charged anyway. Not on an unlimited
+    /// limit (no balance), a sharded one (a charge one shard cannot hold would be lost to the
+    /// others) or a leased one (leased tokens are spent from memory, which cannot go past
+    /// zero); global leasing passes such limits by.
+    fn overdraft(
+        &mut self,
+        f: &Fields<'_>,
+        path: &str,
+        unlimited: bool,
+        shards: u32,
+        lease: Option<LeaseRule>,
+    ) -> bool {
+        let Some(n) = f.get("overdraft") else {
+            return false;
+        };
+        let field = join(path, "overdraft");
+        let Some(on) = yaml::bool(self.problems, n, &field) else {
+            return false;
+        };
+        if !on {
+            return false;
+        }
+        if unlimited {
+            self.error(n.pos, &field, "an unlimited limit has no balance to charge");
+        }
+        if shards > 1 {
+            self.error(
+                n.pos,
+                &field,
+                "not with shards: a charge that does not fit one shard would be lost to the others (drop `shards`)",
+            );
+        }
+        if lease.is_some_and(|l| l.max_batch != Some(0)) {
+            self.error(
+                n.pos,
+                &field,
+                "not with lease: leased tokens are spent from memory, which cannot go into debt (drop `lease`; global leasing passes overdraft limits by)",
+            );
+        }
+        true
     }
 
     /// A limit's `replaces: [{name: …}, …]`: the names of the limits it replaces (not its own).
@@ -564,6 +609,42 @@ mod tests {
         assert!(msg.contains("non-empty"), "{msg}");
         let (line, _, _) = refused(&format!("{base}        - {{}}\n"));
         assert_eq!(line, 9);
+    }
+
+    #[test]
+    fn overdraft_is_read_and_refused_beside_unlimited_shards_and_lease() {
+        let set = load(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 100, overdraft: true}\n  - key: f\n    rate_limits:\n      - {unit: day, requests_per_unit: 10, algorithm: fixed_window, overdraft: true, lease: {max_batch: 0}}\n      - {unit: day, requests_per_unit: 10, algorithm: sliding_window, overdraft: false}\n",
+        )
+        .unwrap();
+        let root = &set.domains["d"].root;
+        assert!(root.bare["k"].limits[0].overdraft);
+        let f = &root.bare["f"].limits;
+        assert!(f[0].overdraft && !f[1].overdraft);
+        let base = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n";
+        for (extra, needle) in [
+            ("      unlimited: true\n", "no balance"),
+            (
+                "      unit: second\n      requests_per_unit: 10\n      shards: 2\n",
+                "shards",
+            ),
+            (
+                "      unit: second\n      requests_per_unit: 10\n      lease: {ttl_ms: 100}\n",
+                "lease",
+            ),
+            (
+                "      unit: second\n      requests_per_unit: 10\n      lease: {max_batch: 5}\n",
+                "lease",
+            ),
+        ] {
+            let (_, field, msg) = refused(&format!("{base}{extra}      overdraft: true\n"));
+            assert_eq!(field, "descriptors[0].rate_limit.overdraft", "{extra}");
+            assert!(msg.contains(needle), "{extra}: {msg}");
+        }
+        let (_, field, _) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 1\n      overdraft: maybe\n"
+        ));
+        assert_eq!(field, "descriptors[0].rate_limit.overdraft");
     }
 
     #[test]

@@ -24,6 +24,7 @@ use redis::{RedisError, ServerErrorKind, Value};
 
 use super::errors::CallError;
 use super::outage::OutageLog;
+use crate::quota::bucket;
 use crate::store::{Action, Op, OpKind, Outcome, StoreError, StoreErrorKind};
 
 /// `lua/token_bucket.lua`, compiled into the binary.
@@ -39,14 +40,15 @@ pub const LEASE_LUA: &str = include_str!("../../../lua/lease.lua");
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScriptCall {
     /// `token_bucket.lua`: capacity, refill, window_ms, cost (unclamped: the script reads it
-    /// as the same double Rust's `cost as f64` is).
-    TokenBucket([u64; 4]),
-    /// `fixed_window.lua`: limit, window_ms, cost clamped to limit + 1 (same answers, exact
-    /// numbers; see the script's header).
-    FixedWindow([u64; 3]),
+    /// as the same double Rust's `cost as f64` is), overdraft (1: charge a take that does
+    /// not fit).
+    TokenBucket([u64; 5]),
+    /// `fixed_window.lua`: limit, window_ms, cost clamped to limit + 1 (2 × limit + 1 with
+    /// overdraft: same answers, exact numbers; see the script's header), overdraft.
+    FixedWindow([u64; 4]),
     /// `sliding_window.lua`: limit, window_ms, cost (unclamped, as for the token bucket:
-    /// refused takes count nothing, so the cost is only compared, never stored).
-    SlidingWindow([u64; 3]),
+    /// a count is capped before it is stored), overdraft.
+    SlidingWindow([u64; 4]),
     /// `lease.lua`: algorithm (1 token bucket, 2 fixed window), action (1 claim, 2 give
     /// back), capacity or limit, refill, window_ms, need, want, share.
     Lease([u64; 8]),
@@ -61,7 +63,7 @@ impl ScriptCall {
             Action::Return => Some(ScriptCall::Lease([
                 algorithm, 2, capacity, refill, window_ms, op.cost, 0, 1,
             ])),
-            Action::Take => None,
+            Action::Take | Action::Charge => None,
         };
         let leased = match op.kind {
             OpKind::TokenBucket {
@@ -76,17 +78,29 @@ impl ScriptCall {
         if let Some(call) = leased {
             return call;
         }
+        let overdraft = op.action == Action::Charge;
+        let flag = u64::from(overdraft);
         match op.kind {
             OpKind::TokenBucket {
                 capacity,
                 refill,
                 window_ms,
-            } => ScriptCall::TokenBucket([capacity, refill, window_ms, op.cost]),
+            } => ScriptCall::TokenBucket([capacity, refill, window_ms, op.cost, flag]),
             OpKind::FixedWindow { limit, window_ms } => {
-                ScriptCall::FixedWindow([limit, window_ms, op.cost.min(limit.saturating_add(1))])
+                let most = if overdraft {
+                    bucket::overdraft_cap(limit)
+                } else {
+                    limit
+                };
+                ScriptCall::FixedWindow([
+                    limit,
+                    window_ms,
+                    op.cost.min(most.saturating_add(1)),
+                    flag,
+                ])
             }
             OpKind::SlidingWindow { limit, window_ms } => {
-                ScriptCall::SlidingWindow([limit, window_ms, op.cost])
+                ScriptCall::SlidingWindow([limit, window_ms, op.cost, flag])
             }
         }
     }

@@ -1,0 +1,150 @@
+//! Usage-based costs: a rule with `overdraft: true` charges what a request used, known only
+//! when its response ends, even when it does not fit what is left of the budget. Through a
+//! real Envoy running `examples/envoy/llm/envoy.yaml` (a check on the request path, the
+//! response's `x-tokens-used` charged when the stream is done) and a real Redis: the budget
+//! goes below zero, the next request gets 429 with a `Retry-After` for the debt; and a charge
+//! always reaches the store, even while the over-limit cache refuses the key's checks.
+
+mod common;
+
+use std::time::Duration;
+
+use common::envoy::TestEnvoy;
+use common::redis::{TestRedis, unique_prefix};
+use common::{InProcess, get_with, metric_sum, poll, request};
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+/// The example's rules with the budget: 100 tokens an hour.
+fn rules() -> String {
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoy/llm/rules.yaml"),
+    )
+    .expect("read examples/envoy/llm/rules.yaml");
+    assert!(example.contains("requests_per_unit: 1000000"));
+    example.replace("requests_per_unit: 1000000", "requests_per_unit: 100")
+}
+
+/// The tenant's stored balance (the token bucket's `t` field), if it is stored.
+fn balance(redis: &TestRedis, prefix: &str, tenant: &str) -> Option<f64> {
+    let keys: Vec<String> = redis.cmd(&["KEYS", &format!("{prefix}*{tenant}*")]);
+    let key = keys.first()?;
+    let t: Option<String> = redis.cmd(&["HGET", key, "t"]);
+    t.and_then(|t| t.parse().ok())
+}
+
+fn server(redis: &TestRedis, prefix: &str) -> InProcess {
+    server_with(redis, prefix, 0)
+}
+
+fn server_with(redis: &TestRedis, prefix: &str, lease_max_batch: u64) -> InProcess {
+    let (url, prefix) = (redis.url(), prefix.to_string());
+    InProcess::start(&rules(), move |s| {
+        s.store = url;
+        s.key_prefix = prefix;
+        s.response_headers = true;
+        s.lease_max_batch = lease_max_batch;
+    })
+}
+
+#[test]
+fn envoy_charges_each_response_and_refuses_the_tenant_in_debt() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("llm");
+    let tollgate = server(&redis, &prefix);
+    let envoy = TestEnvoy::start_example("examples/envoy/llm/envoy.yaml", tollgate.grpc, &[]);
+    let calls = || metric_sum(tollgate.admin, "tollgate_requests_total", &[]);
+    let mut statuses = Vec::new();
+    for i in 1..=4 {
+        let r = get_with(envoy.front, "/v1/chat/completions", &[("x-tenant", "acme")])
+            .expect("envoy answered");
+        statuses.push(r.status);
+        if r.status == 429 {
+            // In debt: 100 - 3 × 40 = -20, so 21 tokens at 36 s each before a check fits.
+            let retry: u64 = r
+                .header("retry-after")
+                .unwrap_or_else(|| panic!("no Retry-After: {:?}", r.headers))
+                .parse()
+                .unwrap();
+            assert!(
+                (740..=757).contains(&retry),
+                "Retry-After {retry} s, want about 756"
+            );
+            break;
+        }
+        // The charge is sent when the stream is done, after the client has its answer:
+        // wait for it (the check and the charge: two calls per request).
+        let charged = poll(Duration::from_secs(5), || {
+            (calls() >= 2.0 * i as f64).then_some(())
+        });
+        assert!(
+            charged.is_some(),
+            "no stream-done charge for request {i}: {} calls; envoy:\n{}",
+            calls(),
+            envoy.log()
+        );
+    }
+    assert_eq!(statuses, vec![200, 200, 200, 429], "{}", tollgate.log());
+    // 100 - 120 in Redis (refill since is a few thousandths of a token).
+    let t = balance(&redis, &prefix, "acme").expect("the budget is stored");
+    assert!((-20.0..-19.9).contains(&t), "balance {t}, want -20");
+}
+
+/// Global leasing passes overdraft limits by: each check and charge goes to the shared
+/// bucket, which holds exactly what was used (a lease would have claimed tokens ahead).
+#[tokio::test]
+async fn global_leasing_leaves_overdraft_limits_to_the_store() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("llm-lease");
+    let tollgate = server_with(&redis, &prefix, 20);
+    let mut client = tollgate.client().await;
+    for hits in [0, 40, 0, 40, 0, 40] {
+        let mut r = request("llm", &[&[("tenant", "gamma")]]);
+        r.descriptors[0].hits_addend = Some(UInt64Value { value: hits });
+        client.should_rate_limit(r).await.unwrap();
+    }
+    let t = balance(&redis, &prefix, "gamma").expect("the budget is stored");
+    assert!((-20.0..-19.9).contains(&t), "balance {t}, want -20");
+    let claims = metric_sum(tollgate.admin, "tollgate_lease_claims_total", &[]);
+    assert_eq!(claims, 0.0, "an overdraft limit was leased");
+}
+
+/// A charge reaches the store even after the key's refusals fill the over-limit cache (on by
+/// default): refusing it from memory would drop usage that must be counted.
+#[tokio::test]
+async fn a_charge_is_counted_while_the_over_limit_cache_refuses_checks() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("llm-cache");
+    let tollgate = server(&redis, &prefix);
+    let mut client = tollgate.client().await;
+    let call = |hits: u64| {
+        let mut r = request("llm", &[&[("tenant", "beta")]]);
+        r.descriptors[0].hits_addend = Some(UInt64Value { value: hits });
+        r
+    };
+    let mut codes = Vec::new();
+    // A charge of 120 on 100: over (-20); two checks refused (the cache now holds the key);
+    // then a charge of 10 must still land (-30).
+    for hits in [120, 0, 0, 10] {
+        let r = client
+            .should_rate_limit(call(hits))
+            .await
+            .unwrap()
+            .into_inner();
+        codes.push(r.overall_code);
+    }
+    assert_eq!(codes, vec![2, 2, 2, 2], "all over: the budget is in debt");
+    let cached = metric_sum(
+        tollgate.admin,
+        "tollgate_local_decisions_total",
+        &["reason=\"over_limit_cache\""],
+    );
+    assert!(
+        cached >= 1.0,
+        "the second check came from the cache ({cached})"
+    );
+    let t = balance(&redis, &prefix, "beta").expect("the budget is stored");
+    assert!(
+        (-30.0..-29.9).contains(&t),
+        "balance {t}: the last charge was not counted"
+    );
+}
