@@ -6,7 +6,8 @@
 # to the baseline and the script calls (EVALSHA + EVAL from INFO commandstats) per descriptor
 # decision, and the server's own CPU time per request (utime + stime from /proc: steadier than
 # req/s on a shared machine; shown split into user and system time too); then the memory
-# store's bytes per key and Redis's MEMORY USAGE of one token bucket.
+# store's bytes per key and Redis's MEMORY USAGE of one token bucket and of a full sliding
+# log. The Redis rows also run the sliding window counter and the sliding log.
 # Then the latency Envoy would see at a given load: for each store, open-loop runs (`--rate`: a
 # fixed schedule, latency from each scheduled send, so no coordinated omission) at 25/50/75/90 %
 # of the peak the closed loop measured, as a table and an SVG plot of p99 against offered load
@@ -56,6 +57,13 @@ descriptors:
   # For the MEMORY USAGE probe: an hour-long bucket that stays in Redis.
   - key: mem
     rate_limit: {unit: hour, requests_per_unit: 100}
+  # The other algorithms on Redis: the sliding window counter (as high a limit as `tenant`),
+  # and the sliding log at its largest limit (sliding_log_max_limit): a hot key keeps 10,000
+  # hits in its sorted set, refusing the rest; spread keys keep a hit or two each.
+  - key: slide
+    rate_limit: {unit: second, requests_per_unit: 1000000000, algorithm: sliding_window}
+  - key: log
+    rate_limit: {unit: second, requests_per_unit: 10000, algorithm: sliding_log}
 YAML
 
 # Starts tollgate on store $2; sets GRPC to its gRPC port. (Not a $(…) function: a server
@@ -112,13 +120,16 @@ for pass in 1 2; do
     # With a replica, with and without WAIT: 100,000 keys only (what WAIT costs does not
     # depend on how hot a key is).
     if [ $keys = 1 ]; then hot="redis-leased cluster-sharded"; repl=""; else hot=""; repl="redis-replicated redis-wait"; fi
-    if [ $pass = 1 ]; then order="baseline memory redis $repl $hot cluster"; else order="cluster $hot redis-wait redis-replicated redis memory baseline"; fi
+    algos="redis-sliding-window redis-sliding-log"
+    if [ $pass = 1 ]; then order="baseline memory redis $algos $repl $hot cluster"; else order="cluster $hot redis-wait redis-replicated redis-sliding-log redis-sliding-window redis memory baseline"; fi
     [ $keys = 1 ] && order=${order//redis-wait/} && order=${order//redis-replicated/}
     for s in $order; do
       case $s in
         baseline) run baseline "$NOOP" "$NOOP_PID" "$keys" tenant ;;
         memory) run memory "$MEM" "$MEM_PID" "$keys" tenant ;;
         redis) run redis "$RED" "$RED_PID" "$keys" tenant "$RP" ;;
+        redis-sliding-window) run redis-sliding-window "$RED" "$RED_PID" "$keys" slide "$RP" ;;
+        redis-sliding-log) run redis-sliding-log "$RED" "$RED_PID" "$keys" log "$RP" ;;
         redis-leased) run redis-leased "$LEASED" "$LEASED_PID" "$keys" tenant "$RP" ;;
         redis-replicated) run redis-replicated "$REPL" "$REPL_PID" "$keys" tenant "$WP" ;;
         redis-wait) run redis-wait "$WAIT" "$WAIT_PID" "$keys" tenant "$WP" ;;
@@ -164,6 +175,11 @@ open_run cluster-sharded "$CLU" "$CLU_PID" 1 shard
 "$BIN" bench --target 127.0.0.1:$RED --domain bench --key mem --check-limit 1 --requests 1 >/dev/null
 KEY=$(redis-cli -p "$RP" --scan --pattern '*mem=*' | head -n 1 || true)
 REDIS_BYTES=$(redis-cli -p "$RP" memory usage "$KEY")
+# The hot sliding log of the runs above, full at 10,000 hits if it was hit within its second.
+"$BIN" bench --target 127.0.0.1:$RED --domain bench --key log --keys 1 --concurrency 32 --duration 1 --warmup 0 --quiet >/dev/null
+LOG_KEY=$(redis-cli -p "$RP" --scan --pattern '*log=*' | head -n 1 || true)
+LOG_HITS=$(redis-cli -p "$RP" zcard "$LOG_KEY")
+LOG_BYTES=$(redis-cli -p "$RP" memory usage "$LOG_KEY")
 echo "bench: memory store, 1,000,000 keys…" >&2
 # …and allocations per decision, in process and on the Redis and cluster stores above.
 TOLLGATE_BENCH_STORES="redis://127.0.0.1:$RP $CLUSTER_URL" \
@@ -182,13 +198,14 @@ else
 fi
 
 mkdir -p "$(dirname "$SVG")"
-python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$TMP/memory.txt" "$OPEN" "$SVG" <<'PY'
+python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$TMP/memory.txt" "$OPEN" "$SVG" "$LOG_HITS" "$LOG_BYTES" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 key, redis_bytes = sys.argv[2], sys.argv[3]
 mem = [json.loads(l) for l in open(sys.argv[4]) if l.startswith("{")]
 opens = [json.loads(l) for l in open(sys.argv[5])]
 svg_path = sys.argv[6]
+log_hits, log_bytes = sys.argv[7], sys.argv[8]
 best = {}
 for r in rows:  # the better of the two passes of each scenario
     k = (r["label"], r["keys"])
@@ -199,7 +216,7 @@ print("| scenario | keys | req/s | × baseline | p50 µs | p99 µs | errors | sc
 print("|---|---|---|---|---|---|---|---|---|---|")
 for keys in (1, 100000):
     base = best[("baseline", keys)]["rps"]
-    for label in ("baseline", "memory", "redis", "redis-replicated", "redis-wait", "redis-leased", "cluster", "cluster-sharded"):
+    for label in ("baseline", "memory", "redis", "redis-sliding-window", "redis-sliding-log", "redis-replicated", "redis-wait", "redis-leased", "cluster", "cluster-sharded"):
         if (label, keys) not in best:
             continue
         r = best[(label, keys)]
@@ -219,6 +236,7 @@ for label in ("cluster", "cluster-sharded"):
         print(f"{label}, 1 key: script calls per cluster node {shares}")
 print()
 print(f"Redis MEMORY USAGE of one token bucket ({len(key)}-byte key {key}): {redis_bytes} bytes")
+print(f"Redis MEMORY USAGE of the hot sliding log ({log_hits} hits kept): {log_bytes} bytes")
 
 # Latency vs load: one row per store and load; the CPU column minus the no-op's at the same
 # load is what the store path itself costs.

@@ -113,7 +113,11 @@ async fn run(command: Command) -> anyhow::Result<bool> {
 }
 
 fn check(path: &Path, default_algorithm: Algorithm) -> bool {
-    match rules::load_path(path, LoadOptions { default_algorithm }) {
+    let opts = LoadOptions {
+        default_algorithm,
+        ..LoadOptions::default()
+    };
+    match rules::load_path(path, opts) {
         Ok(set) if set.files.is_empty() => {
             // A path one level too high loads nothing: every request would pass.
             eprintln!(

@@ -107,6 +107,14 @@ async fn cluster_routes_every_op_of_any_request() {
                         Algorithm::TokenBucket => tb(&key, 50, 50, DAY, 1),
                         Algorithm::FixedWindow => fw(&key, 50, DAY, 1),
                         Algorithm::SlidingWindow => sw(&key, 50, DAY, 1),
+                        Algorithm::SlidingLog => Op::take(
+                            key,
+                            tollgate::store::OpKind::SlidingLog {
+                                limit: 50,
+                                window_ms: DAY,
+                            },
+                            1,
+                        ),
                     }
                 })
                 .collect();

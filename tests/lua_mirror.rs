@@ -3,7 +3,8 @@
 //! failover to a skewed host; costs of 0, 1, the limit, above it and `u64::MAX`) run through the
 //! script in a real `redis-server` and through the Rust function, and must give identical
 //! outcomes, bit-identical stored state and the TTL the Rust math implies; each with and
-//! without overdraft (a take that does not fit charged anyway).
+//! without overdraft (a take that does not fit charged anyway). The sliding log's hits, one
+//! sorted-set member each, are the Rust log's runs.
 //!
 //! Redis cannot be given a fake clock, so each script runs with `TIME` replaced by two extra
 //! ARGV the test sets, and its `PEXPIRE` replaced by writing the TTL into a `ttl` field the
@@ -19,12 +20,12 @@ use common::store::{DAY, HOUR, MAX_WAIT, charged, claim, fw, give_back, sw, tb};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseResult, TestRunner};
 use tollgate::quota::bucket::{
-    self, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
+    self, SlidingLog, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
 };
 use tollgate::store::redis::{
-    FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA,
+    FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA,
 };
-use tollgate::store::{Action, Op, Outcome};
+use tollgate::store::{Action, Op, OpKind, Outcome};
 
 /// Cases per test: each is a sequence of up to [`MAX_TAKES`] takes on one bucket.
 const CASES: u32 = 64;
@@ -482,6 +483,105 @@ fn lua_sliding_window_mirrors_rust() {
         "{} {}",
         weighed.get(),
         refused.get()
+    );
+}
+
+#[test]
+fn lua_sliding_log_mirrors_take_log_exactly() {
+    let redis = TestRedis::start();
+    let conn = RefCell::new(redis.conn());
+    // The log is a sorted set, so its TTL goes to a key of its own (standalone Redis only,
+    // as this test runs).
+    let pexpire = "redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))";
+    assert_eq!(
+        SLIDING_LOG_LUA.matches(pexpire).count(),
+        1,
+        "the script sets its TTL once"
+    );
+    let time = "redis.call('TIME')";
+    assert_eq!(
+        SLIDING_LOG_LUA.matches(time).count(),
+        1,
+        "the script reads TIME once"
+    );
+    let source = SLIDING_LOG_LUA
+        .replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
+        .replace(
+            pexpire,
+            "redis.call('SET', KEYS[1] .. ':ttl', math.max(reset_ms, 1))",
+        );
+    let params = (
+        limit(&[0, 1, 2, 3, 10, 100, 1_000]),
+        window_ms(&[1, 7, 1_000, 60_000, HOUR]),
+    );
+    let (cases, refused, kept) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    check((params, takes()), |((limit, window_ms), (start, takes))| {
+        let conn = &mut *conn.borrow_mut();
+        let k = "mirror:{sl}";
+        del(conn, k);
+        del(conn, "mirror:{sl}:ttl");
+        let mut now = BASE_MS + start;
+        let mut log = SlidingLog::default();
+        for (step, cost) in takes {
+            now = step.apply(now, window_ms);
+            let cost = cost.of(limit);
+            let from = log.clone();
+            let want = bucket::take_log(&mut log, now, limit, window_ms, cost);
+            let op = Op::take(k.to_string(), OpKind::SlidingLog { limit, window_ms }, cost);
+            let got = eval_at(conn, &source, &op, now);
+            let at = format!("limit {limit} window {window_ms} cost {cost} at {now} from {from:?}");
+            prop_assert_eq!(got, want, "{}", at);
+            // The stored hits, by time, are the Rust runs.
+            let members: Vec<(String, u64)> = ::redis::cmd("ZRANGE")
+                .arg(k)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query(conn)
+                .unwrap();
+            let mut runs: Vec<(u64, u64)> = Vec::new();
+            for (_, t) in members {
+                match runs.last_mut() {
+                    Some((u, n)) if *u == t => *n += 1,
+                    _ => runs.push((t, 1)),
+                }
+            }
+            prop_assert_eq!(
+                &runs,
+                &log.runs.iter().copied().collect::<Vec<_>>(),
+                "{}",
+                at
+            );
+            if !log.is_empty() {
+                let ttl: u64 = ::redis::cmd("GET")
+                    .arg("mirror:{sl}:ttl")
+                    .query(conn)
+                    .unwrap();
+                prop_assert_eq!(
+                    ttl,
+                    want.reset_ms.max(1),
+                    "{}: expires when the newest hit leaves",
+                    at
+                );
+                kept.set(kept.get() + 1);
+            }
+            refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
+        }
+        cases.set(cases.get() + 1);
+        Ok(())
+    });
+    eprintln!(
+        "sliding log: {} cases, {} takes left hits, {} refusals with a retry",
+        cases.get(),
+        kept.get(),
+        refused.get()
+    );
+    assert!(cases.get() >= CASES, "{} cases ran", cases.get());
+    assert!(
+        refused.get() > 50 && kept.get() > 100,
+        "{} {}",
+        refused.get(),
+        kept.get()
     );
 }
 

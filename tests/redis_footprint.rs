@@ -157,3 +157,62 @@ async fn a_sliding_window_is_one_small_hash() {
     );
     assert!(bytes <= 120, "{bytes} bytes");
 }
+
+/// The size of a sliding log in Redis: one sorted-set member per hit kept (compact while the
+/// set is small, a skip list past Redis's `zset-max-listpack-entries`, 128 by default). The
+/// README's algorithm table quotes these numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_grows_with_the_hits_it_keeps() {
+    let redis = TestRedis::start();
+    let store = contract_store(&redis.url()).await;
+    let mut sizes = Vec::new();
+    for hits in [10u64, 100, 1_000, 10_000] {
+        let rate = Rate {
+            requests_per_unit: hits as u32,
+            unit: Unit::Hour,
+            unit_multiplier: 1,
+            burst: hits,
+            algorithm: Algorithm::SlidingLog,
+        };
+        let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
+        let kind = tollgate::store::OpKind::SlidingLog {
+            limit: hits,
+            window_ms: HOUR,
+        };
+        // A check on an unseen key leaves no key behind.
+        assert!(one(&store, Op::take(k.clone(), kind, 0)).await.allowed);
+        let exists: i64 = redis.cmd(&["EXISTS", &k]);
+        assert_eq!(exists, 0, "an empty log is no key");
+        // The hits arrive a few at a time, as requests do (each its own ms, mostly).
+        let mut left = hits;
+        while left > 0 {
+            let n = left.min(7);
+            assert!(one(&store, Op::take(k.clone(), kind, n)).await.allowed);
+            left -= n;
+        }
+        assert!(!one(&store, Op::take(k.clone(), kind, 1)).await.allowed);
+        let members: i64 = redis.cmd(&["ZCARD", &k]);
+        assert_eq!(members as u64, hits);
+        let ttl: i64 = redis.cmd(&["PTTL", &k]);
+        assert!(
+            ttl > 0 && ttl as u64 <= HOUR,
+            "expires when the newest hit leaves: {ttl}"
+        );
+        let bytes: i64 = redis.cmd(&["MEMORY", "USAGE", &k]);
+        sizes.push((hits, bytes));
+    }
+    eprintln!(
+        "MEMORY USAGE of a sliding log (hits kept, bytes): {sizes:?}; per hit: {:?}",
+        sizes
+            .iter()
+            .map(|(h, b)| format!("{:.0}", *b as f64 / *h as f64))
+            .collect::<Vec<_>>()
+    );
+    // About 35 bytes a hit while compact, about 130 as a skip list (1.3 MB for 10,000).
+    for (hits, bytes) in sizes {
+        assert!(
+            bytes as u64 <= 200 + 150 * hits,
+            "{hits} hits: {bytes} bytes"
+        );
+    }
+}

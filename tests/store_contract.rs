@@ -24,7 +24,7 @@ use common::store::{
 };
 use common::tls::TestCerts;
 use tollgate::clock::Clock;
-use tollgate::store::{Op, Store};
+use tollgate::store::{Op, OpKind, Store};
 use tollgate::telemetry::Metrics;
 
 // ---------------------------------------------------------------------------------------------
@@ -255,6 +255,52 @@ async fn overdraft_charges_what_does_not_fit(store: Arc<Store>, p: String) {
         one(&store, sw(&plain, 100, DAY, 0)).await.remaining,
         20,
         "not counted without overdraft"
+    );
+}
+
+/// The sliding log: exact at the window edge, a refused take records nothing, the wait is when
+/// the oldest hits leave; on every store (a sorted set in Redis).
+async fn sliding_log_counts_each_hit_in_the_window(store: Arc<Store>, p: String) {
+    let k = key(&p, "sl");
+    let op = |cost| {
+        Op::take(
+            k.clone(),
+            OpKind::SlidingLog {
+                limit: 5,
+                window_ms: HOUR,
+            },
+            cost,
+        )
+    };
+    let o = one(&store, op(3)).await;
+    assert!(o.allowed && o.remaining == 2, "{o:?}");
+    assert_near(
+        "reset: the newest hit leaves in an hour",
+        o.reset_ms,
+        HOUR,
+        2_000,
+    );
+    let o = one(&store, op(3)).await;
+    assert!(
+        !o.allowed && o.remaining == 2,
+        "3 + 3 > 5, and nothing recorded: {o:?}"
+    );
+    assert_near(
+        "retry: the first three leave",
+        o.retry_ms.unwrap(),
+        HOUR,
+        2_000,
+    );
+    assert!(one(&store, op(2)).await.allowed);
+    let o = one(&store, op(0)).await;
+    assert!(
+        !o.allowed && o.remaining == 0,
+        "a check of a full log: {o:?}"
+    );
+    assert_eq!(
+        one(&store, op(6)).await.retry_ms,
+        None,
+        "above the limit never fits"
     );
 }
 
@@ -572,4 +618,5 @@ contract!(
     sliding_window_slides_over_time,
     lease_claims_share_the_bucket_with_takes,
     overdraft_charges_what_does_not_fit,
+    sliding_log_counts_each_hit_in_the_window,
 );

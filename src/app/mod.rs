@@ -228,6 +228,7 @@ fn load_rules(settings: &Settings) -> Result<LoadedRules, AppError> {
 fn load_options(settings: &Settings) -> LoadOptions {
     LoadOptions {
         default_algorithm: settings.default_algorithm,
+        sliding_log_max_limit: settings.sliding_log_max_limit,
     }
 }
 

@@ -66,6 +66,10 @@ impl From<Rate> for OpKind {
                 limit: u64::from(rate.requests_per_unit),
                 window_ms,
             },
+            Algorithm::SlidingLog => OpKind::SlidingLog {
+                limit: u64::from(rate.requests_per_unit),
+                window_ms,
+            },
         }
     }
 }

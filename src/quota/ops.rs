@@ -67,4 +67,8 @@ pub enum OpKind {
         limit: u64,
         window_ms: u64,
     },
+    SlidingLog {
+        limit: u64,
+        window_ms: u64,
+    },
 }

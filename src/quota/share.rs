@@ -38,6 +38,10 @@ pub fn fallback_part(kind: OpKind, n: u64) -> OpKind {
             let (limit, window_ms) = window_share(limit, window_ms, n);
             OpKind::SlidingWindow { limit, window_ms }
         }
+        OpKind::SlidingLog { limit, window_ms } => {
+            let (limit, window_ms) = window_share(limit, window_ms, n);
+            OpKind::SlidingLog { limit, window_ms }
+        }
     }
 }
 
@@ -74,8 +78,8 @@ pub fn shard_part(kind: OpKind, shards: u32, i: u32) -> OpKind {
             limit: part(limit, shards, i),
             window_ms,
         },
-        // The rules refuse shards on a sliding window.
-        OpKind::SlidingWindow { .. } => kind,
+        // The rules refuse shards on a sliding window and a sliding log.
+        OpKind::SlidingWindow { .. } | OpKind::SlidingLog { .. } => kind,
     }
 }
 

@@ -83,10 +83,25 @@ impl Unit {
 }
 
 /// Settings that shape how rules are read.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct LoadOptions {
     /// The algorithm of a limit that does not name one.
     pub default_algorithm: Algorithm,
+    /// The largest `requests_per_unit` of a `sliding_log` limit (it keeps every hit).
+    pub sliding_log_max_limit: u64,
+}
+
+/// The default of `sliding_log_max_limit`: a full log of this many hits is a few hundred KB
+/// in Redis (README, Algorithms).
+pub const SLIDING_LOG_MAX_LIMIT: u64 = 10_000;
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            default_algorithm: Algorithm::default(),
+            sliding_log_max_limit: SLIDING_LOG_MAX_LIMIT,
+        }
+    }
 }
 
 /// How a limit counts.
@@ -101,6 +116,9 @@ pub enum Algorithm {
     /// At most `requests_per_unit` in any window-long span, estimated from the counts of the
     /// current and the previous epoch-aligned window (no double burst at a window edge).
     SlidingWindow,
+    /// At most `requests_per_unit` in any window-long span, exactly: every admitted hit is
+    /// kept with its time (memory grows with the limit).
+    SlidingLog,
 }
 
 /// A name that is not one of [`Algorithm::NAMES`].
@@ -122,17 +140,19 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
         }
     }
 
-    pub const ALL: [Algorithm; 3] = [
+    pub const ALL: [Algorithm; 4] = [
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
     ];
 
-    /// The accepted names, for error messages: `token_bucket, fixed_window or sliding_window`.
-    pub const NAMES: &'static str = "token_bucket, fixed_window or sliding_window";
+    /// The accepted names, for error messages.
+    pub const NAMES: &'static str = "token_bucket, fixed_window, sliding_window or sliding_log";
 
     pub fn parse(s: &str) -> Option<Algorithm> {
         Algorithm::ALL.into_iter().find(|a| a.name() == s)
@@ -144,6 +164,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "tb",
             Algorithm::FixedWindow => "fw",
             Algorithm::SlidingWindow => "sw",
+            Algorithm::SlidingLog => "sl",
         }
     }
 }

@@ -104,7 +104,7 @@ settings! {
     store: String = "memory".to_string(),
         "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS) / redis+unix:///path (see README)";
     default_algorithm: Algorithm = Algorithm::TokenBucket,
-        "token_bucket, fixed_window or sliding_window, for limits that name none";
+        "token_bucket, fixed_window, sliding_window or sliding_log, for limits that name none";
     shadow_mode: bool = false,
         "global shadow mode: the overall code is always OK";
     quota_mode: bool = false,
@@ -189,6 +189,8 @@ settings! {
         "how long leased tokens stay spendable; what is left then is given back to the bucket";
     lease_max_keys: usize = 100_000,
         "leases held at most per replica; past it a new key is not leased (its requests go to the store)";
+    sliding_log_max_limit: u64 = crate::rules::model::SLIDING_LOG_MAX_LIMIT,
+        "largest requests_per_unit of an algorithm: sliding_log limit (it keeps every admitted hit of the window: memory grows with the limit)";
     detailed_metric_max_series: usize = 1_000,
         "series per detailed_metric limit (its values are caller input); past it, new values count as <class>.(overflow)";
     memory_max_keys: usize = 500_000,

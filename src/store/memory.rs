@@ -27,10 +27,19 @@ use std::sync::{Mutex, MutexGuard};
 use super::{Action, Op, OpKind, Outcome};
 use crate::clock::Clock;
 use crate::quota::bucket::{
-    self, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
+    self, SlidingLog, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
 };
 
 const SHARDS: usize = 64;
+
+/// The hits a sliding-log op takes: no leases on a log (the rules refuse them), so a claim is a
+/// take of its cost and a give-back a check.
+fn log_cost(op: &Op) -> u64 {
+    match op.action {
+        Action::Return => 0,
+        Action::Take | Action::Charge | Action::Claim(_) => op.cost,
+    }
+}
 
 /// The default of `memory_max_keys`: about 110 MB of buckets at ~220 bytes each.
 pub const DEFAULT_MAX_KEYS: usize = 500_000;
@@ -49,7 +58,7 @@ pub struct MemoryStore {
     evicted: AtomicU64,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Entry {
     state: State,
     /// Monotonic ms after which the entry equals a fresh one and can be dropped.
@@ -58,11 +67,13 @@ struct Entry {
     uses: u32,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum State {
     Token(TokenBucketState),
     Window(WindowState),
     Sliding(SlidingWindowState),
+    /// Boxed: a log holds up to its limit of hits, the other states a few numbers.
+    Log(Box<SlidingLog>),
 }
 
 impl MemoryStore {
@@ -97,11 +108,15 @@ impl MemoryStore {
 
     /// Applies one op atomically with respect to every other op on the same key.
     pub fn apply(&self, op: &Op) -> Outcome {
+        if let OpKind::SlidingLog { limit, window_ms } = op.kind {
+            return self.apply_log(op, limit, window_ms);
+        }
         let mono = self.clock.mono_ms();
         let mut shard = self.shard(&op.key);
         // One hash lookup on a hit: the entry is updated in place.
         let existing = shard.get_mut(op.key.as_str());
-        let old = existing.as_ref().map(|e| e.state);
+        // A few numbers (a log, whose copy would cost more, is updated in place by `apply_log`).
+        let old = existing.as_ref().map(|e| e.state.clone());
         let uses = existing.as_ref().map_or(1, |e| e.uses.saturating_add(1));
         let (entry, outcome) = match op.kind {
             OpKind::TokenBucket {
@@ -159,6 +174,28 @@ impl MemoryStore {
                     o,
                 )
             }
+            OpKind::SlidingLog { limit, window_ms } => {
+                // `apply` sends logs to `apply_log`; this copy is the same take, slower.
+                let mut log = match old {
+                    Some(State::Log(log)) => log,
+                    _ => Box::default(),
+                };
+                let o = bucket::take_log(
+                    &mut log,
+                    self.clock.wall_ms(),
+                    limit,
+                    window_ms,
+                    log_cost(op),
+                );
+                (
+                    Entry {
+                        state: State::Log(log),
+                        idle_at_ms: mono.saturating_add(o.reset_ms),
+                        uses,
+                    },
+                    o,
+                )
+            }
             OpKind::SlidingWindow { limit, window_ms } => {
                 let prev = match old {
                     Some(State::Sliding(s)) => Some(s),
@@ -196,6 +233,34 @@ impl MemoryStore {
             }
         }
         outcome
+    }
+
+    /// A sliding-log op, on the stored log in place (see [`bucket::take_log`]).
+    fn apply_log(&self, op: &Op, limit: u64, window_ms: u64) -> Outcome {
+        let (mono, now) = (self.clock.mono_ms(), self.clock.wall_ms());
+        let mut shard = self.shard(&op.key);
+        if let Some(e) = shard.get_mut(op.key.as_str())
+            && let State::Log(log) = &mut e.state
+        {
+            let o = bucket::take_log(log, now, limit, window_ms, log_cost(op));
+            e.idle_at_ms = mono.saturating_add(o.reset_ms);
+            e.uses = e.uses.saturating_add(1);
+            return o;
+        }
+        let mut log = Box::<SlidingLog>::default();
+        let o = bucket::take_log(&mut log, now, limit, window_ms, log_cost(op));
+        if !log.is_empty() {
+            if shard.len() >= self.shard_max {
+                self.make_room(&mut shard, mono);
+            }
+            let entry = Entry {
+                state: State::Log(log),
+                idle_at_ms: mono.saturating_add(o.reset_ms),
+                uses: 1,
+            };
+            shard.insert(op.key.clone(), entry);
+        }
+        o
     }
 
     /// Frees at least one slot in a full shard: its idle entries if it has any, else the

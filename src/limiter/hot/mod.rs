@@ -365,7 +365,7 @@ impl HotKeys {
         let capacity = match op.kind {
             OpKind::TokenBucket { capacity, .. } => capacity,
             OpKind::FixedWindow { limit, .. } => limit,
-            OpKind::SlidingWindow { .. } => return None,
+            OpKind::SlidingWindow { .. } | OpKind::SlidingLog { .. } => return None,
         };
         if op.cost == 0 || op.cost > capacity {
             return None;
@@ -421,7 +421,9 @@ fn count_token_event(metrics: &HotKeyMetrics, class: &Arc<str>, event: &'static 
 fn capacity(limit: &Limit) -> u64 {
     limit.rate.map_or(0, |r| match OpKind::from(r) {
         OpKind::TokenBucket { capacity, .. } => capacity,
-        OpKind::FixedWindow { limit, .. } | OpKind::SlidingWindow { limit, .. } => limit,
+        OpKind::FixedWindow { limit, .. }
+        | OpKind::SlidingWindow { limit, .. }
+        | OpKind::SlidingLog { limit, .. } => limit,
     })
 }
 

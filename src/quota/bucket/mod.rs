@@ -27,15 +27,20 @@
 //! its debt into the windows after it (each pays one limit); a sliding window's decays with
 //! its counts.
 //!
+//! Sliding log ([`take_log`]): every admitted hit kept with its time; exact in any window-long
+//! span, for memory that grows with the limit.
+//!
 //! One file per algorithm, as `lua/` has one script each: `token_bucket.rs`,
-//! `fixed_window.rs`, `sliding_window.rs`; what they share (the [`Outcome`] of an op, the
+//! `fixed_window.rs`, `sliding_window.rs`, `sliding_log.rs`; what they share (the [`Outcome`] of an op, the
 //! [`ClaimAsk`] of a lease claim) is here.
 
 mod fixed_window;
+mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
 pub use fixed_window::{WindowState, claim_window, overdraft_cap, return_window, take_window};
+pub use sliding_log::{SlidingLog, take_log};
 pub use sliding_window::{SlidingWindowState, take_sliding};
 pub use token_bucket::{
     TokenBucketParams, TokenBucketState, claim_token, return_token, take_token, token_idle_after_ms,

@@ -373,4 +373,40 @@ proptest! {
             sliding = Some(next);
         }
     }
+
+    /// The sliding log is exact: in every window-long span ending at an admitted take, the
+    /// admitted hits are at most the limit; a refusal's wait is exact (the cost fits then,
+    /// and not 1 ms earlier); a refused take or a check records nothing.
+    #[test]
+    fn sliding_log_is_exact_in_every_span((limit, w, offset, _back, steps) in window_case()) {
+        let limit = limit.min(10_000);
+        let mut log = SlidingLog::default();
+        let mut now = T0 + offset;
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (dt, cost) in steps {
+            now = now.saturating_add(dt.unsigned_abs());
+            let before = log.total;
+            let o = take_log(&mut log, now, limit, w, cost);
+            if o.allowed && cost > 0 {
+                admitted.push((now, cost));
+                let in_span: u64 = admitted.iter().filter(|(t, _)| t + w > now).map(|(_, c)| c).sum();
+                prop_assert!(in_span <= limit, "{} admitted in the span ending at {}", in_span, now);
+                prop_assert_eq!(log.total, in_span);
+            } else if !o.allowed {
+                prop_assert!(log.total <= before, "a refusal recorded hits");
+                match o.retry_ms {
+                    Some(r) => {
+                        prop_assert!(r > 0);
+                        let mut later = log.clone();
+                        prop_assert!(take_log(&mut later, now + r, limit, w, cost).allowed, "{:?} cost {} retry {}", log, cost, r);
+                        if r > 1 {
+                            let mut sooner = log.clone();
+                            prop_assert!(!take_log(&mut sooner, now + r - 1, limit, w, cost).allowed, "retry {} is not the first moment", r);
+                        }
+                    }
+                    None => prop_assert!(limit == 0 || cost > limit),
+                }
+            }
+        }
+    }
 }

@@ -63,7 +63,9 @@ impl Lease {
                 };
                 (remaining, reset)
             }
-            OpKind::FixedWindow { limit, .. } | OpKind::SlidingWindow { limit, .. } => (
+            OpKind::FixedWindow { limit, .. }
+            | OpKind::SlidingWindow { limit, .. }
+            | OpKind::SlidingLog { limit, .. } => (
                 (self.shared_remaining + self.tokens).min(limit),
                 self.window_end_ms.saturating_sub(now_ms),
             ),

@@ -157,7 +157,7 @@ impl FileWalk<'_> {
         };
         let shards = self.shards(&f, path, unlimited, rate);
         let lease = self.lease(&f, path, unlimited, rate);
-        let overdraft = self.overdraft(&f, path, unlimited, shards, lease);
+        let overdraft = self.overdraft(&f, path, unlimited, shards, lease, rate);
         if self.problems.errors.len() > errors_before {
             return None;
         }
@@ -199,10 +199,10 @@ impl FileWalk<'_> {
         match rate {
             // Unlimited, or a rate already refused with its own error.
             None => {}
-            Some(r) if r.algorithm == Algorithm::SlidingWindow => self.error(
+            Some(r) if matches!(r.algorithm, Algorithm::SlidingWindow | Algorithm::SlidingLog) => self.error(
                 n.pos,
                 &field,
-                "only applies to token_bucket and fixed_window (a sliding window's estimate cannot be split)",
+                "only applies to token_bucket and fixed_window (a sliding window's estimate, or a sliding log, cannot be split)",
             ),
             Some(r) => {
                 let most = match r.algorithm {
@@ -246,10 +246,10 @@ impl FileWalk<'_> {
             self.error(n.pos, &field, "an unlimited limit has no tokens to lease");
         }
         match rate {
-            Some(r) if r.algorithm == Algorithm::SlidingWindow => self.error(
+            Some(r) if matches!(r.algorithm, Algorithm::SlidingWindow | Algorithm::SlidingLog) => self.error(
                 n.pos,
                 &field,
-                "only applies to token_bucket and fixed_window (a sliding window cannot hand out tokens ahead of time)",
+                "only applies to token_bucket and fixed_window (a sliding window or log cannot hand out tokens ahead of time)",
             ),
             _ => {}
         }
@@ -267,6 +267,7 @@ impl FileWalk<'_> {
         unlimited: bool,
         shards: u32,
         lease: Option<LeaseRule>,
+        rate: Option<Rate>,
     ) -> bool {
         let Some(n) = f.get("overdraft") else {
             return false;
@@ -280,6 +281,13 @@ impl FileWalk<'_> {
         }
         if unlimited {
             self.error(n.pos, &field, "an unlimited limit has no balance to charge");
+        }
+        if rate.is_some_and(|r| r.algorithm == Algorithm::SlidingLog) {
+            self.error(
+                n.pos,
+                &field,
+                "not with sliding_log: a log records admitted hits only (use sliding_window, fixed_window or token_bucket)",
+            );
         }
         if shards > 1 {
             self.error(
@@ -411,6 +419,21 @@ impl FileWalk<'_> {
             );
             return None;
         }
+        // A log keeps every admitted hit of its window: memory grows with the limit.
+        let most = self.opts.sliding_log_max_limit;
+        if algorithm == Algorithm::SlidingLog
+            && rpu > most
+            && let Some(n) = f.get("requests_per_unit")
+        {
+            self.error(
+                n.pos,
+                &join(path, "requests_per_unit"),
+                format!(
+                    "{rpu} is above sliding_log_max_limit ({most}): a sliding log keeps every admitted hit of its window (about 130 bytes each in Redis); use sliding_window for large limits, or raise the setting"
+                ),
+            );
+            return None;
+        }
         // A bucket that never refills is dropped once idle and would come back full: with no
         // refill there is nothing a burst could mean but "a few, now and then". Refuse it.
         if rpu == 0
@@ -514,6 +537,7 @@ mod tests {
             &src,
             LoadOptions {
                 default_algorithm: Algorithm::FixedWindow,
+                ..LoadOptions::default()
             },
         )
         .unwrap();
@@ -583,7 +607,7 @@ mod tests {
         ));
         assert_eq!(line, 7);
         assert!(
-            msg.contains("expected token_bucket, fixed_window or sliding_window"),
+            msg.contains("expected token_bucket, fixed_window, sliding_window or sliding_log"),
             "{msg}"
         );
         // `unlimited` needs no requests_per_unit but refuses a unit.
@@ -609,6 +633,42 @@ mod tests {
         assert!(msg.contains("non-empty"), "{msg}");
         let (line, _, _) = refused(&format!("{base}        - {{}}\n"));
         assert_eq!(line, 9);
+    }
+
+    #[test]
+    fn sliding_log_is_capped_and_refuses_what_it_cannot_do() {
+        let set = load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10000, algorithm: sliding_log}\n").unwrap();
+        let r = set.domains["d"].root.bare["k"].limits[0].rate.unwrap();
+        assert_eq!(r.algorithm, Algorithm::SlidingLog);
+        let base = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      algorithm: sliding_log\n";
+        let (line, field, msg) = refused(&format!("{base}      requests_per_unit: 10001\n"));
+        assert_eq!(
+            (line, field.as_str()),
+            (7, "descriptors[0].rate_limit.requests_per_unit")
+        );
+        assert!(msg.contains("sliding_log_max_limit (10000)"), "{msg}");
+        for (extra, field, needle) in [
+            ("shards: 2", "shards", "cannot be split"),
+            ("lease: {max_batch: 5}", "lease", "ahead of time"),
+            ("overdraft: true", "overdraft", "admitted hits only"),
+            ("burst: 20", "burst", "token_bucket"),
+        ] {
+            let (_, got, msg) = refused(&format!(
+                "{base}      requests_per_unit: 10\n      {extra}\n"
+            ));
+            assert_eq!(got, format!("descriptors[0].rate_limit.{field}"), "{extra}");
+            assert!(msg.contains(needle), "{extra}: {msg}");
+        }
+        // The cap is a setting.
+        let src = [(
+            PathBuf::from("r.yaml"),
+            format!("{base}      requests_per_unit: 20000\n"),
+        )];
+        let opts = LoadOptions {
+            sliding_log_max_limit: 50_000,
+            ..LoadOptions::default()
+        };
+        assert!(load_sources(&src, opts).is_ok());
     }
 
     #[test]

@@ -77,7 +77,9 @@ mod slots;
 mod version;
 
 pub use config::RedisConfig;
-pub use scripts::{FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA};
+pub use scripts::{
+    FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA,
+};
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};

@@ -33,6 +33,8 @@ pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua")
 pub const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
 /// `lua/sliding_window.lua`, compiled into the binary.
 pub const SLIDING_WINDOW_LUA: &str = include_str!("../../../lua/sliding_window.lua");
+/// `lua/sliding_log.lua`, compiled into the binary.
+pub const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_log.lua");
 /// `lua/lease.lua`, compiled into the binary.
 pub const LEASE_LUA: &str = include_str!("../../../lua/lease.lua");
 
@@ -49,6 +51,9 @@ pub enum ScriptCall {
     /// `sliding_window.lua`: limit, window_ms, cost (unclamped, as for the token bucket:
     /// a count is capped before it is stored), overdraft.
     SlidingWindow([u64; 4]),
+    /// `sliding_log.lua`: limit, window_ms, cost (unclamped: only a cost within the limit is
+    /// recorded).
+    SlidingLog([u64; 3]),
     /// `lease.lua`: algorithm (1 token bucket, 2 fixed window), action (1 claim, 2 give
     /// back), capacity or limit, refill, window_ms, need, want, share.
     Lease([u64; 8]),
@@ -72,8 +77,8 @@ impl ScriptCall {
                 window_ms,
             } => lease(1, capacity, refill, window_ms),
             OpKind::FixedWindow { limit, window_ms } => lease(2, limit, 0, window_ms),
-            // No leases on a sliding window (the rules refuse them): a take.
-            OpKind::SlidingWindow { .. } => None,
+            // No leases on a sliding window or log (the rules refuse them): a take.
+            OpKind::SlidingWindow { .. } | OpKind::SlidingLog { .. } => None,
         };
         if let Some(call) = leased {
             return call;
@@ -102,6 +107,15 @@ impl ScriptCall {
             OpKind::SlidingWindow { limit, window_ms } => {
                 ScriptCall::SlidingWindow([limit, window_ms, op.cost, flag])
             }
+            // A give-back (never sent: no leases on a log) would be a check.
+            OpKind::SlidingLog { limit, window_ms } => {
+                let cost = if op.action == Action::Return {
+                    0
+                } else {
+                    op.cost
+                };
+                ScriptCall::SlidingLog([limit, window_ms, cost])
+            }
         }
     }
 
@@ -110,6 +124,7 @@ impl ScriptCall {
             ScriptCall::TokenBucket(_) => TOKEN_BUCKET_LUA,
             ScriptCall::FixedWindow(_) => FIXED_WINDOW_LUA,
             ScriptCall::SlidingWindow(_) => SLIDING_WINDOW_LUA,
+            ScriptCall::SlidingLog(_) => SLIDING_LOG_LUA,
             ScriptCall::Lease(_) => LEASE_LUA,
         }
     }
@@ -119,6 +134,7 @@ impl ScriptCall {
             ScriptCall::TokenBucket(a) => a,
             ScriptCall::FixedWindow(a) => a,
             ScriptCall::SlidingWindow(a) => a,
+            ScriptCall::SlidingLog(a) => a,
             ScriptCall::Lease(a) => a,
         }
     }
@@ -172,6 +188,7 @@ pub(super) struct Scripts {
     token_bucket: String,
     fixed_window: String,
     sliding_window: String,
+    sliding_log: String,
     lease: String,
     wait: Option<Wait>,
 }
@@ -184,6 +201,7 @@ impl Scripts {
             sliding_window: redis::Script::new(SLIDING_WINDOW_LUA)
                 .get_hash()
                 .to_string(),
+            sliding_log: redis::Script::new(SLIDING_LOG_LUA).get_hash().to_string(),
             lease: redis::Script::new(LEASE_LUA).get_hash().to_string(),
             wait,
         }
@@ -194,6 +212,7 @@ impl Scripts {
             ScriptCall::TokenBucket(_) => &self.token_bucket,
             ScriptCall::FixedWindow(_) => &self.fixed_window,
             ScriptCall::SlidingWindow(_) => &self.sliding_window,
+            ScriptCall::SlidingLog(_) => &self.sliding_log,
             ScriptCall::Lease(_) => &self.lease,
         }
     }
@@ -205,6 +224,7 @@ impl Scripts {
             (TOKEN_BUCKET_LUA, &self.token_bucket),
             (FIXED_WINDOW_LUA, &self.fixed_window),
             (SLIDING_WINDOW_LUA, &self.sliding_window),
+            (SLIDING_LOG_LUA, &self.sliding_log),
             (LEASE_LUA, &self.lease),
         ] {
             let load = redis::cmd("SCRIPT")
@@ -383,9 +403,14 @@ mod tests {
         };
         assert_eq!(
             ScriptCall::for_op(&tb).argv(),
-            [10, 5, 1000, u64::MAX],
+            [10, 5, 1000, u64::MAX, 0],
             "sent unclamped"
         );
+        let charge = Op {
+            action: Action::Charge,
+            ..tb.clone()
+        };
+        assert_eq!(ScriptCall::for_op(&charge).argv()[4], 1, "overdraft");
         let fw = Op {
             key: "k".into(),
             kind: OpKind::FixedWindow {
@@ -397,8 +422,17 @@ mod tests {
         };
         assert_eq!(
             ScriptCall::for_op(&fw).argv(),
-            [3, 60_000, 4],
+            [3, 60_000, 4, 0],
             "clamped to limit + 1"
+        );
+        let charge = Op {
+            action: Action::Charge,
+            ..fw.clone()
+        };
+        assert_eq!(
+            ScriptCall::for_op(&charge).argv(),
+            [3, 60_000, 7, 1],
+            "with overdraft the debt counts: clamped to 2 × limit + 1"
         );
         let huge = Op {
             kind: OpKind::FixedWindow {
@@ -418,8 +452,19 @@ mod tests {
             action: Default::default(),
         };
         let call = ScriptCall::for_op(&sw);
-        assert_eq!(call.argv(), [3, 60_000, u64::MAX], "sent unclamped");
+        assert_eq!(call.argv(), [3, 60_000, u64::MAX, 0], "sent unclamped");
         assert_eq!(call.source(), SLIDING_WINDOW_LUA);
+        let sl = Op {
+            kind: OpKind::SlidingLog {
+                limit: 3,
+                window_ms: 60_000,
+            },
+            ..sw.clone()
+        };
+        let call = ScriptCall::for_op(&sl);
+        assert_eq!(call.argv(), [3, 60_000, u64::MAX]);
+        assert_eq!(call.source(), SLIDING_LOG_LUA);
+        assert!(SLIDING_LOG_LUA.starts_with("-- sliding_log.lua"));
         assert!(SLIDING_WINDOW_LUA.starts_with("-- sliding_window.lua"));
         assert!(TOKEN_BUCKET_LUA.starts_with("-- token_bucket.lua"));
         assert!(FIXED_WINDOW_LUA.starts_with("-- fixed_window.lua"));
