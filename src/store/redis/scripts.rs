@@ -2,7 +2,7 @@
 //! `NOSCRIPT`, and the replies parsed into [`Outcome`]s.
 //!
 //! Each bucket op becomes one `EVALSHA` of a script from `lua/` (`token_bucket.lua`,
-//! `fixed_window.lua`, `sliding_window.lua`): the read-decide-write of a bucket runs
+//! `fixed_window.lua`, `sliding_window.lua`, `sliding_log.lua`): the read-decide-write runs
 //! atomically inside Redis, on Redis `TIME`, mirroring `quota::bucket` line for line. The ops
 //! of one call go out as one pipeline. When Redis answers `NOSCRIPT` (a restart, a failover to
 //! a fresh replica, `SCRIPT FLUSH`), the failed ops, and only those, are retried once with
