@@ -1,7 +1,8 @@
 //! A burst on a healthy Redis, at the default settings: 300 calls at once for one key with a
 //! limit of 100/hour admit exactly 100, through one replica and through three, on a standalone
 //! Redis and on a 3-primary cluster; the fallback decides nothing and the log has no outage
-//! line.
+//! line. The same for a sliding log (`algorithm: sliding_log`, exact by construction) and for a
+//! token bucket with `overdraft: true` (every take charged; still exactly the limit admitted).
 //!
 //! This is the case a fixed per-call timeout got wrong: under a burst, calls queue in
 //! tollgate's own connections (this 2-core machine, a debug build, three replicas and the load
@@ -21,6 +22,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 const LIMIT: usize = 100;
 const CALLS: usize = 300;
 const RULES: &str = "domain: burst\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+const SLIDING_LOG: &str = "domain: burst\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: sliding_log}\n";
+const OVERDRAFT: &str = "domain: burst\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100, overdraft: true}\n";
 /// gRPC connections per replica the 300 calls are spread over (HTTP/2 streams on each).
 const CHANNELS: usize = 4;
 
@@ -31,10 +34,15 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// Starts `replicas` tollgates at the default settings on `store`, sends them 300 concurrent
 /// calls for one tenant, and checks: exactly 100 admitted, no fallback decision, no outage line.
 async fn burst_through(store: &str, replicas: usize) {
+    burst_with(RULES, store, replicas).await
+}
+
+/// [`burst_through`] with `rules` (domain `burst`, key `tenant`, 100 an hour).
+async fn burst_with(rules: &str, store: &str, replicas: usize) {
     let prefix = unique_prefix("burst");
     let servers: Vec<InProcess> = (0..replicas)
         .map(|_| {
-            InProcess::start(RULES, |s| {
+            InProcess::start(rules, |s| {
                 s.store = store.to_string();
                 s.key_prefix = prefix.clone();
             })
@@ -115,4 +123,34 @@ async fn a_burst_through_three_replicas_on_a_cluster_admits_exactly_the_limit() 
         .await
         .unwrap();
     burst_through(&cluster.url(), 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_sliding_log_burst_through_one_and_three_replicas_on_redis_admits_exactly_the_limit() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = TestRedis::start();
+    burst_with(SLIDING_LOG, &redis.url(), 1).await;
+    burst_with(SLIDING_LOG, &redis.url(), 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_sliding_log_burst_through_one_and_three_replicas_on_a_cluster_admits_exactly_the_limit()
+{
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let cluster = tokio::task::spawn_blocking(TestCluster::shared)
+        .await
+        .unwrap();
+    burst_with(SLIDING_LOG, &cluster.url(), 1).await;
+    burst_with(SLIDING_LOG, &cluster.url(), 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn an_overdraft_burst_through_three_replicas_admits_exactly_the_limit() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = TestRedis::start();
+    burst_with(OVERDRAFT, &redis.url(), 3).await;
+    let cluster = tokio::task::spawn_blocking(TestCluster::shared)
+        .await
+        .unwrap();
+    burst_with(OVERDRAFT, &cluster.url(), 3).await;
 }
