@@ -19,16 +19,23 @@ use common::{
     temp_dir,
 };
 
+/// A temporary `RUNTIME_ROOT` (its `data/`) holding the reference's layout,
+/// `data/ratelimit/config/edge.yaml` with `rules`; the config directory is the second value.
+fn runtime_root(tag: &str, rules: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = temp_dir(tag);
+    let config = dir.path().join("data/ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("edge.yaml"), rules).unwrap();
+    (dir, config)
+}
+
 /// The reference's README example, one level deep: 2 an hour per tenant.
 const CONFIG: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: hour\n      requests_per_unit: 2\n";
 
 #[tokio::test]
 async fn started_as_ratelimit_it_serves_the_references_environment() {
     let redis = TestRedis::start();
-    let dir = temp_dir("reference-env");
-    let config = dir.path().join("data/ratelimit/config");
-    std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(config.join("edge.yaml"), CONFIG).unwrap();
+    let (dir, config) = runtime_root("reference-env", CONFIG);
     // A ConfigMap mount's hidden copy: skipped, as RUNTIME_IGNOREDOTFILES asks.
     std::fs::write(config.join(".edge.yaml"), "not: [yaml").unwrap();
     let (grpc_port, http_port) = (free_port(), free_port());
@@ -95,10 +102,7 @@ async fn started_as_ratelimit_it_serves_the_references_environment() {
 #[tokio::test]
 async fn the_references_default_unix_socket_reaches_redis() {
     let redis = TestRedis::start_unix();
-    let dir = temp_dir("reference-unix");
-    let config = dir.path().join("data/ratelimit/config");
-    std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(config.join("edge.yaml"), CONFIG).unwrap();
+    let (dir, _) = runtime_root("reference-unix", CONFIG);
     let (grpc_port, http_port) = (free_port(), free_port());
     let mut vars = envoy_gateway_env(redis.port(), &dir.path().join("data"), grpc_port, http_port);
     vars.retain(|(k, _)| !k.starts_with("REDIS_"));
@@ -142,14 +146,10 @@ async fn the_references_default_unix_socket_reaches_redis() {
 #[tokio::test]
 async fn statsd_gets_the_references_counters_under_its_names() {
     let redis = TestRedis::start();
-    let dir = temp_dir("reference-statsd");
-    let config = dir.path().join("data/ratelimit/config");
-    std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(
-        config.join("edge.yaml"),
+    let (dir, _) = runtime_root(
+        "reference-statsd",
         "domain: edge\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
-    )
-    .unwrap();
+    );
     // The statsd server: every line it is sent, from every connection.
     let statsd = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let statsd_port = statsd.local_addr().unwrap().port();

@@ -184,7 +184,6 @@ impl Tally {
 
     /// Counts one limit's decision: in `tollgate_decisions_total` by its class, and, with
     /// statsd on, its hits under the reference's path (`telemetry/statsd.rs`).
-    #[allow(clippy::too_many_arguments)]
     fn count_limit(
         &self,
         domain: &Arc<str>,
