@@ -47,6 +47,21 @@ pub fn limiter_config(
 }
 
 /// The request bounds (`max_descriptors`, `max_entries`, …).
+/// The RLQS server's settings.
+pub fn rlqs_config(s: &Settings, clock: Clock) -> crate::rlqs::RlqsConfig {
+    crate::rlqs::RlqsConfig {
+        report_interval_ms: s.rlqs_report_interval_ms,
+        assignment_ttl_ms: s.rlqs_assignment_ttl_ms,
+        max_streams: s.rlqs_max_streams,
+        max_buckets_per_stream: s.rlqs_max_buckets_per_stream,
+        idle_ms: s.rlqs_idle_ms,
+        max_entries: s.max_entries,
+        max_key_bytes: s.max_key_bytes,
+        max_value_bytes: s.max_value_bytes,
+        clock,
+    }
+}
+
 pub fn bounds(s: &Settings) -> Bounds {
     Bounds {
         max_descriptors: s.max_descriptors,

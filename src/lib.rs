@@ -52,6 +52,7 @@ pub mod limiter;
 pub mod loadgen;
 pub mod quota;
 pub mod redact;
+pub mod rlqs;
 pub mod rules;
 pub mod service;
 pub mod settings;

@@ -1,4 +1,5 @@
-//! The gRPC server: Envoy's `RateLimitService` and `grpc.health.v1` on the gRPC listener,
+//! The gRPC server: Envoy's `RateLimitService`, its `RateLimitQuotaService` (RLQS) and
+//! `grpc.health.v1` on the gRPC listener,
 //! with every bound of the settings on its connections and requests (the connection cap and
 //! the handshake deadline in `service/listener.rs`, the request-bytes budget in
 //! `service/inflight.rs`, HTTP/2 stream caps, keepalive and the request deadline here).
@@ -7,11 +8,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use super::AppError;
 use crate::configs;
+use crate::rlqs::Rlqs;
+use crate::service::rlqs::RlqsService;
 use crate::service::rls::Rls;
 use crate::service::{Handler, decode_errors, inflight, listener, tls};
 use crate::settings::Settings;
@@ -25,15 +30,14 @@ const MAX_LOCAL_ERROR_RESETS: usize = 1_024;
 /// The gRPC server on `grpc_listener`, configured from `settings`, serving `handler` until
 /// `stop` resolves (then it drains the requests in flight). Fails on a TLS setting tonic
 /// refuses.
-pub(super) async fn server<S>(
+pub(super) async fn server(
     settings: &Settings,
     handler: Arc<Handler>,
+    rlqs: Arc<Rlqs>,
     grpc_listener: TcpListener,
-    stop: S,
-) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send + use<S>, AppError>
-where
-    S: Future<Output = ()> + Send + 'static,
-{
+    stop_rx: watch::Receiver<bool>,
+) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send + use<>, AppError> {
+    let stop = super::stopped(stop_rx.clone());
     // Past the open-files limit, accept fails with EMFILE before the cap is reached (and the
     // store's and admin's sockets fail too): raise it as far as allowed, and say so now if
     // it is still too low rather than under an attack.
@@ -50,8 +54,19 @@ where
     health_reporter
         .set_serving::<RateLimitServiceServer<Rls>>()
         .await;
+    health_reporter
+        .set_serving::<RateLimitQuotaServiceServer<RlqsService>>()
+        .await;
     let rls = RateLimitServiceServer::new(Rls(handler.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
+    // Each RLQS stream ends at shutdown (after telling its Envoy to fall back), so the drain
+    // below does not wait for streams that would never end.
+    let rlqs = RateLimitQuotaServiceServer::new(RlqsService {
+        handler: handler.clone(),
+        rlqs,
+        stop: stop_rx,
+    })
+    .max_decoding_message_size(settings.max_message_bytes);
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = tls::server_config(&configs::grpc_tls_files(settings))? {
         server = server.tls_config(tls).map_err(AppError::GrpcTls)?;
@@ -108,6 +123,7 @@ where
         .layer(inflight::InFlightLayer::new(budget))
         .add_service(health_service)
         .add_service(rls)
+        .add_service(rlqs)
         .serve_with_incoming_shutdown(
             listener::incoming(
                 grpc_listener,

@@ -229,6 +229,7 @@ fn load_options(settings: &Settings) -> LoadOptions {
     LoadOptions {
         default_algorithm: settings.default_algorithm,
         sliding_log_max_limit: settings.sliding_log_max_limit,
+        rlqs_report_interval_ms: settings.rlqs_report_interval_ms,
     }
 }
 
@@ -374,11 +375,16 @@ async fn serve_loaded(
         }
     });
 
+    let rlqs = crate::rlqs::Rlqs::new(
+        configs::rlqs_config(&settings, clock.clone()),
+        handler.metrics.rlqs.clone(),
+    );
     let grpc = grpc::server(
         &settings,
         handler.clone(),
+        rlqs,
         listeners.grpc,
-        stopped(stop_rx.clone()),
+        stop_rx.clone(),
     )
     .await?;
     let admin = admin::serve(

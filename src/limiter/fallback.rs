@@ -105,6 +105,48 @@ impl Fallback {
         }
     }
 
+    /// An RLQS op the store could not answer, under `mode` (`None` for `error`). A claim is
+    /// claimed from this replica's local share of the quota (as a take is decided from it) so
+    /// the Envoys on this replica get a share, not the whole quota; `open` grants all it
+    /// wants. A charge goes to the share; a give-back is dropped (the share never had those
+    /// tokens). `unknown`: the store call may have run, so nothing more is granted.
+    pub(super) fn claim(&self, op: &Op, mode: FallbackMode, unknown: bool) -> Option<Outcome> {
+        let nothing = Outcome {
+            allowed: false,
+            remaining: 0,
+            reset_ms: self.closed_retry_ms,
+            retry_ms: Some(self.closed_retry_ms),
+            granted: 0,
+        };
+        let Action::Claim(ask) = op.action else {
+            return match op.action {
+                Action::Charge => self.decide(op, mode, unknown),
+                _ => Some(nothing),
+            };
+        };
+        match mode {
+            FallbackMode::Error => None,
+            FallbackMode::Open => Some(Outcome {
+                allowed: true,
+                granted: ask.want,
+                retry_ms: Some(0),
+                ..nothing
+            }),
+            FallbackMode::Closed => Some(nothing),
+            FallbackMode::Local if unknown => Some(nothing),
+            FallbackMode::Local => {
+                let n = self.replicas.count();
+                let share = Op {
+                    key: format!("{}|n{n}", op.key),
+                    kind: crate::quota::share::fallback_part(op.kind, n),
+                    cost: ask.need,
+                    action: op.action,
+                };
+                Some(self.local.apply(&share))
+            }
+        }
+    }
+
     /// Drops local buckets that are full again (called with the store's housekeeping).
     pub(super) fn sweep(&self) {
         self.local.sweep();

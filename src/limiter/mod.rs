@@ -41,8 +41,8 @@ pub use fallback::{FallbackMode, Replicas};
 pub use hot::HotKeyConfig;
 
 use crate::clock::Clock;
-use crate::rules::{Algorithm, RuleSet, Unit};
-use crate::store::{Op, Outcome, Store, StoreError};
+use crate::rules::{Algorithm, Domain, Limit, RuleSet, Unit};
+use crate::store::{Op, OpKind, Outcome, Store, StoreError};
 use crate::telemetry::Metrics;
 
 pub use plan::OVERRIDE_CLASS;
@@ -117,6 +117,23 @@ pub struct Status {
 pub struct Decision {
     pub overall: Code,
     pub statuses: Vec<Status>,
+}
+
+/// What an RLQS bucket draws from ([`Limiter::quota_of`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Quota {
+    /// No rule matches: no limit, as an RLS descriptor that matches nothing.
+    NoRule,
+    /// The rule says `unlimited: true`.
+    Unlimited,
+    /// One counted limit: its shared bucket.
+    Counted {
+        limit: Arc<Limit>,
+        key: String,
+        kind: OpKind,
+    },
+    /// More than one counted limit (a domain without `rlqs: true`): not served.
+    Unservable,
 }
 
 /// Settings the decision loop needs.
@@ -307,6 +324,69 @@ impl Limiter {
             },
             &self.tally,
         ))
+    }
+
+    /// What the bucket of one descriptor's `entries` in `domain` draws from, planned as a
+    /// request with that one descriptor would be (the same key, so RLS requests and RLQS
+    /// assignments share one bucket). For RLQS (`rlqs/`), whose domains hold at most one
+    /// counted limit per node (the rules check it at load).
+    pub fn quota_of(&self, domain: &Domain, entries: &[(&str, &str)]) -> Quota {
+        let req = Request {
+            domain: &domain.name,
+            descriptors: vec![RequestDescriptor {
+                entries: entries.to_vec(),
+                hits_addend: None,
+                limit_override: None,
+            }],
+            hits_addend: 1,
+        };
+        let plan = plan::plan(domain, &req, &self.config, &self.override_class);
+        match (plan.planned.as_slice(), plan.ops.as_slice()) {
+            ([planned], [op]) => Quota::Counted {
+                limit: planned.limit.clone(),
+                key: op.key.clone(),
+                kind: op.kind,
+            },
+            ([], _) if plan.limits[0].is_empty() => Quota::NoRule,
+            ([], _) => Quota::Unlimited,
+            _ => Quota::Unservable,
+        }
+    }
+
+    /// Applies RLQS claims, give-backs and charges in one store call; what the store cannot
+    /// answer is decided by each op's fallback mode (`limit` gives its own, else the global
+    /// one): a claim from the local share of the quota under `local` (see
+    /// [`fallback::Fallback::claim`]), everything asked under `open`, nothing under `closed`;
+    /// `None` under `error` (the caller sends no assignment, so Envoy's own behaviour applies).
+    /// A give-back the store did not take is dropped (tokens lost, never doubled).
+    pub async fn apply_quota_ops(
+        &self,
+        ops: &[(Op, Option<FallbackMode>)],
+    ) -> Vec<Option<(Outcome, bool)>> {
+        let plain: Vec<Op> = ops.iter().map(|(op, _)| op.clone()).collect();
+        let results = if plain.is_empty() {
+            Vec::new()
+        } else {
+            self.store.apply_each(&plain).await
+        };
+        results
+            .into_iter()
+            .zip(ops)
+            .map(|(result, (op, mode))| match result {
+                Ok(outcome) => Some((outcome, false)),
+                Err(e) => {
+                    let mode = mode.unwrap_or(self.fallback.mode);
+                    self.fallback
+                        .claim(op, mode, e.outcome_unknown())
+                        .map(|o| (o, true))
+                }
+            })
+            .collect()
+    }
+
+    /// The replica count that claims split a nearly spent bucket by (as leases do).
+    pub fn live_replicas(&self) -> u64 {
+        self.config.replicas.count()
     }
 
     /// The store's answers, with each failed op decided by its limit's fallback mode (else the

@@ -62,6 +62,67 @@ pub fn find<'r>(
     None
 }
 
+/// Puts an unordered set of entries (an RLQS `BucketId`, a map) in the order `domain`'s tree
+/// declares their keys: at each level, the entry whose key that level declares, matched as
+/// [`find`] matches (exact value, then wildcard, then bare key). When one level declares
+/// several of the entries' keys, they are tried in key order and the first that places every
+/// entry wins. `None` when no order places them all (the bucket id matches no rule), or when
+/// the search would take more than [`ORDER_STEPS`] steps (a tree that declares many of the
+/// id's keys on every level: trying each order is factorial).
+pub fn order_entries<'e>(
+    domain: &Domain,
+    entries: &[(&'e str, &'e str)],
+) -> Option<Vec<(&'e str, &'e str)>> {
+    fn step<'e>(
+        level: &super::model::Level,
+        left: &mut Vec<(&'e str, &'e str)>,
+        placed: &mut Vec<(&'e str, &'e str)>,
+        steps: &mut u32,
+    ) -> bool {
+        if left.is_empty() {
+            return true;
+        }
+        *steps += 1;
+        if *steps > ORDER_STEPS {
+            return false;
+        }
+        let mut candidates: Vec<usize> = (0..left.len()).collect();
+        candidates.sort_by_key(|&i| left[i].0);
+        for i in candidates {
+            let (key, value) = left[i];
+            let node = level
+                .exact
+                .get(key)
+                .and_then(|m| m.get(value))
+                .or_else(|| {
+                    level
+                        .wildcard
+                        .iter()
+                        .find(|(k, p, _)| k == key && glob_match(p, value))
+                        .map(|(_, _, d)| d)
+                })
+                .or_else(|| level.bare.get(key));
+            let Some(node) = node else { continue };
+            let entry = left.remove(i);
+            placed.push(entry);
+            if step(&node.children, left, placed, steps) {
+                return true;
+            }
+            placed.pop();
+            left.insert(i, entry);
+        }
+        false
+    }
+    let mut left = entries.to_vec();
+    let mut placed = Vec::with_capacity(entries.len());
+    let mut steps = 0;
+    (!entries.is_empty() && step(&domain.root, &mut left, &mut placed, &mut steps))
+        .then_some(placed)
+}
+
+/// The most levels [`order_entries`] visits for one set of entries.
+pub const ORDER_STEPS: u32 = 1_000;
+
 /// `*` matches zero or more characters; everything else matches itself.
 pub fn glob_match(pattern: &str, value: &str) -> bool {
     let Some((head, tail)) = pattern.split_once('*') else {
@@ -108,6 +169,34 @@ mod tests {
             .first()
             .and_then(|l| l.rate)
             .map(|r| r.requests_per_unit)
+    }
+
+    #[test]
+    fn bucket_id_entries_take_the_order_the_tree_declares() {
+        let set = rules(TREE);
+        let d = &set.domains["d"];
+        // The map's order does not matter: the tree puts tenant before endpoint.
+        assert_eq!(
+            order_entries(d, &[("endpoint", "/a"), ("tenant", "other")]),
+            Some(vec![("tenant", "other"), ("endpoint", "/a")])
+        );
+        // As `find`: the exact `acme` node wins and has no children, so nothing places
+        // endpoint under it.
+        assert_eq!(
+            order_entries(d, &[("endpoint", "/a"), ("tenant", "acme")]),
+            None
+        );
+        assert_eq!(
+            order_entries(d, &[("tenant", "acme")]),
+            Some(vec![("tenant", "acme")])
+        );
+        assert_eq!(order_entries(d, &[("nobody", "x")]), None);
+        assert_eq!(order_entries(d, &[]), None);
+        // Every entry must be placed.
+        assert_eq!(
+            order_entries(d, &[("tenant", "acme"), ("nobody", "x")]),
+            None
+        );
     }
 
     const TREE: &str = r#"

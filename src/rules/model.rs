@@ -89,6 +89,9 @@ pub struct LoadOptions {
     pub default_algorithm: Algorithm,
     /// The largest `requests_per_unit` of a `sliding_log` limit (it keeps every hit).
     pub sliding_log_max_limit: u64,
+    /// `rlqs_report_interval_ms`: an `rlqs: true` domain's token buckets must hold what
+    /// refills in one report interval.
+    pub rlqs_report_interval_ms: u64,
 }
 
 /// The default of `sliding_log_max_limit`: a full log of this many hits is a few hundred KB
@@ -100,9 +103,14 @@ impl Default for LoadOptions {
         LoadOptions {
             default_algorithm: Algorithm::default(),
             sliding_log_max_limit: SLIDING_LOG_MAX_LIMIT,
+            rlqs_report_interval_ms: RLQS_REPORT_INTERVAL_MS,
         }
     }
 }
+
+/// The default of `rlqs_report_interval_ms`: Envoy 1.40's filter reports every 5 s, whatever
+/// its `reporting_interval` says (envoyproxy/envoy#46033).
+pub const RLQS_REPORT_INTERVAL_MS: u64 = 5_000;
 
 /// How a limit counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -317,6 +325,9 @@ pub struct Domain {
     pub name: Arc<str>,
     pub root: Level,
     pub origin: Origin,
+    /// `rlqs: true`: Envoy's `rate_limit_quota` filter may be assigned this domain's quotas
+    /// (`rlqs/`); every limit in it was checked to be servable that way at load.
+    pub rlqs: bool,
 }
 
 /// Everything loaded from the rules path.

@@ -16,6 +16,7 @@ pub mod json;
 pub mod listener;
 pub mod request;
 pub mod response;
+pub mod rlqs;
 pub mod rls;
 pub mod tls;
 pub mod trace_context;

@@ -191,6 +191,16 @@ settings! {
         "leases held at most per replica; past it a new key is not leased (its requests go to the store)";
     sliding_log_max_limit: u64 = crate::rules::model::SLIDING_LOG_MAX_LIMIT,
         "largest requests_per_unit of an algorithm: sliding_log limit (it keeps every admitted hit of the window: memory grows with the limit)";
+    rlqs_report_interval_ms: u64 = crate::rules::model::RLQS_REPORT_INTERVAL_MS,
+        "how often Envoy's rate_limit_quota filter reports (RLQS): each assignment is sized for one interval of demand (Envoy 1.40 reports every 5 s whatever its reporting_interval says); an rlqs: true domain's buckets must hold one interval of refill";
+    rlqs_assignment_ttl_ms: u64 = 15_000,
+        "how long an RLQS assignment holds in Envoy without a newer one (whole seconds, at least 1 s and above rlqs_report_interval_ms); then Envoy applies its expired_assignment_behavior";
+    rlqs_max_streams: usize = 1_024,
+        "RLQS streams open at once on this replica (one per Envoy worker set); past it a new stream ends with RESOURCE_EXHAUSTED";
+    rlqs_max_buckets_per_stream: usize = 2_000,
+        "RLQS bucket ids one stream may hold; reports for more get no assignment (Envoy applies its no_assignment_behavior) and are counted in tollgate_rlqs_refused_total";
+    rlqs_idle_ms: u64 = 60_000,
+        "an RLQS bucket with no requests for this long is abandoned (abandon_action): Envoy forgets it, and it costs nothing until its next request";
     detailed_metric_max_series: usize = 1_000,
         "series per detailed_metric limit (its values are caller input); past it, new values count as <class>.(overflow)";
     memory_max_keys: usize = 500_000,

@@ -188,6 +188,13 @@ impl Settings {
             ("fallback_min_replicas", self.fallback_min_replicas),
             ("lease_ttl_ms", self.lease_ttl_ms),
             ("lease_max_keys", self.lease_max_keys as u64),
+            ("rlqs_report_interval_ms", self.rlqs_report_interval_ms),
+            ("rlqs_max_streams", self.rlqs_max_streams as u64),
+            (
+                "rlqs_max_buckets_per_stream",
+                self.rlqs_max_buckets_per_stream as u64,
+            ),
+            ("rlqs_idle_ms", self.rlqs_idle_ms),
         ] {
             if v == 0 {
                 return bad(key, "must be at least 1");
@@ -208,6 +215,23 @@ impl Settings {
         }
         if self.lease_ttl_ms > 3_600_000 {
             return bad("lease_ttl_ms", "must be at most 3600000 (an hour)");
+        }
+        if self.rlqs_report_interval_ms > 3_600_000 {
+            return bad(
+                "rlqs_report_interval_ms",
+                "must be at most 3600000 (an hour)",
+            );
+        }
+        // Envoy reads an assignment's TTL in whole seconds, and one that ends before the next
+        // report would send every Envoy to its expired_assignment_behavior between reports.
+        if self.rlqs_assignment_ttl_ms < 1_000
+            || self.rlqs_assignment_ttl_ms <= self.rlqs_report_interval_ms
+            || self.rlqs_assignment_ttl_ms > 86_400_000
+        {
+            return bad(
+                "rlqs_assignment_ttl_ms",
+                "must be at least 1000, above rlqs_report_interval_ms (an assignment must outlive the interval to the next report), and at most 86400000",
+            );
         }
         let otlp = &self.otlp_endpoint;
         if !otlp.is_empty() && !otlp.starts_with("http://") {

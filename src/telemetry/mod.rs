@@ -46,6 +46,12 @@ pub const LEASE_CLAIMS: &str = "tollgate_lease_claims";
 pub const LEASE_TOKENS: &str = "tollgate_lease_tokens";
 pub const LOCAL_DECISIONS: &str = "tollgate_local_decisions";
 pub const SHARD_RETRIES: &str = "tollgate_shard_retries";
+pub const RLQS_STREAMS: &str = "tollgate_rlqs_streams";
+pub const RLQS_BUCKETS: &str = "tollgate_rlqs_buckets";
+pub const RLQS_REPORTS: &str = "tollgate_rlqs_reports";
+pub const RLQS_ASSIGNMENTS: &str = "tollgate_rlqs_assignments";
+pub const RLQS_TOKENS: &str = "tollgate_rlqs_tokens";
+pub const RLQS_REFUSED: &str = "tollgate_rlqs_refused";
 
 /// What happened to one descriptor.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -146,6 +152,38 @@ pub struct LocalLabels {
 }
 
 /// A count of store connections: `connected` or `total`.
+/// An RLQS assignment by what it told Envoy: `token_bucket`, `allow_all`, `deny_all`,
+/// `abandon`, `expire` (TTL 0 at shutdown).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StrategyLabels {
+    pub strategy: &'static str,
+}
+
+/// RLQS tokens by event: `assigned` (claimed for an Envoy), `returned` (unused, given back
+/// at its next report), `charged` (admitted beyond its assignment: before the first one, or
+/// while it ran on its fallback).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    pub event: &'static str,
+}
+
+/// Why RLQS input was refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+/// The RLQS server's families (`rlqs/`).
+#[derive(Clone, Debug, Default)]
+pub struct RlqsMetrics {
+    pub streams: Gauge,
+    pub buckets: Gauge,
+    pub reports: Counter,
+    pub assignments: Family<StrategyLabels, Counter>,
+    pub tokens: Family<EventLabels, Counter>,
+    pub refused: Family<ReasonLabels, Counter>,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub state: &'static str,
@@ -174,6 +212,7 @@ pub struct Metrics {
     pub unknown_domains: Family<DomainLabels, Counter>,
     /// The reference's per-rule counters for statsd (off unless `statsd_addr` is set).
     pub statsd: Statsd,
+    pub rlqs: RlqsMetrics,
 }
 
 /// Leasing, the over-limit cache and shard retries (`quota/lease/`, `limiter/overlimit.rs`,
@@ -345,7 +384,39 @@ impl Metrics {
             "Requests of a sharded limit that found their shard empty and tried one other, by rule class",
             hot.shard_retries.clone(),
         );
+        let rlqs = RlqsMetrics::default();
+        registry.register(
+            RLQS_STREAMS,
+            "RLQS streams open (one per Envoy quota client)",
+            rlqs.streams.clone(),
+        );
+        registry.register(
+            RLQS_BUCKETS,
+            "RLQS bucket ids held by the open streams",
+            rlqs.buckets.clone(),
+        );
+        registry.register(
+            RLQS_REPORTS,
+            "RLQS usage reports received",
+            rlqs.reports.clone(),
+        );
+        registry.register(
+            RLQS_ASSIGNMENTS,
+            "RLQS bucket actions sent, by strategy (token_bucket, allow_all, deny_all, abandon, expire)",
+            rlqs.assignments.clone(),
+        );
+        registry.register(
+            RLQS_TOKENS,
+            "RLQS tokens by event (assigned: claimed for an Envoy; returned: unused at its next report; charged: admitted beyond its assignment)",
+            rlqs.tokens.clone(),
+        );
+        registry.register(
+            RLQS_REFUSED,
+            "RLQS input refused, by reason (no_domain, unknown_domain, not_rlqs, empty_bucket_id, bucket_id_too_large, too_many_buckets, too_many_streams, idle_stream)",
+            rlqs.refused.clone(),
+        );
         Metrics {
+            rlqs,
             hot,
             registry: Mutex::new(registry),
             decisions,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::error::Pos;
 use super::error::Problems;
-use super::model::{Descriptor, Domain, Level, LoadOptions, Origin};
+use super::model::{Algorithm, Descriptor, Domain, Level, Limit, LoadOptions, Origin};
 use super::yaml::{self, Node, join};
 use limit::Inherited;
 
@@ -112,23 +112,125 @@ impl FileWalk<'_> {
                 return None;
             }
         };
-        let f = yaml::fields(self.problems, &root, "", &["domain", "descriptors"])?;
+        let f = yaml::fields(self.problems, &root, "", &["domain", "descriptors", "rlqs"])?;
         let domain = self.required_string(
             f.get("domain").copied(),
             root.pos,
             "domain",
             "missing: every rules file names its domain",
         );
+        // tollgate's own: the domain is served to Envoy's rate_limit_quota filter too (RLQS).
+        let rlqs = match f.get("rlqs") {
+            Some(n) => Some(yaml::bool(self.problems, n, "rlqs")?),
+            None => None,
+        };
         let level = match f.get("descriptors") {
             Some(node) => self.level(node, "descriptors", &RulePath::default())?,
             None => Level::default(),
         };
         let (name, pos) = domain?;
+        let rlqs = rlqs.unwrap_or(false);
+        if rlqs && !self.rlqs_servable(&level) {
+            return None;
+        }
         Some(Domain {
             name: name.into(),
             root: level,
             origin: self.origin(pos),
+            rlqs,
         })
+    }
+
+    /// Whether every node of an `rlqs: true` domain can be served over RLQS, where an Envoy
+    /// enforces one token bucket per bucket id, paid for in advance out of the shared bucket
+    /// (`rlqs/`): at most one counted limit per node, claimable (a token bucket or a fixed
+    /// window: what a lease can claim), whole (no shards), without overdraft or shadow mode,
+    /// and holding at least one report interval of its refill. Each refusal names the limit.
+    fn rlqs_servable(&mut self, level: &Level) -> bool {
+        let mut nodes: Vec<&Descriptor> = level
+            .exact
+            .values()
+            .flat_map(|m| m.values())
+            .chain(level.wildcard.iter().map(|(_, _, d)| d))
+            .chain(level.bare.values())
+            .map(|d| &**d)
+            .collect();
+        // One refusal per limit, in file order, whatever the maps' order.
+        nodes.sort_by_key(|d| d.origin.line);
+        let interval_ms = self.opts.rlqs_report_interval_ms.max(1);
+        let mut ok = true;
+        for node in nodes {
+            let counted: Vec<&Limit> = node
+                .limits
+                .iter()
+                .filter(|l| l.rate.is_some())
+                .map(|l| &**l)
+                .collect();
+            let pos = Pos {
+                line: node.origin.line,
+                col: 1,
+            };
+            if counted.len() > 1 {
+                self.error(
+                    pos,
+                    "rate_limits",
+                    format!(
+                        "descriptor '{}' has {} counted limits, but the domain has rlqs: true and an RLQS bucket gets one token bucket: keep one limit here, or serve this domain over RLS only",
+                        node.key,
+                        counted.len()
+                    ),
+                );
+                ok = false;
+            }
+            for limit in counted {
+                let Some(rate) = limit.rate else { continue };
+                let pos = Pos {
+                    line: limit.origin.line,
+                    col: 1,
+                };
+                let why = if !matches!(
+                    rate.algorithm,
+                    Algorithm::TokenBucket | Algorithm::FixedWindow
+                ) {
+                    Some(format!(
+                        "algorithm {} cannot be claimed in advance; use token_bucket or fixed_window",
+                        rate.algorithm.name()
+                    ))
+                } else if limit.shards > 1 {
+                    Some(
+                        "shards split the bucket, and an assignment is claimed from one bucket"
+                            .into(),
+                    )
+                } else if limit.overdraft {
+                    Some(
+                        "overdraft charges after the fact, and an assignment is paid before".into(),
+                    )
+                } else if limit.shadow_mode {
+                    Some("shadow_mode cannot be enforced by Envoy's filter (it would deny)".into())
+                } else {
+                    // What refills between two reports must fit in the bucket, or Envoys,
+                    // holding only what was there at their last report, could use at most
+                    // `burst` per report interval.
+                    let per_interval = u128::from(rate.requests_per_unit) * u128::from(interval_ms)
+                        / u128::from(rate.window_ms().max(1));
+                    (rate.algorithm == Algorithm::TokenBucket && per_interval > u128::from(rate.burst))
+                        .then(|| format!(
+                            "it refills {per_interval} tokens per report interval (rlqs_report_interval_ms {interval_ms}) but holds only burst {}: Envoys would be held to {} per interval; set burst to at least {per_interval}",
+                            rate.burst, rate.burst
+                        ))
+                };
+                if let Some(why) = why {
+                    self.error(
+                        pos,
+                        "rate_limit",
+                        format!("the domain has rlqs: true, and this limit cannot be served over RLQS: {why}"),
+                    );
+                    ok = false;
+                }
+            }
+            ok &= self.rlqs_servable(&node.children);
+        }
+        ok
     }
 
     /// A `descriptors:` list → one level of the tree.

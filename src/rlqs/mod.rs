@@ -1,0 +1,669 @@
+//! RLQS: Envoy's `rate_limit_quota` filter enforces quota assignments locally, and tollgate
+//! hands each Envoy its share of the **same shared bucket** RLS requests and leases draw from.
+//!
+//! # How a report flows ([`Session::report`])
+//!
+//! One [`Session`] per `StreamRateLimitQuotas` stream (`service/rlqs.rs` turns protos into
+//! [`Usage`]s and [`Action`]s into protos). Envoy reports each bucket's usage when the bucket
+//! sees its first request, then every report interval (5 s on Envoy 1.40). For each bucket:
+//!
+//! 1. **Rule**: the bucket id (a map) is put in the order the domain's tree declares its keys
+//!    (`rules::matcher::order_entries`) and planned as an RLS descriptor with those entries
+//!    would be ([`Limiter::quota_of`]): the same store key. No rule: `ALLOW_ALL` (no limit, as
+//!    RLS answers); `unlimited`: `ALLOW_ALL`; a rule that went away on reload: `abandon`.
+//! 2. **Settle** the last assignment: the Envoy was given `held` tokens (claimed from the
+//!    shared bucket before it spent any); it reports `allowed`. Unused tokens (`held - allowed`)
+//!    are given back; requests admitted beyond `held` (before its first assignment, under its
+//!    fallback, or from the previous assignment while this one was on its way) are charged to
+//!    the bucket, into debt if need be (`overdraft`'s charge, at most one limit deep).
+//! 3. **Claim** the next assignment: [`size::want`] tokens, the Envoy's demand-weighted share
+//!    of what the bucket can give over one interval, with a floor; a claim of all-or-nothing
+//!    for 1 and up to `want` (`lease.lua`'s claim, split between live replicas as leases
+//!    are). Granted: a token bucket holding those tokens (with a slow refill, charged when
+//!    used). Refused: `DENY_ALL`, and the bucket is claimed again
+//!    when the store says tokens exist again ([`Session::wake`]), pushed without waiting for
+//!    the next report.
+//!
+//! Settles, then claims, go to the store as one call each per report ([`Limiter::apply_quota_ops`]);
+//! what it cannot answer comes from the local fallback share, as RLS decisions do.
+//!
+//! # Envoy's token bucket starts with exactly the assignment
+//!
+//! Envoy 1.40 starts a token bucket that replaces another at the old one's fill ratio (part of
+//! the old leftover carries over), and keeps the old one outright when the new assignment
+//! looks the same. The accounting above needs each assignment to hold exactly what was
+//! claimed for it (the old one's leftover was given back), so `service/rlqs.rs` sends each
+//! token bucket right after a `DENY_ALL` for the same bucket in one response: a bucket that
+//! replaces a blanket rule starts full, and Envoy applies a response's actions in order
+//! before its workers see any. A granted bucket of `n` refills `n` per [`FILL_SECS`] (Envoy
+//! needs a refill above 0): what that admits before the next assignment is charged.
+//!
+//! # Bounds
+//!
+//! Tokens are claimed before an Envoy can spend them, so assignments never admit more than
+//! the bucket gave. What is admitted beyond them is charged at the next report: requests
+//! before an Envoy's first assignment (its `no_assignment_behavior`), while tollgate was
+//! unreachable (its `expired_assignment_behavior`), and those its previous assignment admitted
+//! between sending a report and applying the answer (about one round trip of its traffic). A
+//! stream that breaks keeps its last assignment's tokens spent (the Envoy may still use them
+//! until their TTL); its next stream's first report charges what it admitted meanwhile.
+//! At most `rlqs_max_streams` streams × `rlqs_max_buckets_per_stream` buckets are held.
+
+mod size;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::clock::Clock;
+use crate::limiter::{FallbackMode, Limiter, Quota};
+use crate::quota::{Action as OpAction, ClaimAsk, Op};
+use crate::rules::RuleSet;
+use crate::rules::matcher::order_entries;
+use crate::telemetry::{EventLabels, ReasonLabels, RlqsMetrics, StrategyLabels};
+
+/// A granted assignment of `n` tokens refills `n` per this many seconds (Envoy's token bucket
+/// needs a refill above 0): 0.14 % of the assignment over a 5 s interval, admitted beyond the
+/// claim and charged at the next report.
+pub const FILL_SECS: i64 = 3_600;
+
+/// The settings of the RLQS server.
+#[derive(Clone, Debug)]
+pub struct RlqsConfig {
+    pub report_interval_ms: u64,
+    pub assignment_ttl_ms: u64,
+    pub max_streams: usize,
+    pub max_buckets_per_stream: usize,
+    pub idle_ms: u64,
+    /// The bounds of an RLS descriptor, for a bucket id's entries.
+    pub max_entries: usize,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+    pub clock: Clock,
+}
+
+/// A bucket id: its entries sorted by key (a `BucketId` is a map: order does not matter).
+pub type BucketKey = Vec<(String, String)>;
+
+/// One bucket's usage in a report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub id: BucketKey,
+    pub allowed: u64,
+    pub denied: u64,
+    /// The span the counts cover; 0 in a bucket's first report.
+    pub elapsed_ms: u64,
+}
+
+/// What one bucket is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Assignment {
+    /// A token bucket holding exactly `tokens` (module doc).
+    Tokens {
+        tokens: u64,
+        ttl_s: u64,
+    },
+    AllowAll {
+        ttl_s: u64,
+    },
+    DenyAll {
+        ttl_s: u64,
+    },
+    /// Forget the bucket (its rule went away, or it went idle).
+    Abandon,
+}
+
+impl Assignment {
+    /// The metrics label.
+    pub fn strategy(&self) -> &'static str {
+        match self {
+            Assignment::Tokens { ttl_s: 0, .. }
+            | Assignment::AllowAll { ttl_s: 0 }
+            | Assignment::DenyAll { ttl_s: 0 } => "expire",
+            Assignment::Tokens { .. } => "token_bucket",
+            Assignment::AllowAll { .. } => "allow_all",
+            Assignment::DenyAll { .. } => "deny_all",
+            Assignment::Abandon => "abandon",
+        }
+    }
+
+    /// The same assignment, expiring now (shutdown: Envoy goes to its fallback).
+    fn expired(self) -> Option<Assignment> {
+        match self {
+            Assignment::Tokens { tokens, .. } => Some(Assignment::Tokens { tokens, ttl_s: 0 }),
+            Assignment::AllowAll { .. } => Some(Assignment::AllowAll { ttl_s: 0 }),
+            Assignment::DenyAll { .. } => Some(Assignment::DenyAll { ttl_s: 0 }),
+            Assignment::Abandon => None,
+        }
+    }
+}
+
+/// One bucket action to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Action {
+    pub id: BucketKey,
+    pub assignment: Assignment,
+}
+
+/// Why a stream is ended.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RlqsError {
+    #[error("the first RLQS report must name its domain (RateLimitQuotaFilterConfig.domain)")]
+    NoDomain,
+    #[error(
+        "the stream reported for domain '{first}' and now names '{now}': one stream, one domain"
+    )]
+    DomainChanged { first: String, now: String },
+    #[error("no rules file declares domain '{0}'")]
+    UnknownDomain(String),
+    #[error("domain '{0}' is not served over RLQS: its rules file does not set rlqs: true")]
+    NotRlqs(String),
+    #[error("this replica holds rlqs_max_streams ({0}) RLQS streams already")]
+    TooManyStreams(usize),
+}
+
+/// The state all streams of this replica share: settings, metrics, and each bucket's demand
+/// by stream (for the weights).
+#[derive(Debug)]
+pub struct Rlqs {
+    config: RlqsConfig,
+    metrics: RlqsMetrics,
+    streams: AtomicUsize,
+    next_stream: AtomicU64,
+    /// Store key → its Envoys' demand and what the bucket held at its last claim.
+    demand: Mutex<HashMap<String, KeyDemand>>,
+}
+
+#[derive(Debug, Default)]
+struct KeyDemand {
+    /// Stream id → requests per second (`None`: not known yet).
+    rates: HashMap<u64, Option<f64>>,
+    remaining: Option<u64>,
+}
+
+impl Rlqs {
+    pub fn new(config: RlqsConfig, metrics: RlqsMetrics) -> Arc<Self> {
+        Arc::new(Rlqs {
+            config,
+            metrics,
+            streams: AtomicUsize::new(0),
+            next_stream: AtomicU64::new(1),
+            demand: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn config(&self) -> &RlqsConfig {
+        &self.config
+    }
+
+    /// Counts a refusal.
+    pub fn refused(&self, reason: &'static str) {
+        self.metrics
+            .refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    fn demand(&self) -> std::sync::MutexGuard<'_, HashMap<String, KeyDemand>> {
+        self.demand.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ttl_s(&self) -> u64 {
+        (self.config.assignment_ttl_ms / 1000).max(1)
+    }
+
+    fn count_tokens(&self, event: &'static str, n: u64) {
+        if n > 0 {
+            self.metrics
+                .tokens
+                .get_or_create(&EventLabels { event })
+                .inc_by(n);
+        }
+    }
+}
+
+/// One bucket id held by a stream.
+#[derive(Debug)]
+struct Tracked {
+    quota: Quota,
+    /// Tokens claimed for the Envoy's current assignment and not settled yet.
+    held: u64,
+    /// The last span's demand (requests per second).
+    rate: Option<f64>,
+    /// Monotonic ms of the last report with requests in it.
+    active_ms: u64,
+    /// Refused: when the store says tokens exist again (monotonic ms).
+    wake_ms: Option<u64>,
+    last: Option<Assignment>,
+}
+
+/// One RLQS stream's buckets. Dropping it forgets them (their demand stops counting).
+#[derive(Debug)]
+pub struct Session {
+    shared: Arc<Rlqs>,
+    id: u64,
+    domain: Option<String>,
+    buckets: HashMap<BucketKey, Tracked>,
+    warned_full: bool,
+}
+
+impl Session {
+    /// A new stream, within `rlqs_max_streams`.
+    pub fn open(shared: &Arc<Rlqs>) -> Result<Session, RlqsError> {
+        let max = shared.config.max_streams;
+        if shared
+            .streams
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_err()
+        {
+            shared.refused("too_many_streams");
+            return Err(RlqsError::TooManyStreams(max));
+        }
+        shared.metrics.streams.inc();
+        Ok(Session {
+            shared: shared.clone(),
+            id: shared.next_stream.fetch_add(1, Ordering::Relaxed),
+            domain: None,
+            buckets: HashMap::new(),
+            warned_full: false,
+        })
+    }
+
+    /// The domain the stream named (after its first report).
+    pub fn domain(&self) -> Option<&str> {
+        self.domain.as_deref()
+    }
+
+    /// Bucket ids held.
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Whether `id` is held.
+    pub fn holds(&self, id: &[(String, String)]) -> bool {
+        self.buckets.contains_key(id)
+    }
+
+    pub fn config(&self) -> &RlqsConfig {
+        &self.shared.config
+    }
+
+    /// Counts a refusal of this stream's input.
+    pub fn refused(&self, reason: &'static str) {
+        self.shared.refused(reason);
+    }
+
+    /// Handles one report (see the module doc); `domain` is the report's (empty after the
+    /// first, as Envoy may send it). An error ends the stream.
+    pub async fn report(
+        &mut self,
+        limiter: &Limiter,
+        rules: &RuleSet,
+        domain: &str,
+        usages: Vec<Usage>,
+    ) -> Result<Vec<Action>, RlqsError> {
+        self.shared.metrics.reports.inc();
+        match &self.domain {
+            None if domain.is_empty() => {
+                self.shared.refused("no_domain");
+                return Err(RlqsError::NoDomain);
+            }
+            None => {
+                let Some(d) = rules.domains.get(domain) else {
+                    self.shared.refused("unknown_domain");
+                    return Err(RlqsError::UnknownDomain(domain.to_string()));
+                };
+                if !d.rlqs {
+                    self.shared.refused("not_rlqs");
+                    return Err(RlqsError::NotRlqs(domain.to_string()));
+                }
+                self.domain = Some(domain.to_string());
+            }
+            Some(first) if !domain.is_empty() && domain != first => {
+                return Err(RlqsError::DomainChanged {
+                    first: first.clone(),
+                    now: domain.to_string(),
+                });
+            }
+            Some(_) => {}
+        }
+        let now = self.shared.config.clock.mono_ms();
+        let interval = self.shared.config.report_interval_ms;
+
+        // 1. Rules, and each bucket's demand.
+        let mut reported: Vec<BucketKey> = Vec::with_capacity(usages.len());
+        let mut settles: Vec<(Op, Option<FallbackMode>)> = Vec::new();
+        let mut actions: Vec<Action> = Vec::new();
+        for usage in usages {
+            if !self.admit_id(&usage.id) {
+                continue;
+            }
+            let quota = self.quota(limiter, rules, &usage.id);
+            let shared = self.shared.clone();
+            let tracked = self.buckets.entry(usage.id.clone()).or_insert_with(|| {
+                shared.metrics.buckets.inc();
+                Tracked {
+                    quota: quota.clone(),
+                    held: 0,
+                    rate: None,
+                    active_ms: now,
+                    wake_ms: None,
+                    last: None,
+                }
+            });
+            let requests = usage.allowed.saturating_add(usage.denied);
+            if requests > 0 {
+                tracked.active_ms = now;
+            }
+            // The last assignment's tokens against what it admitted.
+            if let Quota::Counted { limit, key, kind } = &tracked.quota {
+                if tracked.held > usage.allowed {
+                    let n = tracked.held - usage.allowed;
+                    let give_back = Op {
+                        key: key.clone(),
+                        kind: *kind,
+                        cost: n,
+                        action: OpAction::Return,
+                    };
+                    settles.push((give_back, limit.fallback));
+                    shared.count_tokens("returned", n);
+                } else if usage.allowed > tracked.held {
+                    let n = usage.allowed - tracked.held;
+                    settles.push((Op::charge(key.clone(), *kind, n), limit.fallback));
+                    shared.count_tokens("charged", n);
+                }
+                tracked.held = 0;
+            }
+            let old_key = tracked_key(tracked);
+            let new_key = match &quota {
+                Quota::Counted { key, .. } => Some(key.clone()),
+                _ => None,
+            };
+            let idle =
+                requests == 0 && now.saturating_sub(tracked.active_ms) >= shared.config.idle_ms;
+            // Its rule went away on a reload, or it went idle: Envoy forgets it, and its next
+            // request brings it back as a new bucket.
+            let abandon = idle || (old_key.is_some() && new_key.is_none());
+            if !abandon {
+                tracked.quota = quota;
+                tracked.rate = (usage.elapsed_ms > 0)
+                    .then(|| requests as f64 * 1000.0 / usage.elapsed_ms as f64);
+            }
+            let rate = tracked.rate;
+            if abandon {
+                self.buckets.remove(&usage.id);
+                shared.metrics.buckets.dec();
+                if let Some(key) = old_key {
+                    self.forget_demand(&key);
+                }
+                actions.push(self.told(usage.id, Assignment::Abandon));
+                continue;
+            }
+            if old_key.is_some() && old_key != new_key {
+                // A changed limit (a new key): the old bucket's demand goes.
+                if let Some(key) = &old_key {
+                    self.forget_demand(key);
+                }
+            }
+            if let Some(key) = new_key {
+                let mut demand = shared.demand();
+                demand.entry(key).or_default().rates.insert(self.id, rate);
+            }
+            reported.push(usage.id);
+        }
+        if !settles.is_empty() {
+            limiter.apply_quota_ops(&settles).await;
+        }
+
+        // 2. Claims for the counted buckets; the others are told now.
+        let mut claims: Vec<BucketKey> = Vec::new();
+        for id in reported {
+            let Some(tracked) = self.buckets.get(&id) else {
+                continue;
+            };
+            match tracked.quota {
+                Quota::Counted { .. } => claims.push(id),
+                // No limit (as RLS answers), or not servable (refused at load in an
+                // rlqs: true domain; here only if the rules changed under the stream).
+                Quota::NoRule | Quota::Unlimited | Quota::Unservable => {
+                    let assignment = Assignment::AllowAll {
+                        ttl_s: self.shared.ttl_s(),
+                    };
+                    actions.push(self.told(id, assignment));
+                }
+            }
+        }
+        actions.extend(self.claim(limiter, claims, now, interval).await);
+        Ok(actions)
+    }
+
+    /// When [`Session::wake`] has work: the earliest refused bucket's retry time (mono ms).
+    pub fn next_wake_ms(&self) -> Option<u64> {
+        self.buckets.values().filter_map(|t| t.wake_ms).min()
+    }
+
+    /// Claims again for the buckets refused earlier whose tokens exist again; their new
+    /// assignments are pushed without waiting for the Envoy's next report.
+    pub async fn wake(&mut self, limiter: &Limiter) -> Vec<Action> {
+        let now = self.shared.config.clock.mono_ms();
+        let due: Vec<BucketKey> = self
+            .buckets
+            .iter()
+            .filter(|(_, t)| t.wake_ms.is_some_and(|at| at <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let interval = self.shared.config.report_interval_ms;
+        self.claim(limiter, due, now, interval).await
+    }
+
+    /// Shutdown: every bucket's assignment again, expiring now, so each Envoy goes to its
+    /// `expired_assignment_behavior` before tollgate stops answering. Their tokens stay
+    /// spent: an Envoy that reuses its last assignment may still spend them.
+    pub fn closing(&mut self) -> Vec<Action> {
+        self.buckets
+            .iter()
+            .filter_map(|(id, t)| {
+                t.last
+                    .and_then(Assignment::expired)
+                    .map(|assignment| Action {
+                        id: id.clone(),
+                        assignment,
+                    })
+            })
+            .collect()
+    }
+
+    /// Counts and records what `id` is told.
+    fn told(&mut self, id: BucketKey, assignment: Assignment) -> Action {
+        self.shared
+            .metrics
+            .assignments
+            .get_or_create(&StrategyLabels {
+                strategy: assignment.strategy(),
+            })
+            .inc();
+        if let Some(t) = self.buckets.get_mut(&id) {
+            t.last = Some(assignment);
+        }
+        Action { id, assignment }
+    }
+
+    /// One store call claiming the next assignment of each of `ids` (all counted).
+    async fn claim(
+        &mut self,
+        limiter: &Limiter,
+        ids: Vec<BucketKey>,
+        now: u64,
+        interval: u64,
+    ) -> Vec<Action> {
+        let replicas = limiter.live_replicas().max(1);
+        let mut ops: Vec<(Op, Option<FallbackMode>)> = Vec::with_capacity(ids.len());
+        let mut asked: Vec<BucketKey> = Vec::with_capacity(ids.len());
+        {
+            let demand = self.shared.demand();
+            for id in ids {
+                let Some(t) = self.buckets.get(&id) else {
+                    continue;
+                };
+                let Quota::Counted { limit, key, kind } = &t.quota else {
+                    continue;
+                };
+                let (others, remaining) = match demand.get(key) {
+                    Some(d) => (
+                        d.rates
+                            .iter()
+                            .filter(|(s, _)| **s != self.id)
+                            .map(|(_, r)| r.unwrap_or(0.0))
+                            .collect::<Vec<f64>>(),
+                        d.remaining,
+                    ),
+                    None => (Vec::new(), None),
+                };
+                let capacity = match *kind {
+                    crate::store::OpKind::TokenBucket { capacity, .. } => capacity,
+                    crate::store::OpKind::FixedWindow { limit, .. }
+                    | crate::store::OpKind::SlidingWindow { limit, .. }
+                    | crate::store::OpKind::SlidingLog { limit, .. } => limit,
+                };
+                let supply = size::supply(*kind, remaining.unwrap_or(capacity), interval);
+                // Envoy's max_tokens is a u32.
+                let want = size::want(t.rate, &others, supply, interval).min(u64::from(u32::MAX));
+                ops.push((
+                    Op {
+                        key: key.clone(),
+                        kind: *kind,
+                        cost: 1,
+                        action: OpAction::Claim(ClaimAsk {
+                            need: 1,
+                            want,
+                            share: replicas,
+                        }),
+                    },
+                    limit.fallback,
+                ));
+                asked.push(id);
+            }
+        }
+        let outcomes = limiter.apply_quota_ops(&ops).await;
+        let ttl_s = self.shared.ttl_s();
+        let mut actions = Vec::with_capacity(asked.len());
+        for ((id, (op, _)), outcome) in asked.into_iter().zip(&ops).zip(outcomes) {
+            let Some((outcome, from_fallback)) = outcome else {
+                // The limit's fallback is `error`: no assignment, so Envoy keeps its last one
+                // until its TTL and then applies its own expired_assignment_behavior.
+                continue;
+            };
+            if !from_fallback {
+                let mut demand = self.shared.demand();
+                if let Some(d) = demand.get_mut(&op.key) {
+                    d.remaining = Some(outcome.remaining);
+                }
+            }
+            let Some(t) = self.buckets.get_mut(&id) else {
+                continue;
+            };
+            let assignment = if outcome.granted > 0 {
+                t.held = outcome.granted;
+                t.wake_ms = None;
+                self.shared.count_tokens("assigned", outcome.granted);
+                Assignment::Tokens {
+                    tokens: outcome.granted,
+                    ttl_s,
+                }
+            } else {
+                // Claimed again when the store says a token exists, but not more often than
+                // a quarter interval: a slow refill would otherwise push one token at a time.
+                t.wake_ms = outcome
+                    .retry_ms
+                    .map(|r| now.saturating_add(r.max(interval / 4)));
+                Assignment::DenyAll { ttl_s }
+            };
+            actions.push(self.told(id, assignment));
+        }
+        actions
+    }
+
+    /// Whether a reported bucket id may be held: not empty, within the descriptor bounds,
+    /// and within `rlqs_max_buckets_per_stream`.
+    fn admit_id(&mut self, id: &BucketKey) -> bool {
+        let c = &self.shared.config;
+        if id.is_empty() {
+            self.shared.refused("empty_bucket_id");
+            return false;
+        }
+        if id.len() > c.max_entries
+            || id.iter().any(|(k, v)| {
+                k.is_empty() || k.len() > c.max_key_bytes || v.len() > c.max_value_bytes
+            })
+        {
+            self.shared.refused("bucket_id_too_large");
+            return false;
+        }
+        if !self.buckets.contains_key(id) && self.buckets.len() >= c.max_buckets_per_stream {
+            self.shared.refused("too_many_buckets");
+            if !self.warned_full {
+                self.warned_full = true;
+                tracing::warn!(
+                    domain = self.domain.as_deref().unwrap_or(""),
+                    max = c.max_buckets_per_stream,
+                    "an RLQS stream reports more bucket ids than rlqs_max_buckets_per_stream: the others get no assignment (Envoy applies its no_assignment_behavior)"
+                );
+            }
+            return false;
+        }
+        true
+    }
+
+    /// What `id` draws from under `rules` now.
+    fn quota(&self, limiter: &Limiter, rules: &RuleSet, id: &BucketKey) -> Quota {
+        let Some(domain) = self.domain.as_deref().and_then(|d| rules.domains.get(d)) else {
+            return Quota::NoRule;
+        };
+        if !domain.rlqs {
+            return Quota::Unservable;
+        }
+        let entries: Vec<(&str, &str)> = id.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        match order_entries(domain, &entries) {
+            Some(ordered) => limiter.quota_of(domain, &ordered),
+            None => Quota::NoRule,
+        }
+    }
+
+    /// This stream's demand on `key` stops counting.
+    fn forget_demand(&self, key: &str) {
+        let mut demand = self.shared.demand();
+        if let Some(d) = demand.get_mut(key) {
+            d.rates.remove(&self.id);
+            if d.rates.is_empty() {
+                demand.remove(key);
+            }
+        }
+    }
+}
+
+fn tracked_key(t: &Tracked) -> Option<String> {
+    match &t.quota {
+        Quota::Counted { key, .. } => Some(key.clone()),
+        _ => None,
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let keys: Vec<String> = self.buckets.values().filter_map(tracked_key).collect();
+        for key in keys {
+            self.forget_demand(&key);
+        }
+        self.shared
+            .metrics
+            .buckets
+            .dec_by(self.buckets.len() as i64);
+        self.shared.metrics.streams.dec();
+        self.shared.streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,457 @@
+//! Sessions against the memory store on a manual clock: the accounting of assignments
+//! (claimed, settled, charged) in the one shared bucket RLS decides from too.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::*;
+use crate::limiter::{Code, LimiterConfig, Request, RequestDescriptor};
+use crate::rules::LoadOptions;
+use crate::rules::load::load_sources;
+use crate::store::{MemoryStore, Store};
+use crate::telemetry::Metrics;
+
+const RULES: &str = r#"
+domain: q
+rlqs: true
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 100}
+    descriptors:
+      - key: endpoint
+        rate_limit: {unit: minute, requests_per_unit: 60, algorithm: fixed_window}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: zero
+    rate_limit: {unit: hour, requests_per_unit: 0}
+"#;
+
+const OTHER: &str = "domain: plain\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+
+fn rules(text: &str) -> RuleSet {
+    load_sources(
+        &[
+            (PathBuf::from("q.yaml"), text.to_string()),
+            (PathBuf::from("plain.yaml"), OTHER.to_string()),
+        ],
+        LoadOptions::default(),
+    )
+    .unwrap()
+}
+
+struct World {
+    clock: Clock,
+    limiter: Limiter,
+    rlqs: Arc<Rlqs>,
+    metrics: Arc<Metrics>,
+    rules: RuleSet,
+}
+
+fn world() -> World {
+    world_with(|_| {})
+}
+
+fn world_with(configure: impl FnOnce(&mut RlqsConfig)) -> World {
+    let clock = Clock::manual(1_700_000_000_000);
+    let metrics = Arc::new(Metrics::new());
+    let config = LimiterConfig {
+        key_prefix: "t:".into(),
+        ..LimiterConfig::new(clock.clone())
+    };
+    let limiter = Limiter::new(
+        Store::Memory(MemoryStore::new(clock.clone())),
+        config,
+        metrics.clone(),
+    );
+    let mut rc = RlqsConfig {
+        report_interval_ms: 5_000,
+        assignment_ttl_ms: 15_000,
+        max_streams: 4,
+        max_buckets_per_stream: 100,
+        idle_ms: 60_000,
+        max_entries: 16,
+        max_key_bytes: 256,
+        max_value_bytes: 4_096,
+        clock: clock.clone(),
+    };
+    configure(&mut rc);
+    World {
+        rlqs: Rlqs::new(rc, metrics.rlqs.clone()),
+        clock,
+        limiter,
+        metrics,
+        rules: rules(RULES),
+    }
+}
+
+fn id(pairs: &[(&str, &str)]) -> BucketKey {
+    let mut v: BucketKey = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn usage(pairs: &[(&str, &str)], allowed: u64, denied: u64, elapsed_ms: u64) -> Usage {
+    Usage {
+        id: id(pairs),
+        allowed,
+        denied,
+        elapsed_ms,
+    }
+}
+
+impl World {
+    async fn report(&self, s: &mut Session, usages: Vec<Usage>) -> Vec<Action> {
+        s.report(&self.limiter, &self.rules, "q", usages)
+            .await
+            .unwrap()
+    }
+
+    /// What an RLS request for `entries` in `q` sees: its code and the bucket's remaining.
+    async fn rls(&self, entries: &[(&str, &str)]) -> (Code, u32) {
+        let req = Request {
+            domain: "q",
+            descriptors: vec![RequestDescriptor {
+                entries: entries.to_vec(),
+                hits_addend: None,
+                limit_override: None,
+            }],
+            hits_addend: 1,
+        };
+        let d = self.limiter.decide(&self.rules, &req).await.unwrap();
+        (d.statuses[0].code, d.statuses[0].remaining)
+    }
+}
+
+fn tokens(actions: &[Action]) -> Vec<u64> {
+    actions
+        .iter()
+        .map(|a| match a.assignment {
+            Assignment::Tokens { tokens, .. } => tokens,
+            _ => 0,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_first_report_must_name_a_domain_served_over_rlqs() {
+    let w = world();
+    let mut s = Session::open(&w.rlqs).unwrap();
+    async fn r(w: &World, s: &mut Session, d: &str) -> Result<(), RlqsError> {
+        s.report(&w.limiter, &w.rules, d, vec![]).await.map(|_| ())
+    }
+    assert_eq!(r(&w, &mut s, "").await, Err(RlqsError::NoDomain));
+    assert_eq!(
+        r(&w, &mut s, "nowhere").await,
+        Err(RlqsError::UnknownDomain("nowhere".into()))
+    );
+    assert_eq!(
+        r(&w, &mut s, "plain").await,
+        Err(RlqsError::NotRlqs("plain".into()))
+    );
+    assert_eq!(r(&w, &mut s, "q").await, Ok(()));
+    // Later reports may leave the domain out, but not change it.
+    assert_eq!(r(&w, &mut s, "").await, Ok(()));
+    assert!(matches!(
+        r(&w, &mut s, "plain").await,
+        Err(RlqsError::DomainChanged { .. })
+    ));
+    let m = w.metrics.render();
+    assert!(
+        m.contains(r#"tollgate_rlqs_refused_total{reason="unknown_domain"} 1"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn an_assignment_is_claimed_from_the_bucket_rls_decides_from() {
+    let w = world();
+    let mut s = Session::open(&w.rlqs).unwrap();
+    // The bucket's first request, admitted by Envoy's no_assignment_behavior: charged. The
+    // Envoy's demand is not known yet: it gets the floor, half of what the bucket can give
+    // in an interval (100 + 8 refilled).
+    let a = w
+        .report(&mut s, vec![usage(&[("tenant", "a")], 1, 0, 0)])
+        .await;
+    assert_eq!(tokens(&a), [54]);
+    assert!(matches!(
+        a[0].assignment,
+        Assignment::Tokens { ttl_s: 15, .. }
+    ));
+    // RLS sees the same bucket: 100 - 1 charged - 54 assigned, then its own take.
+    assert_eq!(w.rls(&[("tenant", "a")]).await, (Code::Ok, 44));
+
+    // 5 s later the Envoy used 20 of its 54 and was asked for 4 more than it had: 34 come
+    // back, and its demand (24 in 5 s) sizes the next assignment: 24 × 1.25 = 30.
+    w.clock.advance_ms(5_000);
+    let a = w
+        .report(&mut s, vec![usage(&[("tenant", "a")], 20, 4, 5_000)])
+        .await;
+    assert_eq!(tokens(&a), [30]);
+    // 44 + 8 refilled + 34 returned - 30 assigned - 1 RLS = 55 (floored).
+    assert_eq!(w.rls(&[("tenant", "a")]).await, (Code::Ok, 55));
+    let m = w.metrics.render();
+    for line in [
+        r#"tollgate_rlqs_tokens_total{event="assigned"} 84"#,
+        r#"tollgate_rlqs_tokens_total{event="returned"} 34"#,
+        r#"tollgate_rlqs_tokens_total{event="charged"} 1"#,
+        r#"tollgate_rlqs_assignments_total{strategy="token_bucket"} 2"#,
+        "tollgate_rlqs_streams 1",
+        "tollgate_rlqs_buckets 1",
+    ] {
+        assert!(m.contains(line), "{line}\n{m}");
+    }
+}
+
+#[tokio::test]
+async fn admitted_beyond_the_assignment_is_charged_into_debt() {
+    let w = world();
+    let mut s = Session::open(&w.rlqs).unwrap();
+    w.report(&mut s, vec![usage(&[("tenant", "d")], 0, 0, 0)])
+        .await;
+    // The Envoy ran on its fallback and admitted 150: the 50 it held and 100 more.
+    w.clock.advance_ms(5_000);
+    let a = w
+        .report(&mut s, vec![usage(&[("tenant", "d")], 150, 0, 5_000)])
+        .await;
+    assert!(
+        matches!(a[0].assignment, Assignment::DenyAll { ttl_s: 15 }),
+        "{a:?}"
+    );
+    // The bucket is in debt: RLS is refused too.
+    assert_eq!(w.rls(&[("tenant", "d")]).await.0, Code::OverLimit);
+    // Refused, it is claimed again once tokens exist (not sooner than a quarter interval).
+    let wake = s.next_wake_ms().unwrap();
+    // 54 held, 150 admitted: 96 charged to the 54.3 there (46 + 8.3 refilled), the bucket
+    // 41.7 deep in debt, so the wake is when 1 token exists again (42.7 tokens at 100 a
+    // minute: 25.6 s).
+    assert_eq!(wake - w.clock.mono_ms(), 25_600);
+    w.clock.advance_ms(wake - w.clock.mono_ms());
+    assert_eq!(s.next_wake_ms(), Some(wake));
+    let a = s.wake(&w.limiter).await;
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert!(tokens(&a)[0] >= 1, "{a:?}");
+    assert_eq!(s.next_wake_ms(), None);
+}
+
+#[tokio::test]
+async fn two_envoys_share_by_demand_and_never_more_than_the_bucket() {
+    let w = world();
+    let mut a = Session::open(&w.rlqs).unwrap();
+    let mut b = Session::open(&w.rlqs).unwrap();
+    let t = [("tenant", "shared")];
+    let mut given = 0;
+    let mut used = 0;
+    let (mut got_a, mut got_b) = (0, 0);
+    let (mut held_a, mut held_b) = (0u64, 0u64);
+    let mut first = true;
+    // 12 intervals (1 minute): A offers 160 a minute, B 40 (twice the limit together); each
+    // uses all it holds up to its offer.
+    for round in 0..12 {
+        let (ua, ub) = (held_a.min(67), held_b.min(17));
+        let elapsed = if first { 0 } else { 5_000 };
+        let ra = w
+            .report(&mut a, vec![usage(&t, ua, 67 - ua, elapsed)])
+            .await;
+        let rb = w
+            .report(&mut b, vec![usage(&t, ub, 17 - ub, elapsed)])
+            .await;
+        first = false;
+        used += ua + ub;
+        if round >= 2 {
+            got_a += ua;
+            got_b += ub;
+        }
+        held_a = tokens(&ra)[0];
+        held_b = tokens(&rb)[0];
+        given += held_a + held_b;
+        w.clock.advance_ms(5_000);
+    }
+    // What the Envoys admitted is never more than the bucket gave: 100 at the start plus 100
+    // a minute.
+    assert!(used <= 200, "admitted {used}");
+    assert!(
+        used >= 120,
+        "admitted {used} of the 100 + 100 the bucket held"
+    );
+    assert!(given >= used);
+    // A's share follows its demand: it got well over B's.
+    assert!(got_a >= 2 * got_b, "A {got_a}, B {got_b}");
+}
+
+#[tokio::test]
+async fn no_rule_and_unlimited_allow_all_and_a_removed_rule_is_abandoned() {
+    let mut w = world();
+    let mut s = Session::open(&w.rlqs).unwrap();
+    let a = w
+        .report(
+            &mut s,
+            vec![
+                usage(&[("nobody", "x")], 1, 0, 0),
+                usage(&[("free", "x")], 1, 0, 0),
+                usage(&[("endpoint", "/a"), ("tenant", "t")], 1, 0, 0),
+                usage(&[("zero", "z")], 1, 0, 0),
+            ],
+        )
+        .await;
+    let got: Vec<&'static str> = a.iter().map(|a| a.assignment.strategy()).collect();
+    assert_eq!(got, ["allow_all", "allow_all", "token_bucket", "deny_all"]);
+    // The fixed window under tenant was found through the tree, whatever the map's order.
+    assert_eq!(tokens(&a[2..3]), [30], "half of the 60-a-minute window");
+
+    // A reload drops the endpoint rule: the bucket is abandoned once, then, as a new bucket,
+    // it matches no rule.
+    w.rules = rules(
+        "domain: q\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100}\n",
+    );
+    let id = [("endpoint", "/a"), ("tenant", "t")];
+    let a = w.report(&mut s, vec![usage(&id, 3, 0, 5_000)]).await;
+    assert_eq!(a[0].assignment, Assignment::Abandon);
+    assert_eq!(s.buckets(), 3);
+    let a = w.report(&mut s, vec![usage(&id, 1, 0, 0)]).await;
+    assert!(matches!(a[0].assignment, Assignment::AllowAll { .. }));
+}
+
+#[tokio::test]
+async fn an_idle_bucket_is_abandoned_and_its_tokens_come_back() {
+    let w = world_with(|c| c.idle_ms = 10_000);
+    let mut s = Session::open(&w.rlqs).unwrap();
+    let t = [("tenant", "idle")];
+    assert_eq!(
+        tokens(&w.report(&mut s, vec![usage(&t, 0, 0, 0)]).await),
+        [54]
+    );
+    w.clock.advance_ms(5_000);
+    w.report(&mut s, vec![usage(&t, 0, 0, 5_000)]).await;
+    w.clock.advance_ms(5_000);
+    let a = w.report(&mut s, vec![usage(&t, 0, 0, 5_000)]).await;
+    assert_eq!(a[0].assignment, Assignment::Abandon);
+    assert_eq!(s.buckets(), 0);
+    // Everything came back: the bucket is full again (less RLS's own take).
+    assert_eq!(w.rls(&t).await, (Code::Ok, 99));
+}
+
+#[tokio::test]
+async fn bucket_ids_past_the_cap_and_bad_ids_are_refused_and_counted() {
+    let w = world_with(|c| c.max_buckets_per_stream = 50);
+    let mut s = Session::open(&w.rlqs).unwrap();
+    let many: Vec<Usage> = (0..10_000)
+        .map(|i| usage(&[("tenant", &format!("t{i}"))], 1, 0, 0))
+        .collect();
+    let a = w.report(&mut s, many).await;
+    assert_eq!(a.len(), 50);
+    assert_eq!(s.buckets(), 50);
+    let long = "x".repeat(5_000);
+    let a = w
+        .report(
+            &mut s,
+            vec![
+                usage(&[], 1, 0, 0),
+                usage(&[("tenant", long.as_str())], 1, 0, 0),
+            ],
+        )
+        .await;
+    assert!(a.is_empty());
+    let m = w.metrics.render();
+    for line in [
+        r#"tollgate_rlqs_refused_total{reason="too_many_buckets"} 9950"#,
+        r#"tollgate_rlqs_refused_total{reason="empty_bucket_id"} 1"#,
+        r#"tollgate_rlqs_refused_total{reason="bucket_id_too_large"} 1"#,
+    ] {
+        assert!(m.contains(line), "{line}\n{m}");
+    }
+    // Streams are capped too, and a closed one frees its place and its buckets.
+    let more: Vec<Session> = (0..3).map(|_| Session::open(&w.rlqs).unwrap()).collect();
+    assert!(matches!(
+        Session::open(&w.rlqs),
+        Err(RlqsError::TooManyStreams(4))
+    ));
+    drop(more);
+    drop(s);
+    let m = w.metrics.render();
+    assert!(m.contains("tollgate_rlqs_buckets 0"), "{m}");
+    assert!(m.contains("tollgate_rlqs_streams 0"), "{m}");
+    assert!(Session::open(&w.rlqs).is_ok());
+}
+
+#[tokio::test]
+async fn closing_expires_every_assignment_now() {
+    let w = world();
+    let mut s = Session::open(&w.rlqs).unwrap();
+    let sent = w
+        .report(
+            &mut s,
+            vec![
+                usage(&[("tenant", "c")], 1, 0, 0),
+                usage(&[("free", "c")], 1, 0, 0),
+            ],
+        )
+        .await;
+    let mut closing = s.closing();
+    closing.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(closing.len(), 2);
+    assert!(closing.iter().all(|a| a.assignment.strategy() == "expire"));
+    // The same token bucket (so Envoy carries it into its fallback), expiring now.
+    let Some(&Assignment::Tokens { tokens, .. }) = sent
+        .iter()
+        .map(|a| &a.assignment)
+        .find(|a| a.strategy() == "token_bucket")
+    else {
+        panic!("{sent:?}");
+    };
+    assert!(
+        closing
+            .iter()
+            .any(|a| a.assignment == Assignment::Tokens { tokens, ttl_s: 0 })
+    );
+}
+
+#[test]
+fn an_rlqs_domain_refuses_at_load_what_rlqs_cannot_serve() {
+    let refused = |limit: &str| {
+        let text = format!("domain: r\nrlqs: true\ndescriptors:\n  - key: k\n    {limit}\n");
+        match load_sources(&[(PathBuf::from("r.yaml"), text)], LoadOptions::default()) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    };
+    for (limit, why) in [
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}",
+            "algorithm sliding_window cannot be claimed in advance",
+        ),
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 8, shards: 2}",
+            "shards split the bucket",
+        ),
+        (
+            "rate_limit: {unit: minute, requests_per_unit: 5, overdraft: true}",
+            "overdraft",
+        ),
+        (
+            "rate_limits: [{unit: second, requests_per_unit: 50, burst: 500}, {unit: hour, requests_per_unit: 9}]",
+            "has 2 counted limits",
+        ),
+        (
+            "rate_limit: {unit: second, requests_per_unit: 100}",
+            "refills 500 tokens per report interval (rlqs_report_interval_ms 5000) but holds only burst 100",
+        ),
+    ] {
+        let e = refused(limit);
+        assert!(e.contains(why), "{limit}: {e}");
+        assert!(
+            e.contains("r.yaml:4:") || e.contains("r.yaml:5:"),
+            "{limit}: {e}"
+        );
+    }
+    assert_eq!(
+        refused("rate_limit: {unit: second, requests_per_unit: 100, burst: 500}"),
+        ""
+    );
+    assert!(
+        refused("rate_limit: {unit: minute, requests_per_unit: 1}\nrlqs_typo: 1")
+            .contains("rlqs_typo")
+    );
+}
