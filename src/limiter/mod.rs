@@ -384,11 +384,6 @@ impl Limiter {
             .collect()
     }
 
-    /// The replica count that claims split a nearly spent bucket by (as leases do).
-    pub fn live_replicas(&self) -> u64 {
-        self.config.replicas.count()
-    }
-
     /// The store's answers, with each failed op decided by its limit's fallback mode (else the
     /// global one); also which outcomes came from the fallback. A failed op whose mode is
     /// `error` fails the request with the store's error.

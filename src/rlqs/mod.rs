@@ -17,9 +17,10 @@
 //!    fallback, or from the previous assignment while this one was on its way) are charged to
 //!    the bucket, into debt if need be (`overdraft`'s charge, at most one limit deep).
 //! 3. **Claim** the next assignment: [`size::want`] tokens, the Envoy's demand-weighted share
-//!    of what the bucket can give over one interval, with a floor; a claim of all-or-nothing
-//!    for 1 and up to `want` (`lease.lua`'s claim, split between live replicas as leases
-//!    are). Granted: a token bucket holding those tokens (with a slow refill, charged when
+//!    of what the bucket can give over one interval, with a floor, never more than its
+//!    demand; a claim of at least 1 and up to `want` (`lease.lua`'s claim). The weights are
+//!    over the Envoys this replica serves; Envoys on other replicas share by when they
+//!    report (each claim takes what has refilled since the last). Granted: a token bucket holding those tokens (with a slow refill, charged when
 //!    used). Refused: `DENY_ALL`, and the bucket is claimed again
 //!    when the store says tokens exist again ([`Session::wake`]), pushed without waiting for
 //!    the next report.
@@ -498,7 +499,6 @@ impl Session {
         now: u64,
         interval: u64,
     ) -> Vec<Action> {
-        let replicas = limiter.live_replicas().max(1);
         let mut ops: Vec<(Op, Option<FallbackMode>)> = Vec::with_capacity(ids.len());
         let mut asked: Vec<BucketKey> = Vec::with_capacity(ids.len());
         {
@@ -538,7 +538,9 @@ impl Session {
                         action: OpAction::Claim(ClaimAsk {
                             need: 1,
                             want,
-                            share: replicas,
+                            // Not split by replicas as leases are: `want` is already
+                            // this Envoy's share, capped by its own demand.
+                            share: 1,
                         }),
                     },
                     limit.fallback,

@@ -1,0 +1,445 @@
+//! RLQS: real Envoys (1.40, `examples/envoy/rlqs/envoy.yaml`) enforce assignments that tollgate
+//! claims out of one shared bucket in a real Redis; and the stream's bad input through a raw
+//! gRPC client.
+//!
+//! The Envoy runs report every 5 s (Envoy 1.40 does, whatever `reporting_interval` says), so
+//! each lasts a few intervals; they run in parallel with each other.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::envoy::TestEnvoy;
+use common::redis::{TestRedis, unique_prefix};
+use common::{InProcess, metric_sum, poll, request};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
+use tokio::sync::mpsc;
+
+const EXAMPLE: &str = "examples/envoy/rlqs/envoy.yaml";
+
+/// Sends `per_s` requests a second for tenant `tenant` through the Envoy at `front` for
+/// `secs`, on one keep-alive connection (a connection per request would not keep up on a
+/// busy machine); returns how many were admitted (200) and refused (429).
+fn drive(front: SocketAddr, tenant: &str, per_s: u32, secs: u64) -> (u64, u64) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let connect = || {
+        let s = std::net::TcpStream::connect(front).expect("connect to envoy");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_nodelay(true).unwrap();
+        BufReader::new(s)
+    };
+    let mut conn = connect();
+    let start = Instant::now();
+    let (mut ok, mut refused) = (0, 0);
+    let every = Duration::from_secs(1) / per_s;
+    let mut next = start;
+    let req = format!("GET / HTTP/1.1\r\nHost: localhost\r\nx-tenant: {tenant}\r\n\r\n");
+    while start.elapsed() < Duration::from_secs(secs) {
+        conn.get_mut().write_all(req.as_bytes()).expect("send");
+        let mut status_line = String::new();
+        conn.read_line(&mut status_line).expect("status line");
+        let status: u16 = status_line
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let (mut length, mut close) = (0usize, false);
+        loop {
+            let mut line = String::new();
+            conn.read_line(&mut line).expect("header");
+            let line = line.trim_end().to_ascii_lowercase();
+            if line.is_empty() {
+                break;
+            }
+            if let Some(v) = line.strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+            close |= line == "connection: close";
+        }
+        let mut body = vec![0; length];
+        conn.read_exact(&mut body).expect("body");
+        match status {
+            200 => ok += 1,
+            429 => refused += 1,
+            other => panic!("envoy answered {other}: {status_line}"),
+        }
+        if close {
+            conn = connect();
+        }
+        next += every;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    (ok, refused)
+}
+
+fn server(rules: &str, redis: &TestRedis, prefix: &str) -> InProcess {
+    let (url, prefix) = (redis.url(), prefix.to_string());
+    InProcess::start(rules, move |s| {
+        s.store = url;
+        s.key_prefix = prefix;
+    })
+}
+
+/// 720 a minute (12 a second) per tenant, holding one report interval's refill.
+const FLEET_RULES: &str = "domain: quota
+rlqs: true
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 720, burst: 60}
+";
+
+#[test]
+fn two_envoys_on_two_tollgates_share_one_quota() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("rlqs-fleet");
+    let (t1, t2) = (
+        server(FLEET_RULES, &redis, &prefix),
+        server(FLEET_RULES, &redis, &prefix),
+    );
+    let (e1, e2) = (
+        TestEnvoy::start_example(EXAMPLE, t1.grpc, &[]),
+        TestEnvoy::start_example(EXAMPLE, t2.grpc, &[]),
+    );
+    // Twice the quota's rate: 12 a second through each Envoy, for five reports.
+    let secs = 25;
+    let started = Instant::now();
+    let a = std::thread::spawn(move || drive(e1.front, "acme", 12, secs));
+    let b = std::thread::spawn(move || drive(e2.front, "acme", 12, secs));
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    let span = started.elapsed().as_secs_f64();
+    let admitted = a.0 + b.0;
+    // The bucket held 60 and refilled 12 a second over the run. The bound (README, RLQS):
+    // what Envoys admit beyond their assignments (each bucket's first request, and those its
+    // old assignment admits while a report's answer is on its way), charged afterwards.
+    let quota = 60.0 + 12.0 * span;
+    let bound = 2.0 + 12.0 * 0.5;
+    eprintln!("admitted {admitted} (A {a:?}, B {b:?}) of a quota of {quota:.0} over {span:.1} s");
+    assert!(
+        admitted as f64 <= quota + bound,
+        "admitted {admitted} > quota {quota:.0} + bound {bound}"
+    );
+    assert!(
+        admitted as f64 >= 0.8 * quota,
+        "admitted {admitted} < 80 % of {quota:.0}"
+    );
+    assert!(
+        a.0 > 0 && b.0 > 0,
+        "both Envoys were assigned a share: {a:?} {b:?}"
+    );
+    // Both replicas assigned and settled.
+    for t in [&t1, &t2] {
+        assert!(metric_sum(t.admin, "tollgate_rlqs_tokens_total", &["assigned"]) > 0.0);
+        assert!(metric_sum(t.admin, "tollgate_rlqs_reports_total", &[]) >= 3.0);
+    }
+}
+
+/// A quota with no refill to speak of: 100 an hour.
+const ONE_QUOTA_RULES: &str = "domain: quota
+rlqs: true
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 100}
+";
+
+#[test]
+fn an_rls_client_and_an_rlqs_envoy_draw_from_one_quota() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("rlqs-rls");
+    let tollgate = server(ONE_QUOTA_RULES, &redis, &prefix);
+    let envoy = TestEnvoy::start_example(EXAMPLE, tollgate.grpc, &[]);
+    let front = envoy.front;
+    // RLQS through Envoy, 15 a second; RLS (ShouldRateLimit, the same domain and tenant),
+    // 10 a second; 15 s: 375 asked of a quota of 100.
+    let rlqs = std::thread::spawn(move || drive(front, "shared", 15, 15));
+    let rls = {
+        let grpc = tollgate.grpc;
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                let mut client = common::client_of(grpc).await;
+                let (mut ok, mut refused) = (0u64, 0u64);
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_secs(15) {
+                    let r = client
+                        .should_rate_limit(request("quota", &[&[("tenant", "shared")]]))
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    if r.overall_code == 1 {
+                        ok += 1;
+                    } else {
+                        refused += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                (ok, refused)
+            })
+        })
+    };
+    let (q, r) = (rlqs.join().unwrap(), rls.join().unwrap());
+    let admitted = q.0 + r.0;
+    eprintln!("RLQS {q:?}, RLS {r:?}: {admitted} admitted of 100");
+    // 100, the refill of 15 s (0.4), and the bucket's first request (admitted before its
+    // first assignment, then charged).
+    assert!(admitted <= 102, "admitted {admitted} of a quota of 100");
+    assert!(admitted >= 80, "admitted {admitted}: under 80 % of 100");
+    assert!(
+        q.0 > 0 && r.0 > 0,
+        "both sides were admitted some: {q:?} {r:?}"
+    );
+}
+
+/// A raw RLQS stream: what a test sends and what tollgate answers.
+struct Stream {
+    tx: mpsc::Sender<RateLimitQuotaUsageReports>,
+    rx: tonic::Streaming<RateLimitQuotaResponse>,
+}
+
+impl Stream {
+    async fn open(grpc: SocketAddr) -> Stream {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .expect("connect");
+        let (tx, rx) = mpsc::channel(16);
+        let outbound =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        let rx = client
+            .stream_rate_limit_quotas(outbound)
+            .await
+            .expect("stream")
+            .into_inner();
+        Stream { tx, rx }
+    }
+
+    async fn send(&self, domain: &str, usages: Vec<BucketQuotaUsage>) {
+        self.tx
+            .send(RateLimitQuotaUsageReports {
+                domain: domain.into(),
+                bucket_quota_usages: usages,
+            })
+            .await
+            .expect("send");
+    }
+
+    /// The next response, or the status that ended the stream.
+    async fn next(&mut self) -> Result<RateLimitQuotaResponse, tonic::Status> {
+        match tokio::time::timeout(Duration::from_secs(20), self.rx.message()).await {
+            Ok(Ok(Some(m))) => Ok(m),
+            Ok(Ok(None)) => Err(tonic::Status::ok("stream ended")),
+            Ok(Err(s)) => Err(s),
+            Err(_) => panic!("no answer within 20 s"),
+        }
+    }
+}
+
+fn usage(pairs: &[(&str, &str)], allowed: u64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }),
+        time_elapsed: None,
+        num_requests_allowed: allowed,
+        num_requests_denied: 0,
+    }
+}
+
+/// Each bucket action as (its id's tenant, what it says).
+fn actions(r: &RateLimitQuotaResponse) -> Vec<(String, &'static str)> {
+    r.bucket_action
+        .iter()
+        .map(|a| {
+            let id = a.bucket_id.as_ref().unwrap();
+            let tenant = id.bucket.get("tenant").cloned().unwrap_or_default();
+            let what = match &a.bucket_action {
+                Some(Kind::AbandonAction(_)) => "abandon",
+                Some(Kind::QuotaAssignmentAction(q)) => {
+                    match q
+                        .rate_limit_strategy
+                        .as_ref()
+                        .and_then(|s| s.strategy.as_ref())
+                    {
+                        Some(Strategy::TokenBucket(_)) => "token_bucket",
+                        Some(Strategy::BlanketRule(0)) => "allow_all",
+                        Some(Strategy::BlanketRule(1)) => "deny_all",
+                        _ => "other",
+                    }
+                }
+                None => "none",
+            };
+            (tenant, what)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_removed_by_a_reload_abandons_its_buckets() {
+    let tollgate = InProcess::start(
+        "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 60}\n",
+        |s| s.reload_interval_ms = 100,
+    );
+    let mut s = Stream::open(tollgate.grpc).await;
+    s.send("quota", vec![usage(&[("tenant", "a")], 1)]).await;
+    let first = s.next().await.unwrap();
+    // A token bucket, sent after a DENY_ALL so Envoy starts it full (see service/rlqs.rs).
+    assert_eq!(
+        actions(&first),
+        [("a".into(), "deny_all"), ("a".into(), "token_bucket")]
+    );
+    std::fs::write(
+        tollgate.rules_dir().join("rules.yaml"),
+        "domain: quota\nrlqs: true\ndescriptors:\n  - key: plan\n    rate_limit: {unit: minute, requests_per_unit: 60}\n",
+    )
+    .unwrap();
+    poll(Duration::from_secs(10), || {
+        (metric_sum(tollgate.admin, "tollgate_rules_reloads_total", &["ok"]) >= 1.0).then_some(())
+    })
+    .expect("the rules reloaded");
+    s.send("", vec![usage(&[("tenant", "a")], 3)]).await;
+    assert_eq!(actions(&s.next().await.unwrap()), [("a".into(), "abandon")]);
+    // Back as a new bucket, it matches no rule: no limit, as RLS answers.
+    s.send("", vec![usage(&[("tenant", "a")], 1)]).await;
+    assert_eq!(
+        actions(&s.next().await.unwrap()),
+        [("a".into(), "allow_all")]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_streams_get_clear_refusals_and_bounded_memory() {
+    let tollgate = InProcess::builder(
+        "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 60}\n",
+    )
+    .file(
+        "plain.yaml",
+        "domain: plain\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 60}\n",
+    )
+    .settings(|s| s.rlqs_max_buckets_per_stream = 500)
+    .start();
+    let grpc = tollgate.grpc;
+    // An unknown domain, a domain that is not served over RLQS, no domain at all.
+    for (domain, code, says) in [
+        (
+            "nowhere",
+            tonic::Code::NotFound,
+            "no rules file declares domain 'nowhere'",
+        ),
+        (
+            "plain",
+            tonic::Code::FailedPrecondition,
+            "does not set rlqs: true",
+        ),
+        ("", tonic::Code::InvalidArgument, "must name its domain"),
+    ] {
+        let mut s = Stream::open(grpc).await;
+        s.send(domain, vec![usage(&[("tenant", "a")], 1)]).await;
+        let e = s.next().await.unwrap_err();
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(e.message().contains(says), "{e:?}");
+    }
+    // An empty bucket id gets nothing; the stream goes on.
+    let mut s = Stream::open(grpc).await;
+    s.send(
+        "quota",
+        vec![
+            BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: HashMap::new(),
+                }),
+                ..usage(&[], 1)
+            },
+            usage(&[("tenant", "ok")], 1),
+        ],
+    )
+    .await;
+    assert_eq!(
+        actions(&s.next().await.unwrap()),
+        [("ok".into(), "deny_all"), ("ok".into(), "token_bucket")]
+    );
+    // 10,000 distinct ids from one stream, in reports of 1,000: 500 are held and answered.
+    let mut answered = 0;
+    for chunk in 0..10 {
+        let usages = (0..1_000)
+            .map(|i| usage(&[("tenant", &format!("t{chunk}-{i}"))], 1))
+            .collect();
+        s.send("", usages).await;
+        if chunk < 1 {
+            answered += actions(&s.next().await.unwrap())
+                .iter()
+                .filter(|(_, w)| *w == "token_bucket")
+                .count();
+        }
+    }
+    assert_eq!(answered, 499, "500 held, one of them the `ok` tenant");
+    let held = poll(Duration::from_secs(10), || {
+        let refused = metric_sum(
+            tollgate.admin,
+            "tollgate_rlqs_refused_total",
+            &["too_many_buckets"],
+        );
+        (refused >= 9_500.0).then_some(metric_sum(tollgate.admin, "tollgate_rlqs_buckets", &[]))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the ids past the cap were refused:\n{}\n{}",
+            common::get(tollgate.admin, "/metrics").1,
+            tollgate.log()
+        )
+    });
+    assert_eq!(held, 500.0);
+    let m = common::get(tollgate.admin, "/metrics").1;
+    for line in [
+        r#"tollgate_rlqs_refused_total{reason="empty_bucket_id"} 1"#,
+        r#"tollgate_rlqs_refused_total{reason="unknown_domain"} 1"#,
+        r#"tollgate_rlqs_refused_total{reason="no_domain"} 1"#,
+        r#"tollgate_rlqs_refused_total{reason="not_rlqs"} 1"#,
+    ] {
+        assert!(m.contains(line), "{line}\n{m}");
+    }
+    drop(s);
+    poll(Duration::from_secs(10), || {
+        (metric_sum(tollgate.admin, "tollgate_rlqs_buckets", &[]) == 0.0).then_some(())
+    })
+    .expect("a closed stream frees its buckets");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_stream_is_ended() {
+    let tollgate = InProcess::start(
+        "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 60}\n",
+        |s| {
+            s.rlqs_report_interval_ms = 1_000;
+            s.rlqs_assignment_ttl_ms = 2_000;
+        },
+    );
+    // A stream that never sends its domain (nor anything else): ended after three intervals,
+    // at least 10 s.
+    let mut s = Stream::open(tollgate.grpc).await;
+    let started = Instant::now();
+    let e = s.next().await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e:?}");
+    assert!(started.elapsed() >= Duration::from_secs(9));
+    assert_eq!(
+        metric_sum(
+            tollgate.admin,
+            "tollgate_rlqs_refused_total",
+            &["idle_stream"]
+        ),
+        1.0
+    );
+}
