@@ -29,6 +29,13 @@ const EXAMPLE: &str = "examples/envoy/rlqs/envoy.yaml";
 /// `secs`, on one keep-alive connection (a connection per request would not keep up on a
 /// busy machine); returns how many were admitted (200) and refused (429).
 fn drive(front: SocketAddr, tenant: &str, per_s: u32, secs: u64) -> (u64, u64) {
+    let log = drive_log(front, tenant, per_s, secs);
+    let ok = log.iter().filter(|(_, admitted)| *admitted).count() as u64;
+    (ok, log.len() as u64 - ok)
+}
+
+/// As [`drive`], with each answer: (seconds since the start, admitted).
+fn drive_log(front: SocketAddr, tenant: &str, per_s: u32, secs: u64) -> Vec<(f64, bool)> {
     use std::io::{BufRead, BufReader, Read, Write};
     let connect = || {
         let s = std::net::TcpStream::connect(front).expect("connect to envoy");
@@ -38,7 +45,7 @@ fn drive(front: SocketAddr, tenant: &str, per_s: u32, secs: u64) -> (u64, u64) {
     };
     let mut conn = connect();
     let start = Instant::now();
-    let (mut ok, mut refused) = (0, 0);
+    let mut log = Vec::new();
     let every = Duration::from_secs(1) / per_s;
     let mut next = start;
     let req = format!("GET / HTTP/1.1\r\nHost: localhost\r\nx-tenant: {tenant}\r\n\r\n");
@@ -67,8 +74,7 @@ fn drive(front: SocketAddr, tenant: &str, per_s: u32, secs: u64) -> (u64, u64) {
         let mut body = vec![0; length];
         conn.read_exact(&mut body).expect("body");
         match status {
-            200 => ok += 1,
-            429 => refused += 1,
+            200 | 429 => log.push((start.elapsed().as_secs_f64(), status == 200)),
             other => panic!("envoy answered {other}: {status_line}"),
         }
         if close {
@@ -79,7 +85,7 @@ fn drive(front: SocketAddr, tenant: &str, per_s: u32, secs: u64) -> (u64, u64) {
             std::thread::sleep(wait);
         }
     }
-    (ok, refused)
+    log
 }
 
 fn server(rules: &str, redis: &TestRedis, prefix: &str) -> InProcess {
@@ -143,6 +149,34 @@ fn two_envoys_on_two_tollgates_share_one_quota() {
     }
 }
 
+#[test]
+fn shares_move_toward_uneven_demand() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("rlqs-uneven");
+    let tollgate = server(FLEET_RULES, &redis, &prefix);
+    let (e1, e2) = (
+        TestEnvoy::start_example(EXAMPLE, tollgate.grpc, &[]),
+        TestEnvoy::start_example(EXAMPLE, tollgate.grpc, &[]),
+    );
+    // One Envoy asks 16 a second, the other 4: 20 of a quota of 12.
+    let a = std::thread::spawn(move || drive_log(e1.front, "acme", 16, 25));
+    let b = std::thread::spawn(move || drive_log(e2.front, "acme", 4, 25));
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    // After two report intervals.
+    let late = |log: &[(f64, bool)]| log.iter().filter(|(t, ok)| *ok && *t >= 10.0).count();
+    let (la, lb) = (late(&a), late(&b));
+    eprintln!("admitted from 10 s on: A {la}, B {lb} (quota about 180)");
+    assert!(
+        la >= 2 * lb,
+        "A {la} vs B {lb}: the shares did not follow the demand"
+    );
+    assert!(lb >= 10, "B {lb}: the floor keeps the smaller Envoy served");
+    assert!(
+        la + lb <= 60 + 12 * 15 + 8,
+        "A {la} + B {lb} over the quota"
+    );
+}
+
 /// A quota with no refill to speak of: 100 an hour.
 const ONE_QUOTA_RULES: &str = "domain: quota
 rlqs: true
@@ -196,6 +230,79 @@ fn an_rls_client_and_an_rlqs_envoy_draw_from_one_quota() {
     assert!(
         q.0 > 0 && r.0 > 0,
         "both sides were admitted some: {q:?} {r:?}"
+    );
+}
+
+/// 60 a minute: an Envoy asking 12 a second is refused most of the time.
+const SMALL_RULES: &str = "domain: quota
+rlqs: true
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 60, burst: 5}
+";
+
+#[test]
+fn a_restarted_tollgate_sends_envoy_to_its_fallback_and_back() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("rlqs-restart");
+    let grpc = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let start = || {
+        common::TestServer::builder(SMALL_RULES)
+            .grpc_addr(grpc)
+            .arg("store", &redis.url())
+            .arg("key-prefix", &prefix)
+            .start()
+    };
+    let mut first = start();
+    let envoy = TestEnvoy::start_example(EXAMPLE, grpc, &[]);
+    let front = envoy.front;
+    let load = std::thread::spawn(move || drive_log(front, "acme", 12, 32));
+    // Assigned for two reports, then SIGTERM: every assignment is expired first, so Envoy
+    // moves to its expired_assignment_behavior (10 a second) at once, rather than holding a
+    // DENY_ALL until its TTL (15 s).
+    std::thread::sleep(Duration::from_secs(10));
+    let stopped_at = 10.0;
+    assert!(first.terminate().success(), "{}", first.log());
+    std::thread::sleep(Duration::from_secs(6));
+    let second = start();
+    let restarted_at = 16.0;
+    let log = load.join().unwrap();
+    let admitted = |from: f64, to: f64| {
+        log.iter()
+            .filter(|(t, ok)| *ok && *t >= from && *t < to)
+            .count()
+    };
+    let before = admitted(5.0, stopped_at);
+    let down = admitted(stopped_at + 0.5, restarted_at);
+    let after = admitted(restarted_at + 11.0, 32.0);
+    eprintln!(
+        "admitted: {before} in 5 s assigned, {down} in 5.5 s on the fallback, {after} in 5 s reassigned"
+    );
+    // Assigned: the quota, 1 a second (and what its burst held).
+    assert!(
+        before <= 10,
+        "{before} admitted in 5 s of a 1-a-second quota"
+    );
+    // Down: the fallback bucket admits up to 10 a second (DENY_ALL would admit none).
+    assert!(
+        down >= 20,
+        "only {down} admitted on the fallback: the assignments did not expire"
+    );
+    // Back: the new tollgate hears the Envoy's next report, charges what the fallback admitted
+    // (the bucket goes into debt), and assigns again.
+    let reports = poll(Duration::from_secs(10), || {
+        let r = metric_sum(second.admin, "tollgate_rlqs_reports_total", &[]);
+        (r >= 2.0).then_some(r)
+    });
+    assert!(
+        reports.is_some(),
+        "no reports on the new tollgate:\n{}",
+        second.log()
+    );
+    assert!(metric_sum(second.admin, "tollgate_rlqs_tokens_total", &["charged"]) >= 10.0);
+    assert!(
+        after <= 6,
+        "{after} admitted in 5 s after the restart: not back on the quota"
     );
 }
 

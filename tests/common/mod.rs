@@ -260,6 +260,9 @@ pub struct TestServerBuilder {
     rules: Vec<(String, String)>,
     args: Vec<(String, String)>,
     env: Vec<(String, String)>,
+    /// The gRPC address to bind (a free port when `None`): a restarted server keeps its
+    /// predecessor's, so the Envoy in front of it reconnects.
+    grpc_addr: Option<SocketAddr>,
 }
 
 impl TestServer {
@@ -269,6 +272,7 @@ impl TestServer {
             rules: vec![("rules.yaml".into(), rules.into())],
             args: Vec::new(),
             env: Vec::new(),
+            grpc_addr: None,
         }
     }
 
@@ -331,6 +335,12 @@ impl TestServerBuilder {
         self
     }
 
+    /// Binds the gRPC listener on `addr` instead of a free port.
+    pub fn grpc_addr(mut self, addr: SocketAddr) -> Self {
+        self.grpc_addr = Some(addr);
+        self
+    }
+
     /// Starts the binary on port 0, reads the addresses it bound from its "tollgate ready"
     /// log line and waits for `/readyz`; panics with its log if it never gets ready.
     pub fn start(self) -> TestServer {
@@ -345,7 +355,12 @@ impl TestServerBuilder {
         cmd.arg("serve")
             .arg("--rules")
             .arg(&rules)
-            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .arg("--grpc-addr")
+            .arg(
+                self.grpc_addr
+                    .map_or_else(|| "127.0.0.1:0".to_string(), |a| a.to_string()),
+            )
+            .args(["--admin-addr", "127.0.0.1:0"])
             .env_remove("RUST_LOG")
             // Plain log lines: the addresses are read from the log.
             .env("NO_COLOR", "1")
