@@ -2,6 +2,9 @@
 //!
 //! # How one request flows
 //!
+//! (RLQS, Envoy enforcing locally, is [`rlqs`] behind [`service::rlqs`]: its assignments use
+//! steps 2 and 3's matching, keys and store ops.)
+//!
 //! 1. [`service::rls`] receives Envoy's `ShouldRateLimit` over gRPC and hands it to the one
 //!    [`service::Handler`] (the admin port's `/json` takes the same path), which admits it,
 //!    checks its bounds and borrows it as a [`limiter::Request`] ([`service::request`]).
@@ -34,11 +37,14 @@
 //!    any other [`store::Backend`], a test's or a simulator's).
 //! 3. [`keys`] (Limit + entries (+ shard) → store key), [`fleet`] (membership heartbeats and the
 //!    live replica count), [`settings`] (every setting once; flags, env and file derive from it).
-//! 4. [`limiter`] (plan, hot keys, fallback, fold) and [`configs`] (each part's typed config
-//!    from the settings, so no part below imports [`settings`]).
-//! 5. [`service`] (gRPC, the shared handler, request bounds, response; the listeners' bounds),
-//!    [`admin`], then [`app`] (wiring: `app::serve` on listeners the caller bound, tests bind
-//!    port 0; `app::grpc` builds the gRPC server). [`loadgen`] (`tollgate bench`) stands apart.
+//! 4. [`limiter`] (plan, hot keys, fallback, fold).
+//! 5. [`rlqs`] (Envoy's quota streams: bucket id → rule, assignments claimed from the same
+//!    shared buckets through the limiter, settled at the next report).
+//! 6. [`service`] (gRPC RLS and RLQS, the shared handler, request bounds, response; the
+//!    listeners' bounds), then [`configs`] (each part's typed config from the settings, so no
+//!    part below imports [`settings`]) and [`admin`], then [`app`] (wiring: `app::serve` on
+//!    listeners the caller bound, tests bind port 0; `app::grpc` builds the gRPC server).
+//!    [`loadgen`] (`tollgate bench`) stands apart.
 
 #![forbid(unsafe_code)]
 

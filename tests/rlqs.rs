@@ -550,3 +550,22 @@ async fn a_silent_stream_is_ended() {
         1.0
     );
 }
+
+#[test]
+fn the_example_serves_its_domain_over_rlqs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = tollgate::rules::load_path(
+        &root.join("examples/envoy/rlqs/rules.yaml"),
+        tollgate::rules::LoadOptions::default(),
+    )
+    .expect("examples/envoy/rlqs/rules.yaml loads");
+    let envoy = std::fs::read_to_string(root.join(EXAMPLE)).unwrap();
+    assert!(
+        envoy.contains("domain: quota"),
+        "the filter names the rules' domain"
+    );
+    assert!(
+        rules.domains["quota"].rlqs,
+        "the example's domain says rlqs: true"
+    );
+}

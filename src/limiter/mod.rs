@@ -356,7 +356,7 @@ impl Limiter {
     /// Applies RLQS claims, give-backs and charges in one store call; what the store cannot
     /// answer is decided by each op's fallback mode (`limit` gives its own, else the global
     /// one): a claim from the local share of the quota under `local` (see
-    /// [`fallback::Fallback::claim`]), everything asked under `open`, nothing under `closed`;
+    /// `fallback::Fallback::claim`), everything asked under `open`, nothing under `closed`;
     /// `None` under `error` (the caller sends no assignment, so Envoy's own behaviour applies).
     /// A give-back the store did not take is dropped (tokens lost, never doubled).
     pub async fn apply_quota_ops(
