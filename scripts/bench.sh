@@ -197,6 +197,14 @@ else
   HOSTILE="FAILED (see below)"
 fi
 
+# --- RLQS against RLS -------------------------------------------------------------------
+# tests/rlqs.rs's benchmark: the same traffic through an Envoy on RLS and one on RLQS, on the
+# release binary: RPC messages and tollgate CPU per admitted request.
+echo "bench: RLQS against RLS on the release binary…" >&2
+TOLLGATE_TEST_BINARY="$PWD/$BIN" \
+  cargo test -q --test rlqs -- --ignored --nocapture --test-threads 1 bench_rlqs_against_rls \
+  > "$TMP/rlqs.txt" 2>&1 || echo "bench: the RLQS benchmark failed (see below)" >&2
+
 mkdir -p "$(dirname "$SVG")"
 python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$TMP/memory.txt" "$OPEN" "$SVG" "$LOG_HITS" "$LOG_BYTES" <<'PY'
 import json, sys
@@ -314,3 +322,5 @@ PY
 echo
 echo "Hostile peers, release binary, legitimate p99 < 100 ms: $HOSTILE"
 grep -oE "(16 non-reading|WINDOW_UPDATE).*|panicked.*" "$TMP/hostile.txt" || true
+echo
+grep -E "^RLQS against RLS|panicked" "$TMP/rlqs.txt" || tail -20 "$TMP/rlqs.txt"

@@ -569,3 +569,83 @@ fn the_example_serves_its_domain_over_rlqs() {
         "the example's domain says rlqs: true"
     );
 }
+
+/// The CPU seconds process `pid` has used (user + system; Linux ticks of 10 ms).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are the 14th and 15th fields: the 12th and 13th after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// `make bench`: the same traffic (one tenant, `TOLLGATE_RLQS_BENCH_RATE` requests a second,
+/// 400 by default, for 15 s) through an Envoy on RLS (`examples/envoy/envoy.yaml`) and one on
+/// RLQS, each all admitted: RPC messages and tollgate CPU per admitted request. Run on the
+/// binary `TOLLGATE_TEST_BINARY` names (the release one under `make bench`).
+#[test]
+#[ignore = "a benchmark: make bench runs it"]
+fn bench_rlqs_against_rls() {
+    let rate: u32 = std::env::var("TOLLGATE_RLQS_BENCH_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(400);
+    let secs = 15;
+    let rules = "domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+";
+    let quota = "domain: quota
+rlqs: true
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000, burst: 5000000}
+";
+    let server = common::TestServer::builder(rules)
+        .file("quota.yaml", quota)
+        .start();
+    let rls = TestEnvoy::start_example("examples/envoy/envoy.yaml", server.grpc, &[]);
+    let rlqs = TestEnvoy::start_example(EXAMPLE, server.grpc, &[]);
+    let mut rows = Vec::new();
+    for (name, front) in [("rls", rls.front), ("rlqs", rlqs.front)] {
+        let (calls0, reports0, cpu0) = (
+            metric_sum(server.admin, "tollgate_requests_total", &[]),
+            metric_sum(server.admin, "tollgate_rlqs_reports_total", &[]),
+            cpu_seconds(server.pid()),
+        );
+        let (ok, refused) = drive(front, "bench", rate, secs);
+        // The last report of the run, so its messages are counted.
+        std::thread::sleep(Duration::from_secs(6));
+        let calls = metric_sum(server.admin, "tollgate_requests_total", &[]) - calls0;
+        let reports = metric_sum(server.admin, "tollgate_rlqs_reports_total", &[]) - reports0;
+        let cpu = cpu_seconds(server.pid()) - cpu0;
+        // RLS: a request and a response per call; RLQS: a report and its answer.
+        let messages = 2.0 * (calls + reports);
+        let per = |x: f64| x / ok.max(1) as f64;
+        println!(
+            "{{\"bench\":\"rlqs\",\"path\":\"{name}\",\"admitted\":{ok},\"refused\":{refused},\"messages_per_admitted\":{:.4},\"cpu_us_per_admitted\":{:.1}}}",
+            per(messages),
+            per(cpu) * 1e6
+        );
+        rows.push((per(messages), per(cpu)));
+    }
+    let (rls, rlqs) = (rows[0], rows[1]);
+    println!(
+        "RLQS against RLS on the same traffic: {:.4} vs {:.2} messages per admitted request, {:.1} vs {:.1} µs of tollgate CPU",
+        rlqs.0,
+        rls.0,
+        rlqs.1 * 1e6,
+        rls.1 * 1e6
+    );
+    assert!(rlqs.0 < 0.1 * rls.0, "RLQS should need far fewer messages");
+}
