@@ -53,16 +53,67 @@ fn world() -> World {
 
 fn world_with(configure: impl FnOnce(&mut RlqsConfig)) -> World {
     let clock = Clock::manual(1_700_000_000_000);
+    world_on(
+        Store::Memory(MemoryStore::new(clock.clone())),
+        FallbackMode::Local,
+        clock,
+        configure,
+    )
+}
+
+/// A store that never answers: every op fails as a refused connection would.
+#[derive(Debug)]
+struct Down;
+
+impl crate::store::Backend for Down {
+    fn apply_each<'a>(
+        &'a self,
+        ops: &'a [Op],
+    ) -> futures_util::future::BoxFuture<
+        'a,
+        Vec<Result<crate::store::Outcome, crate::store::StoreError>>,
+    > {
+        let err =
+            || crate::store::StoreError::new(crate::store::StoreErrorKind::Connection, "down");
+        Box::pin(async move { ops.iter().map(|_| Err(err())).collect() })
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        _key: &'a str,
+        _replica: &'a str,
+        _ttl: std::time::Duration,
+    ) -> futures_util::future::BoxFuture<'a, Result<u64, crate::store::StoreError>> {
+        Box::pin(async { Ok(1) })
+    }
+
+    fn leave<'a>(
+        &'a self,
+        _key: &'a str,
+        _replica: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Result<u64, crate::store::StoreError>> {
+        Box::pin(async { Ok(0) })
+    }
+
+    fn name(&self) -> &'static str {
+        "down"
+    }
+}
+
+fn world_on(
+    store: Store,
+    fallback: FallbackMode,
+    clock: Clock,
+    configure: impl FnOnce(&mut RlqsConfig),
+) -> World {
     let metrics = Arc::new(Metrics::new());
     let config = LimiterConfig {
         key_prefix: "t:".into(),
+        fallback,
+        replicas: Arc::new(crate::limiter::Replicas::new(2, 1)),
         ..LimiterConfig::new(clock.clone())
     };
-    let limiter = Limiter::new(
-        Store::Memory(MemoryStore::new(clock.clone())),
-        config,
-        metrics.clone(),
-    );
+    let limiter = Limiter::new(store, config, metrics.clone());
     let mut rc = RlqsConfig {
         report_interval_ms: 5_000,
         assignment_ttl_ms: 15_000,
@@ -406,6 +457,36 @@ async fn closing_expires_every_assignment_now() {
             .iter()
             .any(|a| a.assignment == Assignment::Tokens { tokens, ttl_s: 0 })
     );
+}
+
+#[tokio::test]
+async fn with_the_store_down_assignments_come_from_the_fallback() {
+    let down = || Store::Custom(Arc::new(Down));
+    let clock = Clock::manual(1_700_000_000_000);
+    // `local`: claimed from this replica's share of the quota (100 ÷ 2 replicas), as from
+    // the store: the floor asks 54 (half of 100 + 8), the share holds 50.
+    let w = world_on(down(), FallbackMode::Local, clock.clone(), |_| {});
+    let mut s = Session::open(&w.rlqs).unwrap();
+    let t = [("tenant", "f")];
+    assert_eq!(
+        tokens(&w.report(&mut s, vec![usage(&t, 0, 0, 0)]).await),
+        [50]
+    );
+    // The share is spent by what it assigned: a second Envoy is refused, not given a new share.
+    let mut s2 = Session::open(&w.rlqs).unwrap();
+    let a = w.report(&mut s2, vec![usage(&t, 0, 0, 0)]).await;
+    assert_eq!(a[0].assignment.strategy(), "deny_all");
+    // `closed`: nothing; `open`: all it asks; `error`: no assignment (Envoy's own behaviour).
+    for (mode, want) in [
+        (FallbackMode::Closed, Some("deny_all")),
+        (FallbackMode::Open, Some("token_bucket")),
+        (FallbackMode::Error, None),
+    ] {
+        let w = world_on(down(), mode, clock.clone(), |_| {});
+        let mut s = Session::open(&w.rlqs).unwrap();
+        let a = w.report(&mut s, vec![usage(&t, 0, 0, 0)]).await;
+        assert_eq!(a.first().map(|a| a.assignment.strategy()), want, "{mode:?}");
+    }
 }
 
 #[test]

@@ -9,8 +9,9 @@
 //! gRPC framing as the data passes: when a frame header announces a message of `len` bytes
 //! that does not arrive whole in the same HTTP/2 DATA frame (so tonic will hold it while it
 //! waits for the rest), `len` is taken from the budget before tonic sees that header (so
-//! before it reserves), and it is given back when the body is dropped (tonic drops it once
-//! the message is decoded, before the handler runs, or when the stream ends or is reset). A
+//! before it reserves), and it is given back when the message's last byte has passed (tonic
+//! decodes it then; a streaming request such as an RLQS stream goes on after it) or when the
+//! body is dropped (the stream ended or was reset). A
 //! message that does not fit fails its stream with RESOURCE_EXHAUSTED, counted in
 //! `tollgate_refused_total{what="request_bytes"}`; tonic never sees its header, so nothing is
 //! reserved for it. A length above `max_message_bytes` is left to tonic, which refuses it
@@ -125,17 +126,22 @@ where
                 inner,
                 budget,
                 held: 0,
+                current: 0,
                 framing: Framing::default(),
             })
         }))
     }
 }
 
-/// A request body whose announced messages count against the [`Budget`] until it is dropped.
+/// A request body whose announced messages count against the [`Budget`] until they have
+/// arrived whole (a stream of many messages, as an RLQS stream is, holds at most its one
+/// unfinished message) or the body is dropped.
 struct Counted {
     inner: Body,
     budget: Arc<Budget>,
     held: usize,
+    /// What the message still arriving holds of `held` (0 if it was not charged).
+    current: usize,
     framing: Framing,
 }
 
@@ -147,6 +153,9 @@ struct Framing {
     have: usize,
     /// Bytes of the current message still to come.
     left: usize,
+    /// Set by [`Framing::announced`]: the message whose payload was still arriving when the
+    /// frame began ended in it.
+    ended: bool,
 }
 
 impl Framing {
@@ -154,11 +163,16 @@ impl Framing {
     /// completed in it, each with whether its message also ended in it.
     fn announced(&mut self, mut data: &[u8]) -> Vec<(usize, bool)> {
         let mut lengths = Vec::new();
+        self.ended = false;
+        let mut pending = self.left > 0;
         while !data.is_empty() {
             if self.left > 0 {
                 let n = self.left.min(data.len());
                 self.left -= n;
                 data = &data[n..];
+                if std::mem::take(&mut pending) && self.left == 0 {
+                    self.ended = true;
+                }
                 continue;
             }
             let n = (5 - self.have).min(data.len());
@@ -195,7 +209,14 @@ impl http_body::Body for Counted {
             other => return other,
         };
         if let Some(data) = frame.data_ref() {
-            for (len, whole) in this.framing.announced(data) {
+            let announced = this.framing.announced(data);
+            if this.framing.ended {
+                // Whole now: tonic decodes it at once and holds it no longer.
+                this.budget.give_back(this.current);
+                this.held -= this.current;
+                this.current = 0;
+            }
+            for (len, whole) in announced {
                 // Whole in this frame: decoded at once, held by nobody. Past
                 // max_message_bytes: tonic refuses it itself, reserving nothing.
                 if whole || len > this.budget.max_message {
@@ -208,6 +229,7 @@ impl http_body::Body for Counted {
                     ))));
                 }
                 this.held += len;
+                this.current = len;
             }
         }
         Poll::Ready(Some(Ok(frame)))
@@ -273,7 +295,31 @@ mod tests {
             inner: Body::new(http_body_util::StreamBody::new(chunks)),
             budget: budget.clone(),
             held: 0,
+            current: 0,
             framing: Framing::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_of_messages_holds_only_the_one_still_arriving() {
+        use http_body_util::BodyExt;
+        let budget = Budget::new(100, 1_000, Counter::default());
+        // Three 60-byte messages, each split over two frames, on one long-lived stream.
+        let mut chunks = Vec::new();
+        for _ in 0..3 {
+            chunks.push(frame(60, 10));
+            chunks.push(Bytes::from(vec![b'x'; 50]));
+        }
+        let mut stream = counted(&budget, chunks);
+        for _ in 0..3 {
+            assert!(stream.frame().await.unwrap().is_ok());
+            assert_eq!(budget.used(), 60, "the message still arriving");
+            assert!(stream.frame().await.unwrap().is_ok());
+            assert_eq!(
+                budget.used(),
+                0,
+                "whole: given back while the stream goes on"
+            );
         }
     }
 
