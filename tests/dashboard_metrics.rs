@@ -75,6 +75,48 @@ fn is_exposed(name: &str, samples: &BTreeSet<String>) -> bool {
             .any(|s| samples.contains(&format!("{name}{s}")))
 }
 
+const RLQS_RULES: &str = "domain: dashq
+rlqs: true
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 100}
+";
+
+/// Two reports on one RLQS stream, as Envoy sends them (assigned, then some returned).
+async fn rlqs_reports(server: &InProcess) {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaUsageReports,
+    };
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let report = |domain: &str, allowed: u64| RateLimitQuotaUsageReports {
+        domain: domain.into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("tenant".to_string(), "a".to_string())].into(),
+            }),
+            time_elapsed: None,
+            num_requests_allowed: allowed,
+            num_requests_denied: 0,
+        }],
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let outbound =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut inbound = client
+        .stream_rate_limit_quotas(outbound)
+        .await
+        .unwrap()
+        .into_inner();
+    for (domain, allowed) in [("dashq", 1), ("", 2)] {
+        tx.send(report(domain, allowed)).await.unwrap();
+        inbound.message().await.unwrap().expect("an assignment");
+    }
+}
+
 async fn send(server: &InProcess, key: &str, value: &str, n: usize) {
     let mut client = server.client().await;
     for _ in 0..n {
@@ -97,21 +139,26 @@ async fn every_metric_the_alerts_and_the_dashboard_query_is_exposed() {
     }
 
     let mut redis = TestRedis::start();
-    let server = InProcess::start(RULES, |s| {
-        s.store = redis.url();
-        s.key_prefix = unique_prefix("dash");
-        s.store_timeout_ms = 200;
-        s.lease_max_batch = 2;
-        s.shard_retry = true;
-        s.membership_interval_ms = 100;
-        s.breaker_probe_ms = 100;
-        s.reload_interval_ms = 100;
-    });
+    let server = InProcess::builder(RULES)
+        .file("quota.yaml", RLQS_RULES)
+        .settings(|s| {
+            s.store = redis.url();
+            s.key_prefix = unique_prefix("dash");
+            s.store_timeout_ms = 200;
+            s.lease_max_batch = 2;
+            s.shard_retry = true;
+            s.membership_interval_ms = 100;
+            s.breaker_probe_ms = 100;
+            s.reload_interval_ms = 100;
+        })
+        .start();
 
     // Plain decisions up to over the limit (ok, near_limit, over_limit), leased tokens, and a
     // sharded key driven past its limit so empty shards are retried.
     send(&server, "tenant", "a", 8).await;
     send(&server, "hot", "h", 12).await;
+    // An Envoy's RLQS stream: a report, its assignment, then a report that settles it.
+    rlqs_reports(&server).await;
     // A request for a domain the rules do not declare (the unknown-domain alert's series).
     let _ = server
         .client()
