@@ -337,7 +337,7 @@ impl Session {
         let mut reported: Vec<BucketKey> = Vec::with_capacity(usages.len());
         let mut settles: Vec<(Op, Option<FallbackMode>)> = Vec::new();
         let mut actions: Vec<Action> = Vec::new();
-        for usage in usages {
+        for usage in merge_repeats(usages) {
             if !self.admit_id(&usage.id) {
                 continue;
             }
@@ -643,6 +643,28 @@ impl Session {
             }
         }
     }
+}
+
+/// One usage per bucket id: a report that names an id twice (Envoy does not; a hostile client
+/// might) counts its requests once each, not its assignment twice.
+fn merge_repeats(usages: Vec<Usage>) -> Vec<Usage> {
+    let mut at: HashMap<BucketKey, usize> = HashMap::new();
+    let mut merged: Vec<Usage> = Vec::with_capacity(usages.len());
+    for u in usages {
+        match at.get(&u.id) {
+            Some(&i) => {
+                let m = &mut merged[i];
+                m.allowed = m.allowed.saturating_add(u.allowed);
+                m.denied = m.denied.saturating_add(u.denied);
+                m.elapsed_ms = m.elapsed_ms.max(u.elapsed_ms);
+            }
+            None => {
+                at.insert(u.id.clone(), merged.len());
+                merged.push(u);
+            }
+        }
+    }
+    merged
 }
 
 fn tracked_key(t: &Tracked) -> Option<String> {

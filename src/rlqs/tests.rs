@@ -257,6 +257,19 @@ async fn an_assignment_is_claimed_from_the_bucket_rls_decides_from() {
 }
 
 #[tokio::test]
+async fn a_bucket_named_twice_in_one_report_is_settled_and_claimed_once() {
+    let w = world();
+    let mut s = Session::open(&w.rlqs).unwrap();
+    let t = [("tenant", "twice")];
+    let a = w
+        .report(&mut s, vec![usage(&t, 1, 0, 0), usage(&t, 2, 0, 0)])
+        .await;
+    assert_eq!(tokens(&a), [54], "one assignment");
+    // 3 charged once, 54 assigned once: 100 - 57, then RLS's own take.
+    assert_eq!(w.rls(&t).await, (Code::Ok, 42));
+}
+
+#[tokio::test]
 async fn admitted_beyond_the_assignment_is_charged_into_debt() {
     let w = world();
     let mut s = Session::open(&w.rlqs).unwrap();
