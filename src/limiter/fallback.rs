@@ -108,8 +108,9 @@ impl Fallback {
     /// An RLQS op the store could not answer, under `mode` (`None` for `error`). A claim is
     /// claimed from this replica's local share of the quota (as a take is decided from it) so
     /// the Envoys on this replica get a share, not the whole quota; `open` grants all it
-    /// wants. A charge goes to the share; a give-back is dropped (the share never had those
-    /// tokens). `unknown`: the store call may have run, so nothing more is granted.
+    /// wants. A charge goes to the share; a give-back the store did not take is dropped (those
+    /// tokens are lost, never counted twice; the session never gives back tokens the fallback
+    /// granted). `unknown`: the store call may have run, so nothing more is granted.
     pub(super) fn claim(&self, op: &Op, mode: FallbackMode, unknown: bool) -> Option<Outcome> {
         let nothing = Outcome {
             allowed: false,

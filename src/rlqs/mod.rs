@@ -58,6 +58,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::clock::Clock;
 use crate::limiter::{FallbackMode, Limiter, Quota};
+use crate::quota::lease::WINDOW_MARGIN_MS;
 use crate::quota::{Action as OpAction, ClaimAsk, Op};
 use crate::rules::RuleSet;
 use crate::rules::matcher::order_entries;
@@ -177,9 +178,12 @@ pub struct Rlqs {
 
 #[derive(Debug, Default)]
 struct KeyDemand {
-    /// Stream id → requests per second (`None`: not known yet).
-    rates: HashMap<u64, Option<f64>>,
-    remaining: Option<u64>,
+    /// (stream id, bucket id hash) → requests per second (`None`: not known yet). Several
+    /// bucket ids of one stream can share a key (a `share_threshold` wildcard folds them).
+    rates: HashMap<(u64, u64), Option<f64>>,
+    /// What the bucket held at its last claim, and until when that holds (monotonic ms): a
+    /// fixed window's count starts again at its end.
+    remaining: Option<(u64, u64)>,
 }
 
 impl Rlqs {
@@ -235,6 +239,11 @@ struct Tracked {
     active_ms: u64,
     /// Refused: when the store says tokens exist again (monotonic ms).
     wake_ms: Option<u64>,
+    /// `held` came from the fallback, not the shared bucket: never given back to the store.
+    held_from_fallback: bool,
+    /// A fixed window's `held`: when its window ends (monotonic ms). Tokens of an ended
+    /// window are not given back (they would count against the next window), as leases do.
+    window_end_ms: Option<u64>,
     last: Option<Assignment>,
 }
 
@@ -323,10 +332,17 @@ impl Session {
                 self.domain = Some(domain.to_string());
             }
             Some(first) if !domain.is_empty() && domain != first => {
+                self.shared.refused("domain_changed");
                 return Err(RlqsError::DomainChanged {
                     first: first.clone(),
                     now: domain.to_string(),
                 });
+            }
+            // A reload took `rlqs: true` away: the stream ends and Envoy falls back, rather
+            // than its buckets going unlimited.
+            Some(first) if rules.domains.get(first).is_some_and(|d| !d.rlqs) => {
+                self.shared.refused("not_rlqs");
+                return Err(RlqsError::NotRlqs(first.clone()));
             }
             Some(_) => {}
         }
@@ -351,6 +367,8 @@ impl Session {
                     rate: None,
                     active_ms: now,
                     wake_ms: None,
+                    held_from_fallback: false,
+                    window_end_ms: None,
                     last: None,
                 }
             });
@@ -360,7 +378,13 @@ impl Session {
             }
             // The last assignment's tokens against what it admitted.
             if let Quota::Counted { limit, key, kind } = &tracked.quota {
-                if tracked.held > usage.allowed {
+                let window_over = tracked
+                    .window_end_ms
+                    .is_some_and(|end| now.saturating_add(WINDOW_MARGIN_MS) >= end);
+                if tracked.held > usage.allowed && (tracked.held_from_fallback || window_over) {
+                    // Not the store's to take back: the fallback granted them, or their
+                    // window is over.
+                } else if tracked.held > usage.allowed {
                     let n = tracked.held - usage.allowed;
                     let give_back = Op {
                         key: key.clone(),
@@ -397,7 +421,7 @@ impl Session {
                 self.buckets.remove(&usage.id);
                 shared.metrics.buckets.dec();
                 if let Some(key) = old_key {
-                    self.forget_demand(&key);
+                    self.forget_demand(&key, &usage.id);
                 }
                 actions.push(self.told(usage.id, Assignment::Abandon));
                 continue;
@@ -405,12 +429,16 @@ impl Session {
             if old_key.is_some() && old_key != new_key {
                 // A changed limit (a new key): the old bucket's demand goes.
                 if let Some(key) = &old_key {
-                    self.forget_demand(key);
+                    self.forget_demand(key, &usage.id);
                 }
             }
             if let Some(key) = new_key {
                 let mut demand = shared.demand();
-                demand.entry(key).or_default().rates.insert(self.id, rate);
+                demand
+                    .entry(key)
+                    .or_default()
+                    .rates
+                    .insert(self.demand_id(&usage.id), rate);
             }
             reported.push(usage.id);
         }
@@ -510,14 +538,17 @@ impl Session {
                 let Quota::Counted { limit, key, kind } = &t.quota else {
                     continue;
                 };
+                let me = self.demand_id(&id);
                 let (others, remaining) = match demand.get(key) {
                     Some(d) => (
                         d.rates
                             .iter()
-                            .filter(|(s, _)| **s != self.id)
+                            .filter(|(s, _)| **s != me)
                             .map(|(_, r)| r.unwrap_or(0.0))
                             .collect::<Vec<f64>>(),
-                        d.remaining,
+                        d.remaining
+                            .filter(|&(_, until)| now < until)
+                            .map(|(r, _)| r),
                     ),
                     None => (Vec::new(), None),
                 };
@@ -554,18 +585,33 @@ impl Session {
         for ((id, (op, _)), outcome) in asked.into_iter().zip(&ops).zip(outcomes) {
             let Some((outcome, from_fallback)) = outcome else {
                 // The limit's fallback is `error`: no assignment, so Envoy keeps its last one
-                // until its TTL and then applies its own expired_assignment_behavior.
+                // until its TTL and then applies its own expired_assignment_behavior. Tried
+                // again a quarter interval on (not at once: a failing store answers fast).
+                if let Some(t) = self.buckets.get_mut(&id) {
+                    t.held = 0;
+                    t.wake_ms = Some(now.saturating_add((interval / 4).max(100)));
+                }
                 continue;
             };
+            let window = matches!(op.kind, crate::store::OpKind::FixedWindow { .. });
             if !from_fallback {
+                // A token bucket's remaining holds (the supply adds its refill); a fixed
+                // window's only until the window ends.
+                let until = if window {
+                    now.saturating_add(outcome.reset_ms)
+                } else {
+                    u64::MAX
+                };
                 let mut demand = self.shared.demand();
                 if let Some(d) = demand.get_mut(&op.key) {
-                    d.remaining = Some(outcome.remaining);
+                    d.remaining = Some((outcome.remaining, until));
                 }
             }
             let Some(t) = self.buckets.get_mut(&id) else {
                 continue;
             };
+            t.held_from_fallback = from_fallback;
+            t.window_end_ms = window.then(|| now.saturating_add(outcome.reset_ms));
             let assignment = if outcome.granted > 0 {
                 t.held = outcome.granted;
                 t.wake_ms = None;
@@ -633,11 +679,20 @@ impl Session {
         }
     }
 
-    /// This stream's demand on `key` stops counting.
-    fn forget_demand(&self, key: &str) {
+    /// Bucket `id`'s entry in the demand of its key.
+    fn demand_id(&self, id: &BucketKey) -> (u64, u64) {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        id.hash(&mut h);
+        (self.id, h.finish())
+    }
+
+    /// Bucket `id`'s demand on `key` stops counting.
+    fn forget_demand(&self, key: &str, id: &BucketKey) {
+        let me = self.demand_id(id);
         let mut demand = self.shared.demand();
         if let Some(d) = demand.get_mut(key) {
-            d.rates.remove(&self.id);
+            d.rates.remove(&me);
             if d.rates.is_empty() {
                 demand.remove(key);
             }
@@ -676,9 +731,13 @@ fn tracked_key(t: &Tracked) -> Option<String> {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let keys: Vec<String> = self.buckets.values().filter_map(tracked_key).collect();
-        for key in keys {
-            self.forget_demand(&key);
+        let keys: Vec<(String, BucketKey)> = self
+            .buckets
+            .iter()
+            .filter_map(|(id, t)| tracked_key(t).map(|k| (k, id.clone())))
+            .collect();
+        for (key, id) in keys {
+            self.forget_demand(&key, &id);
         }
         self.shared
             .metrics

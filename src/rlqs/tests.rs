@@ -257,6 +257,71 @@ async fn an_assignment_is_claimed_from_the_bucket_rls_decides_from() {
 }
 
 #[tokio::test]
+async fn a_fixed_window_keeps_what_its_ended_window_held() {
+    let w = world();
+    let mut s = Session::open(&w.rlqs).unwrap();
+    let id = [("endpoint", "/a"), ("tenant", "fw")];
+    // 20 s into a minute: half of the 60-a-minute window, which ends in 40 s.
+    assert_eq!(
+        tokens(&w.report(&mut s, vec![usage(&id, 0, 0, 0)]).await),
+        [30]
+    );
+    w.clock.advance_ms(45_000);
+    w.report(&mut s, vec![usage(&id, 5, 0, 45_000)]).await;
+    // The 25 unused were of the ended window: given back, they would count against this one.
+    let m = w.metrics.render();
+    assert!(!m.contains(r#"event="returned""#), "{m}");
+    // Within a window they do come back.
+    w.clock.advance_ms(5_000);
+    let a = w.report(&mut s, vec![usage(&id, 0, 0, 5_000)]).await;
+    assert_eq!(a.len(), 1);
+    assert!(w.metrics.render().contains(r#"event="returned""#));
+}
+
+#[tokio::test]
+async fn a_store_error_with_fallback_error_waits_before_trying_again() {
+    let clock = Clock::manual(1_700_000_000_000);
+    let w = world_on(
+        Store::Custom(Arc::new(Down)),
+        FallbackMode::Error,
+        clock.clone(),
+        |_| {},
+    );
+    let mut s = Session::open(&w.rlqs).unwrap();
+    assert!(
+        w.report(&mut s, vec![usage(&[("tenant", "e")], 1, 0, 0)])
+            .await
+            .is_empty()
+    );
+    // Not at once (a failing store answers fast: that would spin), a quarter interval on.
+    assert_eq!(s.next_wake_ms(), Some(clock.mono_ms() + 1_250));
+    assert!(s.wake(&w.limiter).await.is_empty());
+    assert_eq!(
+        s.next_wake_ms(),
+        Some(clock.mono_ms() + 1_250),
+        "not due yet"
+    );
+}
+
+#[tokio::test]
+async fn a_reload_that_drops_rlqs_true_ends_the_stream() {
+    let mut w = world();
+    let mut s = Session::open(&w.rlqs).unwrap();
+    w.report(&mut s, vec![usage(&[("tenant", "r")], 1, 0, 0)])
+        .await;
+    w.rules = rules(&RULES.replace("rlqs: true\n", ""));
+    let e = s
+        .report(
+            &w.limiter,
+            &w.rules,
+            "",
+            vec![usage(&[("tenant", "r")], 1, 0, 5_000)],
+        )
+        .await;
+    assert_eq!(e, Err(RlqsError::NotRlqs("q".into())));
+}
+
+#[tokio::test]
 async fn a_bucket_named_twice_in_one_report_is_settled_and_claimed_once() {
     let w = world();
     let mut s = Session::open(&w.rlqs).unwrap();

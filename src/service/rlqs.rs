@@ -92,18 +92,24 @@ async fn run(
     let silent = Duration::from_millis(config.report_interval_ms.saturating_mul(3).max(10_000));
     // The ids as Envoy sent them, to answer with the same maps.
     let mut ids: HashMap<Vec<(String, String)>, BucketId> = HashMap::new();
+    // Silence is counted from the last message, whatever wake-ups happen meanwhile.
+    let mut heard_ms = clock.mono_ms();
     loop {
+        let quiet = Duration::from_millis(clock.mono_ms().saturating_sub(heard_ms));
         let wake_in = session
             .next_wake_ms()
             .map(|at| Duration::from_millis(at.saturating_sub(clock.mono_ms())));
         let actions = tokio::select! {
             biased;
             () = stopped(&mut stop) => {
+                // Bounded, so an Envoy that stopped reading cannot hold shutdown up.
                 let actions = session.closing();
-                let _ = tx.send(Ok(response(&actions, &ids))).await;
+                let _ = clock
+                    .timeout(Duration::from_secs(1), tx.send(Ok(response(&actions, &ids))))
+                    .await;
                 return;
             }
-            message = clock.timeout(silent, inbound.message()) => match message {
+            message = clock.timeout(silent.saturating_sub(quiet), inbound.message()) => match message {
                 Err(_) => {
                     session.refused("idle_stream");
                     let _ = tx.send(Err(tonic::Status::deadline_exceeded(format!(
@@ -115,6 +121,7 @@ async fn run(
                 // Envoy closed its side, or the stream broke: nothing more to say.
                 Ok(Ok(None)) | Ok(Err(_)) => return,
                 Ok(Ok(Some(report))) => {
+                    heard_ms = clock.mono_ms();
                     let usages = usages(report.bucket_quota_usages, &mut ids);
                     let rules = handler.rules.load();
                     match session

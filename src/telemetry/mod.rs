@@ -412,7 +412,7 @@ impl Metrics {
         );
         registry.register(
             RLQS_REFUSED,
-            "RLQS input refused, by reason (no_domain, unknown_domain, not_rlqs, empty_bucket_id, bucket_id_too_large, too_many_buckets, too_many_streams, idle_stream)",
+            "RLQS input refused, by reason (no_domain, domain_changed, unknown_domain, not_rlqs, empty_bucket_id, bucket_id_too_large, too_many_buckets, too_many_streams, idle_stream)",
             rlqs.refused.clone(),
         );
         Metrics {
