@@ -580,24 +580,6 @@ mod raw {
     }
 }
 
-/// CPU time (user + system) the process `pid` has used, from /proc.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) closed by ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime are fields 14 and 15 (1-based, counting pid and comm): 11 and 12 here.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
-}
-
 /// The attacker's own machine: a runtime of its own (one thread), so the attack competes with
 /// the legitimate client below only for the CPU, as a peer on another host would for the
 /// network, and not for the test runtime's two workers, where it would delay the legitimate
@@ -694,9 +676,9 @@ async fn peers_that_send_requests_and_never_read_are_bounded() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (cpu_before, started) = (cpu_time(server.pid()), Instant::now());
+    let (cpu_before, started) = (common::cpu_time(server.pid()), Instant::now());
     let (p99, slowest) = legitimate_latency(&server, 100).await;
-    let cpu = (cpu_time(server.pid()) - cpu_before).as_secs_f64() * 100.0
+    let cpu = (common::cpu_time(server.pid()) - cpu_before).as_secs_f64() * 100.0
         / started.elapsed().as_secs_f64();
     let during = rss_kb(server.pid());
     flooding.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -735,7 +717,7 @@ async fn a_window_update_flood_does_not_starve_legitimate_requests() {
     let _turn = HEAVY.lock().await;
     use tokio::io::AsyncWriteExt;
     let server = TestServer::builder(RULES).start();
-    let cpu_before = cpu_time(server.pid());
+    let cpu_before = common::cpu_time(server.pid());
     let flooding = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let machine = attacker_machine();
     let mut attackers = Vec::new();
@@ -766,7 +748,7 @@ async fn a_window_update_flood_does_not_starve_legitimate_requests() {
     }
     let started = Instant::now();
     let (p99, slowest) = legitimate_latency(&server, 100).await;
-    let spent = cpu_time(server.pid()) - cpu_before;
+    let spent = common::cpu_time(server.pid()) - cpu_before;
     let elapsed = started.elapsed();
     flooding.store(false, std::sync::atomic::Ordering::Relaxed);
     let mut frames = 0;

@@ -572,24 +572,6 @@ fn the_example_serves_its_domain_over_rlqs() {
     );
 }
 
-/// The CPU seconds process `pid` has used (user + system; Linux ticks of 10 ms).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are the 14th and 15th fields: the 12th and 13th after the name.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
 /// `make bench`: the same traffic (one tenant, `TOLLGATE_RLQS_BENCH_RATE` requests a second,
 /// 400 by default, for 15 s) through an Envoy on RLS (`examples/envoy/envoy.yaml`) and one on
 /// RLQS, each all admitted: RPC messages and tollgate CPU per admitted request. Run on the
@@ -623,14 +605,14 @@ descriptors:
         let (calls0, reports0, cpu0) = (
             metric_sum(server.admin, "tollgate_requests_total", &[]),
             metric_sum(server.admin, "tollgate_rlqs_reports_total", &[]),
-            cpu_seconds(server.pid()),
+            common::cpu_time(server.pid()).as_secs_f64(),
         );
         let (ok, refused) = drive(front, "bench", rate, secs);
         // The last report of the run, so its messages are counted.
         std::thread::sleep(Duration::from_secs(6));
         let calls = metric_sum(server.admin, "tollgate_requests_total", &[]) - calls0;
         let reports = metric_sum(server.admin, "tollgate_rlqs_reports_total", &[]) - reports0;
-        let cpu = cpu_seconds(server.pid()) - cpu0;
+        let cpu = common::cpu_time(server.pid()).as_secs_f64() - cpu0;
         // RLS: a request and a response per call; RLQS: a report and its answer.
         let messages = 2.0 * (calls + reports);
         let per = |x: f64| x / ok.max(1) as f64;

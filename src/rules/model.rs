@@ -298,6 +298,20 @@ impl Level {
     pub fn is_empty(&self) -> bool {
         self.exact.is_empty() && self.wildcard.is_empty() && self.bare.is_empty()
     }
+
+    /// Every node of this level (exact, wildcard, bare), in the order the file declares them.
+    pub fn in_file_order(&self) -> Vec<&Descriptor> {
+        let mut nodes: Vec<&Descriptor> = self
+            .exact
+            .values()
+            .flat_map(|m| m.values())
+            .chain(self.wildcard.iter().map(|(_, _, d)| d))
+            .chain(self.bare.values())
+            .map(|d| &**d)
+            .collect();
+        nodes.sort_by_key(|d| d.origin.line);
+        nodes
+    }
 }
 
 /// A declared descriptor node.

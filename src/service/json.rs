@@ -17,7 +17,7 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 
-use crate::rules::model::{Descriptor, Level, RuleSet};
+use crate::rules::model::{Level, RuleSet};
 use crate::rules::{Limit, Unit};
 
 #[derive(Debug, Deserialize)]
@@ -244,16 +244,7 @@ struct LimitView {
 impl RulesView {
     pub fn new(rules: &RuleSet) -> Self {
         fn walk(level: &Level, prefix: &str, out: &mut Vec<LimitView>) {
-            let mut nodes: Vec<&Descriptor> = level
-                .exact
-                .values()
-                .flat_map(|m| m.values())
-                .chain(level.wildcard.iter().map(|(_, _, d)| d))
-                .chain(level.bare.values())
-                .map(|d| &**d)
-                .collect();
-            nodes.sort_by_key(|d| d.origin.line);
-            for d in nodes {
+            for d in level.in_file_order() {
                 let step = match &d.value {
                     Some(v) => format!("{}={v}", d.key),
                     None => d.key.clone(),

@@ -147,16 +147,8 @@ impl FileWalk<'_> {
     /// window: what a lease can claim), whole (no shards), without overdraft or shadow mode,
     /// and holding at least one report interval of its refill. Each refusal names the limit.
     fn rlqs_servable(&mut self, level: &Level) -> bool {
-        let mut nodes: Vec<&Descriptor> = level
-            .exact
-            .values()
-            .flat_map(|m| m.values())
-            .chain(level.wildcard.iter().map(|(_, _, d)| d))
-            .chain(level.bare.values())
-            .map(|d| &**d)
-            .collect();
         // One refusal per limit, in file order, whatever the maps' order.
-        nodes.sort_by_key(|d| d.origin.line);
+        let nodes = level.in_file_order();
         let interval_ms = self.opts.rlqs_report_interval_ms.max(1);
         let mut ok = true;
         for node in nodes {
