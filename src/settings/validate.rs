@@ -327,6 +327,17 @@ mod tests {
             .to_string()
         };
         assert!(load("store_timeout_ms", "0").contains("store_timeout_ms: must be at least 1"));
+        // An RLQS assignment must outlive the interval to the next report, in whole seconds.
+        for ttl in ["500", "5000"] {
+            assert!(
+                load("rlqs_assignment_ttl_ms", ttl).contains(
+                    "rlqs_assignment_ttl_ms: must be at least 1000, above rlqs_report_interval_ms"
+                ),
+                "{ttl}"
+            );
+        }
+        assert!(load("rlqs_max_buckets_per_stream", "0").contains("must be at least 1"));
+        assert!(load("rlqs_report_interval_ms", "3600001").contains("at most 3600000"));
         for addr in ["localhost", "localhost:0", "http://h:8125", ":8125", "h:x"] {
             assert!(
                 load("statsd_addr", addr).contains("statsd_addr: expected host:port"),
