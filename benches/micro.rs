@@ -215,6 +215,7 @@ fn bucket_math(c: &mut Criterion) {
 fn decision(n: usize) -> Decision {
     Decision {
         overall: Code::Ok,
+        from_fallback: false,
         statuses: (0..n)
             .map(|i| Status {
                 code: Code::Ok,

@@ -12,6 +12,7 @@
 //! driven through leases, expiries and outages with no real waiting (`tokio::time::pause`
 //! alone does not move wall time). Tasks still run on the tokio runtime they are spawned on.
 
+use std::collections::BinaryHeap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,13 +29,46 @@ pub enum Clock {
     Manual(Arc<ManualTime>),
 }
 
-/// The state behind [`Clock::manual`].
+/// The state behind [`Clock::manual`]: both readings in microseconds, so a simulated store
+/// can answer in 0.4 ms (`tollgate simulate`); the readings the code uses are milliseconds.
 #[derive(Debug)]
 pub struct ManualTime {
-    mono_ms: AtomicU64,
-    wall_ms: AtomicU64,
-    /// Sleeps waiting on the monotonic reading: (deadline, its task), woken by `advance_ms`.
-    sleepers: Mutex<Vec<(u64, Waker)>>,
+    mono_us: AtomicU64,
+    wall_us: AtomicU64,
+    /// Sleeps waiting on the monotonic reading, earliest deadline first, woken by
+    /// `advance_us`. A heap, not a list: a simulated fleet has thousands of sleeping tasks.
+    sleepers: Mutex<BinaryHeap<Sleeper>>,
+    /// Orders sleepers of one deadline by when they were registered.
+    registered: AtomicU64,
+}
+
+/// One registered sleep: its deadline (µs), a sequence number, and the task to wake.
+#[derive(Debug)]
+struct Sleeper {
+    deadline: u64,
+    seq: u64,
+    waker: Waker,
+}
+
+impl PartialEq for Sleeper {
+    fn eq(&self, other: &Self) -> bool {
+        (self.deadline, self.seq) == (other.deadline, other.seq)
+    }
+}
+
+impl Eq for Sleeper {}
+
+impl PartialOrd for Sleeper {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Sleeper {
+    /// Reversed, so the std max-heap pops the earliest deadline first.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.deadline, other.seq).cmp(&(self.deadline, self.seq))
+    }
 }
 
 /// A wait that ran out (from [`Clock::timeout`]).
@@ -51,9 +85,10 @@ impl Clock {
     /// A clock that starts at monotonic 0 and at the given wall time, and moves only when told.
     pub fn manual(wall_ms: u64) -> Self {
         Clock::Manual(Arc::new(ManualTime {
-            mono_ms: AtomicU64::new(0),
-            wall_ms: AtomicU64::new(wall_ms),
-            sleepers: Mutex::new(Vec::new()),
+            mono_us: AtomicU64::new(0),
+            wall_us: AtomicU64::new(wall_ms.saturating_mul(1_000)),
+            sleepers: Mutex::new(BinaryHeap::new()),
+            registered: AtomicU64::new(0),
         }))
     }
 
@@ -61,7 +96,15 @@ impl Clock {
     pub fn mono_ms(&self) -> u64 {
         match self {
             Clock::System { start } => start.elapsed().as_millis() as u64,
-            Clock::Manual(t) => t.mono_ms.load(Ordering::SeqCst),
+            Clock::Manual(t) => t.mono_us.load(Ordering::SeqCst) / 1_000,
+        }
+    }
+
+    /// Microseconds on the monotonic clock (the same origin as [`Clock::mono_ms`]).
+    pub fn mono_us(&self) -> u64 {
+        match self {
+            Clock::System { start } => start.elapsed().as_micros() as u64,
+            Clock::Manual(t) => t.mono_us.load(Ordering::SeqCst),
         }
     }
 
@@ -73,25 +116,49 @@ impl Clock {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
-            Clock::Manual(t) => t.wall_ms.load(Ordering::SeqCst),
+            Clock::Manual(t) => t.wall_us.load(Ordering::SeqCst) / 1_000,
         }
     }
 
     /// Moves a manual clock forward (both readings) and wakes the sleeps that are due; a
     /// no-op on the system clock.
     pub fn advance_ms(&self, ms: u64) {
+        self.advance_us(ms.saturating_mul(1_000));
+    }
+
+    /// [`Clock::advance_ms`] in microseconds (a simulated store's round trips are shorter
+    /// than a millisecond). Returns how many sleeps it woke (a simulator lets the woken tasks
+    /// run before it moves on).
+    pub fn advance_us(&self, us: u64) -> usize {
+        let mut woken = 0;
         if let Clock::Manual(t) = self {
-            let now = t.mono_ms.fetch_add(ms, Ordering::SeqCst) + ms;
-            t.wall_ms.fetch_add(ms, Ordering::SeqCst);
-            let due: Vec<Waker> = {
+            let now = t.mono_us.fetch_add(us, Ordering::SeqCst) + us;
+            t.wall_us.fetch_add(us, Ordering::SeqCst);
+            let mut due = Vec::new();
+            {
                 let mut sleepers = t.sleepers.lock().unwrap_or_else(|p| p.into_inner());
-                let (due, waiting) = std::mem::take(&mut *sleepers)
-                    .into_iter()
-                    .partition(|(deadline, _)| *deadline <= now);
-                *sleepers = waiting;
-                due.into_iter().map(|(_, waker)| waker).collect()
-            };
+                while sleepers.peek().is_some_and(|s| s.deadline <= now) {
+                    due.extend(sleepers.pop().map(|s| s.waker));
+                }
+            }
+            // Woken outside the lock: a woken task may register its next sleep at once.
+            woken = due.len();
             due.into_iter().for_each(Waker::wake);
+        }
+        woken
+    }
+
+    /// The earliest monotonic deadline (µs) a sleep on a manual clock waits for, if any: a
+    /// simulator jumps there when nothing else happens sooner. `None` on the system clock.
+    pub fn next_deadline_us(&self) -> Option<u64> {
+        match self {
+            Clock::System { .. } => None,
+            Clock::Manual(t) => t
+                .sleepers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .peek()
+                .map(|s| s.deadline),
         }
     }
 
@@ -100,11 +167,12 @@ impl Clock {
         match self {
             Clock::System { .. } => Sleep::System(Box::pin(tokio::time::sleep(duration))),
             Clock::Manual(t) => Sleep::Manual {
+                registered: None,
                 time: t.clone(),
                 deadline: t
-                    .mono_ms
+                    .mono_us
                     .load(Ordering::SeqCst)
-                    .saturating_add(duration.as_millis() as u64),
+                    .saturating_add(duration.as_micros() as u64),
             },
         }
     }
@@ -146,6 +214,9 @@ pub enum Sleep {
     Manual {
         time: Arc<ManualTime>,
         deadline: u64,
+        /// The task this sleep last registered to wake: polled again by the same task (for
+        /// another reason), it does not register again.
+        registered: Option<Waker>,
     },
 }
 
@@ -155,18 +226,29 @@ impl Future for Sleep {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         match self.get_mut() {
             Sleep::System(sleep) => sleep.as_mut().poll(cx),
-            Sleep::Manual { time, deadline } => {
+            Sleep::Manual {
+                time,
+                deadline,
+                registered,
+            } => {
                 // Registered before the reading is checked: an advance in between wakes it.
                 let mut sleepers = time.sleepers.lock().unwrap_or_else(|p| p.into_inner());
-                if time.mono_ms.load(Ordering::SeqCst) >= *deadline {
+                if time.mono_us.load(Ordering::SeqCst) >= *deadline {
                     return Poll::Ready(());
                 }
-                // One entry per task, at the earliest of its sleeps (a task may wait on two):
-                // a wake that comes early makes each sleep look again and register anew.
-                match sleepers.iter_mut().find(|(_, w)| w.will_wake(cx.waker())) {
-                    Some(entry) => entry.0 = entry.0.min(*deadline),
-                    None => sleepers.push((*deadline, cx.waker().clone())),
+                // Its entry is still in the heap (it has not been woken: the deadline is
+                // ahead) and wakes the same task: nothing to add.
+                if registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    return Poll::Pending;
                 }
+                // A new task (or the first poll): one more entry. The older one, when due,
+                // wakes its task once for nothing. Entries never outlive their deadline.
+                *registered = Some(cx.waker().clone());
+                sleepers.push(Sleeper {
+                    deadline: *deadline,
+                    seq: time.registered.fetch_add(1, Ordering::Relaxed),
+                    waker: cx.waker().clone(),
+                });
                 Poll::Pending
             }
         }
@@ -183,6 +265,33 @@ mod tests {
         assert_eq!((c.mono_ms(), c.wall_ms()), (0, 1_000_000));
         c.advance_ms(1500);
         assert_eq!((c.mono_ms(), c.wall_ms()), (1500, 1_001_500));
+        // Microsteps add up to milliseconds; the ms readings floor.
+        c.advance_us(400);
+        assert_eq!((c.mono_us(), c.mono_ms()), (1_500_400, 1500));
+        c.advance_us(600);
+        assert_eq!((c.mono_ms(), c.wall_ms()), (1501, 1_001_501));
+    }
+
+    #[tokio::test]
+    async fn sleeps_end_at_their_microsecond_and_the_next_deadline_is_known() {
+        let c = Clock::manual(0);
+        assert_eq!(c.next_deadline_us(), None);
+        let clock = c.clone();
+        let task = tokio::spawn(async move { clock.sleep(Duration::from_micros(400)).await });
+        while c.next_deadline_us().is_none() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(c.next_deadline_us(), Some(400));
+        c.advance_us(399);
+        tokio::task::yield_now().await;
+        assert!(!task.is_finished(), "woke 1 µs early");
+        c.advance_us(1);
+        task.await.unwrap();
+        assert_eq!(
+            c.next_deadline_us(),
+            None,
+            "a woken sleeper leaves the heap"
+        );
     }
 
     #[tokio::test]

@@ -45,6 +45,8 @@
 //!    part below imports [`settings`]) and [`admin`], then [`app`] (wiring: `app::serve` on
 //!    listeners the caller bound, tests bind port 0; `app::grpc` builds the gRPC server).
 //!    [`loadgen`] (`tollgate bench`) stands apart.
+//! 7. [`sim`] (`tollgate simulate`): many limiters, built as [`app`] builds one, on one
+//!    virtual clock against a simulated store; above everything it runs.
 
 #![forbid(unsafe_code)]
 
@@ -62,6 +64,7 @@ pub mod rlqs;
 pub mod rules;
 pub mod service;
 pub mod settings;
+pub mod sim;
 pub mod store;
 pub mod structpb;
 pub mod telemetry;

@@ -1,5 +1,5 @@
 //! The `tollgate` command: `serve` runs the service, `check` validates rules files, `bench`
-//! load-tests an RLS server. Everything else lives in the library; this file parses the
+//! load-tests an RLS server, `simulate` plans a fleet on a virtual clock. Everything else lives in the library; this file parses the
 //! arguments, builds the one runtime and reports errors.
 
 use std::net::SocketAddr;
@@ -12,6 +12,7 @@ use tollgate::app;
 use tollgate::loadgen::{self, BenchArgs};
 use tollgate::rules::{self, Algorithm, LoadOptions};
 use tollgate::settings::ServeArgs;
+use tollgate::sim::SimulateArgs;
 
 /// mimalloc rather than glibc's malloc: a request allocates and frees dozens of small buffers
 /// across threads (HTTP/2 frames, protobuf, Redis commands), where glibc's arenas spent ~10 % of
@@ -42,6 +43,9 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8091")]
         grpc_addr: SocketAddr,
     },
+    /// Plan a fleet: run the real limiter code for N replicas on a virtual clock against a
+    /// simulated store, from a scenario file (see the README's "Planning a fleet").
+    Simulate(SimulateArgs),
     /// Validate a rules file or directory: print a summary, or every error with file:line.
     Check {
         /// A *.yaml/*.yml file or a directory of them.
@@ -109,6 +113,14 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             path,
             default_algorithm,
         } => Ok(check(&path, default_algorithm)),
+        Command::Simulate(args) => {
+            // Its own single-threaded runtime on a virtual clock (the same seed, the same
+            // result), on a thread of its own: a runtime cannot start inside this one.
+            std::thread::spawn(move || tollgate::sim::run_cli(&args))
+                .join()
+                .map_err(|_| anyhow::anyhow!("simulate: the simulation thread panicked"))??;
+            Ok(true)
+        }
     }
 }
 

@@ -39,6 +39,7 @@ use std::time::Duration;
 
 pub use fallback::{FallbackMode, Replicas};
 pub use hot::HotKeyConfig;
+pub use shard::seed_picks as seed_shard_picks;
 
 use crate::clock::Clock;
 use crate::rules::{Algorithm, Domain, Limit, RuleSet, Unit};
@@ -117,6 +118,8 @@ pub struct Status {
 pub struct Decision {
     pub overall: Code,
     pub statuses: Vec<Status>,
+    /// Whether the fallback decided any of the request's ops (the store could not answer).
+    pub from_fallback: bool,
 }
 
 /// What an RLQS bucket draws from ([`Limiter::quota_of`]).
@@ -351,6 +354,32 @@ impl Limiter {
             ([], _) => Quota::Unlimited,
             _ => Quota::Unservable,
         }
+    }
+
+    /// The ops one exact, central bucket per limit would apply for `req`: each counted limit's
+    /// take of the whole limit (a sharded limit's whole bucket, not a shard), with the limit's
+    /// metrics class and the index of its descriptor. `tollgate simulate` feeds them to one
+    /// memory store on the arrival clock: what the fleet should have admitted.
+    pub fn ideal_ops(&self, rules: &RuleSet, req: &Request<'_>) -> Vec<(Arc<str>, usize, Op)> {
+        let Some(domain) = rules.domains.get(req.domain) else {
+            return Vec::new();
+        };
+        let plan = plan::plan(domain, req, &self.config, &self.override_class);
+        plan.planned
+            .iter()
+            .zip(plan.ops)
+            .map(|(planned, op)| {
+                let op = match (planned.shard, planned.limit.rate) {
+                    (Some(_), Some(rate)) => Op {
+                        key: crate::keys::bucket_id(&op.key).to_string(),
+                        kind: OpKind::from(rate),
+                        ..op
+                    },
+                    _ => op,
+                };
+                (planned.limit.class.clone(), planned.desc, op)
+            })
+            .collect()
     }
 
     /// Applies RLQS claims, give-backs and charges in one store call; what the store cannot

@@ -13,12 +13,37 @@
 //! What a sharded limit reports: the shard's outcome, with `remaining` scaled up by N (capped
 //! at the capacity) as the estimate of the whole bucket: random picks drain the shards evenly
 //! (`quota::share::shard_remaining`). This file picks the shards.
+//!
+//! The picks come from the thread's random generator, unless [`seed_picks`] gave this thread
+//! a seeded one: `tollgate simulate` runs a whole fleet on one thread, and the same seed must
+//! pick the same shards.
 
-use rand::Rng;
+use std::cell::RefCell;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+thread_local! {
+    static SEEDED: RefCell<Option<SmallRng>> = const { RefCell::new(None) };
+}
+
+/// From now on, shards picked on this thread come from a generator seeded with `seed`
+/// (`None`: the thread's random generator again).
+pub fn seed_picks(seed: Option<u64>) {
+    SEEDED.with(|s| *s.borrow_mut() = seed.map(SmallRng::seed_from_u64));
+}
+
+/// A number in `0..n` (`n` ≥ 1) from this thread's generator.
+fn below(n: u32) -> u32 {
+    SEEDED.with(|s| match s.borrow_mut().as_mut() {
+        Some(rng) => rng.random_range(0..n),
+        None => rand::rng().random_range(0..n),
+    })
+}
 
 /// A random shard.
 pub(super) fn pick(shards: u32) -> u32 {
-    rand::rng().random_range(0..shards.max(1))
+    below(shards.max(1))
 }
 
 /// A random shard other than `i` (`i` itself when there is only one).
@@ -26,7 +51,7 @@ pub(super) fn other(shards: u32, i: u32) -> u32 {
     if shards <= 1 {
         return i;
     }
-    (i + rand::rng().random_range(1..shards)) % shards
+    (i + 1 + below(shards - 1)) % shards
 }
 
 #[cfg(test)]
@@ -42,5 +67,21 @@ mod tests {
             assert!(j < 4 && j != i);
         }
         assert_eq!(other(1, 0), 0);
+    }
+
+    #[test]
+    fn a_seeded_thread_picks_the_same_shards_again() {
+        let picks = || {
+            seed_picks(Some(7));
+            let p: Vec<u32> = (0..50).map(|_| other(8, pick(8))).collect();
+            seed_picks(None);
+            p
+        };
+        let first = picks();
+        assert_eq!(first, picks());
+        assert!(
+            first.iter().any(|&s| s != first[0]),
+            "not one shard: {first:?}"
+        );
     }
 }

@@ -66,6 +66,7 @@ impl Decision {
         Decision {
             overall: Code::Ok,
             statuses: vec![Status::no_limit(0); descriptors],
+            from_fallback: false,
         }
     }
 }
@@ -328,7 +329,11 @@ pub(super) fn fold(
     } else {
         Code::Ok
     };
-    Decision { overall, statuses }
+    Decision {
+        overall,
+        statuses,
+        from_fallback: from_fallback.iter().any(|&f| f),
+    }
 }
 
 /// Whether the request as a whole is over (see the module doc): a limit without quota mode

@@ -263,6 +263,7 @@ mod tests {
     #[test]
     fn statuses_carry_limit_remaining_and_reset() {
         let d = Decision {
+            from_fallback: false,
             overall: Code::Ok,
             statuses: vec![st(Code::Ok, 3, 1_001, None)],
         };
@@ -281,6 +282,7 @@ mod tests {
     #[test]
     fn headers_pick_the_last_over_limit_and_add_retry_after() {
         let d = Decision {
+            from_fallback: false,
             overall: Code::OverLimit,
             statuses: vec![
                 st(Code::OverLimit, 0, 9_000, Some(8_100)),
@@ -306,6 +308,7 @@ mod tests {
             .collect();
         assert_eq!(resets, [9, 1, 1], "over: until it fits; ok: until whole");
         let d = Decision {
+            from_fallback: false,
             overall: Code::OverLimit,
             statuses: vec![st(Code::OverLimit, 0, 100, Some(10))],
         };
@@ -314,6 +317,7 @@ mod tests {
             "at least 1"
         );
         let d = Decision {
+            from_fallback: false,
             overall: Code::OverLimit,
             statuses: vec![
                 st(Code::OverLimit, 0, 100, None),
@@ -329,6 +333,7 @@ mod tests {
     #[test]
     fn no_retry_after_on_ok_or_when_it_never_fits() {
         let d = Decision {
+            from_fallback: false,
             overall: Code::Ok,
             statuses: vec![st(Code::Ok, 4, 100, None), st(Code::Ok, 2, 100, None)],
         };
@@ -339,6 +344,7 @@ mod tests {
         );
         assert!(!h.iter().any(|(k, _)| k == "Retry-After"));
         let d = Decision {
+            from_fallback: false,
             overall: Code::OverLimit,
             statuses: vec![st(Code::OverLimit, 0, 100, None)],
         };
@@ -357,6 +363,7 @@ mod tests {
             window_ms: 1_000,
         });
         let d = Decision {
+            from_fallback: false,
             overall: Code::Ok,
             statuses: vec![s],
         };
@@ -376,6 +383,7 @@ mod tests {
         assert_eq!(to_proto(&d, false).statuses[0].limit_remaining, 5);
         // Without a burst the policy is the plain quota.
         let d = Decision {
+            from_fallback: false,
             overall: Code::Ok,
             statuses: vec![st(Code::Ok, 3, 6_000, None)],
         };
@@ -386,6 +394,7 @@ mod tests {
     fn a_spent_hourly_key_resets_when_the_next_request_fits() {
         // 10/hour, empty: full again in an hour, the next token in 6 minutes.
         let d = Decision {
+            from_fallback: false,
             overall: Code::OverLimit,
             statuses: vec![st(Code::OverLimit, 0, 3_600_000, Some(360_000))],
         };
@@ -428,6 +437,7 @@ mod tests {
             ..st(code, 1, 0, None)
         };
         let d = Decision {
+            from_fallback: false,
             overall: Code::OverLimit,
             statuses: vec![
                 with(Code::Ok, json!({"a": 1, "shared": {"x": "first", "y": 1}})),

@@ -1,0 +1,419 @@
+//! What a simulation counted, and the report made of it: the JSON object of `--json`, the
+//! text summary, and the per-second series as CSV.
+//!
+//! Counting: every request is counted at its arrival second (offered, the ideal's answer) and
+//! when its decision ends (admitted, latency, fallback). The ideal is one exact bucket per
+//! limit on the arrival clock (`Limiter::ideal_ops` on a memory store): what the fleet should
+//! admit. Over-admission and false rejections are counted per bucket over the whole run, in
+//! hits: a bucket whose fleet admitted more than its ideal over-admitted the difference; one
+//! that admitted less falsely rejected it. Per bucket, not per request: a lease that admits
+//! request A where the ideal admitted request B is not an error, and a per-request count
+//! would call it one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// One bucket's hits.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct BucketCount {
+    pub(super) class: usize,
+    pub(super) offered: u64,
+    pub(super) admitted: u64,
+    pub(super) ideal: u64,
+}
+
+/// One virtual second.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Row {
+    pub t_s: u64,
+    pub offered: u64,
+    pub admitted: u64,
+    pub ideal: u64,
+    pub store_calls: u64,
+    pub fallback: u64,
+    pub replicas: u64,
+    pub replicas_believed: f64,
+}
+
+/// Per limit class: its buckets' hits, latency and fallback decisions.
+#[derive(Debug)]
+pub(super) struct ClassCount {
+    pub(super) name: Arc<str>,
+    pub(super) latency: Histogram<u64>,
+    pub(super) fallback: u64,
+}
+
+/// Everything counted while the simulation runs.
+#[derive(Debug)]
+pub(super) struct Counts {
+    pub(super) rows: Vec<Row>,
+    pub(super) buckets: Vec<BucketCount>,
+    pub(super) bucket_ids: HashMap<String, usize>,
+    pub(super) classes: Vec<ClassCount>,
+    pub(super) latency: Histogram<u64>,
+    pub(super) offered: u64,
+    pub(super) admitted: u64,
+    pub(super) ideal: u64,
+    pub(super) fallback: u64,
+    /// Requests the fallback's `error` mode failed (gRPC UNAVAILABLE: Envoy's failure mode
+    /// decides; counted as not admitted).
+    pub(super) errors: u64,
+    pub(super) decided: u64,
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs to 1 h of virtual time, 3 significant digits; the bounds are constants, so this
+    // cannot fail.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
+        Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant digits are valid"))
+    })
+}
+
+impl Counts {
+    pub(super) fn new(seconds: u64) -> Self {
+        Counts {
+            rows: (0..seconds)
+                .map(|t| Row {
+                    t_s: t,
+                    ..Row::default()
+                })
+                .collect(),
+            buckets: Vec::new(),
+            bucket_ids: HashMap::new(),
+            classes: Vec::new(),
+            latency: histogram(),
+            offered: 0,
+            admitted: 0,
+            ideal: 0,
+            fallback: 0,
+            errors: 0,
+            decided: 0,
+        }
+    }
+
+    /// The index of bucket `key` of class `class`, counted from now on.
+    pub(super) fn bucket(&mut self, key: &str, class: &Arc<str>) -> usize {
+        if let Some(&i) = self.bucket_ids.get(key) {
+            return i;
+        }
+        let class = match self.classes.iter().position(|c| c.name == *class) {
+            Some(c) => c,
+            None => {
+                self.classes.push(ClassCount {
+                    name: class.clone(),
+                    latency: histogram(),
+                    fallback: 0,
+                });
+                self.classes.len() - 1
+            }
+        };
+        self.buckets.push(BucketCount {
+            class,
+            ..BucketCount::default()
+        });
+        self.bucket_ids
+            .insert(key.to_string(), self.buckets.len() - 1);
+        self.buckets.len() - 1
+    }
+
+    fn row(&mut self, second: u64) -> Option<&mut Row> {
+        self.rows.get_mut(second as usize)
+    }
+
+    /// A request arrived at `second`; `ideal`: whether the ideal admitted it.
+    pub(super) fn arrived(&mut self, second: u64, ideal: bool) {
+        self.offered += 1;
+        self.ideal += u64::from(ideal);
+        if let Some(r) = self.row(second) {
+            r.offered += 1;
+            r.ideal += u64::from(ideal);
+        }
+    }
+
+    /// The decision of a request that arrived at `second` ended after `latency_us`.
+    /// `buckets`: its buckets with each one's hits and whether its descriptor was admitted.
+    pub(super) fn decided(
+        &mut self,
+        second: u64,
+        latency_us: u64,
+        admitted: bool,
+        fallback: bool,
+        error: bool,
+        buckets: &[(usize, u64, bool)],
+    ) {
+        self.decided += 1;
+        self.admitted += u64::from(admitted);
+        self.fallback += u64::from(fallback);
+        self.errors += u64::from(error);
+        let _ = self.latency.record(latency_us.max(1));
+        if let Some(r) = self.row(second) {
+            r.admitted += u64::from(admitted);
+            r.fallback += u64::from(fallback);
+        }
+        let mut seen: [usize; 4] = [usize::MAX; 4];
+        for (n, &(b, hits, ok)) in buckets.iter().enumerate() {
+            let bucket = &mut self.buckets[b];
+            bucket.admitted += if ok { hits } else { 0 };
+            let class = bucket.class;
+            // A request counts once per class for latency and fallback.
+            if n < seen.len() && !seen[..n].contains(&class) {
+                seen[n] = class;
+                let c = &mut self.classes[class];
+                let _ = c.latency.record(latency_us.max(1));
+                c.fallback += u64::from(fallback);
+            }
+        }
+    }
+}
+
+/// Admitted beyond ideal and ideal not admitted, summed over buckets, as % of the ideal.
+fn errors_pct(buckets: &[&BucketCount]) -> (f64, f64, u64, u64, u64) {
+    let (mut offered, mut admitted, mut ideal, mut over, mut under) = (0, 0, 0, 0, 0);
+    for b in buckets {
+        offered += b.offered;
+        admitted += b.admitted;
+        ideal += b.ideal;
+        over += b.admitted.saturating_sub(b.ideal);
+        under += b.ideal.saturating_sub(b.admitted);
+    }
+    let pct = |x: u64| {
+        if ideal == 0 {
+            0.0
+        } else {
+            round(100.0 * x as f64 / ideal as f64, 3)
+        }
+    };
+    (pct(over), pct(under), offered, admitted, ideal)
+}
+
+pub(super) fn round(x: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (x * m).round() / m
+}
+
+#[derive(Debug, Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+}
+
+fn latency(h: &Histogram<u64>) -> Latency {
+    let ms = |q: f64| {
+        if h.is_empty() {
+            0.0
+        } else {
+            round(h.value_at_quantile(q) as f64 / 1_000.0, 3)
+        }
+    };
+    Latency {
+        p50: ms(0.5),
+        p99: ms(0.99),
+        p999: ms(0.999),
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Calls {
+    pub mean: f64,
+    pub max: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StoreCalls {
+    pub mean: f64,
+    pub max: u64,
+    pub per_node: Vec<Calls>,
+}
+
+/// One limit class (the rules' `class`, else `name`, else the key path), counted in hits.
+#[derive(Debug, Serialize)]
+pub struct ClassReport {
+    pub class: String,
+    pub buckets: usize,
+    pub offered: u64,
+    pub admitted: u64,
+    pub ideal: u64,
+    pub over_admitted_pct: f64,
+    pub false_rejected_pct: f64,
+    pub latency_ms: Latency,
+    pub fallback_decisions: u64,
+}
+
+/// The whole run, counted in requests (the over/false shares in hits, summed over buckets).
+#[derive(Debug, Serialize)]
+pub struct Total {
+    pub offered: u64,
+    pub admitted: u64,
+    pub ideal: u64,
+    pub over_admitted_pct: f64,
+    pub false_rejected_pct: f64,
+    pub store_calls_per_s: StoreCalls,
+    pub latency_ms: Latency,
+    pub fallback_decisions: u64,
+    pub errors: u64,
+}
+
+/// How fast the simulation itself ran (real time).
+#[derive(Debug, Serialize)]
+pub struct Speed {
+    pub decisions: u64,
+    pub wall_s: f64,
+    pub decisions_per_s: f64,
+}
+
+/// What `tollgate simulate --json` prints.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub seed: u64,
+    pub duration_s: u64,
+    pub total: Total,
+    pub classes: Vec<ClassReport>,
+    pub series: Vec<Row>,
+    pub run: Speed,
+}
+
+impl Counts {
+    /// The report, with the store's scripts per node per second (`[node][second]`).
+    pub(super) fn report(
+        mut self,
+        scenario: String,
+        seed: u64,
+        duration_s: u64,
+        calls: &[Vec<u64>],
+        speed: Speed,
+    ) -> Report {
+        let seconds = duration_s as usize;
+        for (t, row) in self.rows.iter_mut().enumerate() {
+            row.store_calls = calls.iter().map(|n| n.get(t).copied().unwrap_or(0)).sum();
+        }
+        let per_node: Vec<Calls> = calls
+            .iter()
+            .map(|n| Calls {
+                mean: round(
+                    n.iter().take(seconds).sum::<u64>() as f64 / duration_s.max(1) as f64,
+                    1,
+                ),
+                max: n.iter().take(seconds).copied().max().unwrap_or(0),
+            })
+            .collect();
+        let all: Vec<&BucketCount> = self.buckets.iter().collect();
+        let (over, under, ..) = errors_pct(&all);
+        let classes = self
+            .classes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mine: Vec<&BucketCount> =
+                    self.buckets.iter().filter(|b| b.class == i).collect();
+                let (over, under, offered, admitted, ideal) = errors_pct(&mine);
+                ClassReport {
+                    class: c.name.to_string(),
+                    buckets: mine.len(),
+                    offered,
+                    admitted,
+                    ideal,
+                    over_admitted_pct: over,
+                    false_rejected_pct: under,
+                    latency_ms: latency(&c.latency),
+                    fallback_decisions: c.fallback,
+                }
+            })
+            .collect();
+        Report {
+            scenario,
+            seed,
+            duration_s,
+            total: Total {
+                offered: self.offered,
+                admitted: self.admitted,
+                ideal: self.ideal,
+                over_admitted_pct: over,
+                false_rejected_pct: under,
+                store_calls_per_s: StoreCalls {
+                    mean: round(
+                        self.rows.iter().map(|r| r.store_calls).sum::<u64>() as f64
+                            / duration_s.max(1) as f64,
+                        1,
+                    ),
+                    max: self.rows.iter().map(|r| r.store_calls).max().unwrap_or(0),
+                    per_node,
+                },
+                latency_ms: latency(&self.latency),
+                fallback_decisions: self.fallback,
+                errors: self.errors,
+            },
+            classes,
+            series: self.rows,
+            run: speed,
+        }
+    }
+}
+
+impl Report {
+    /// The series as CSV, one row per virtual second.
+    pub fn csv(&self) -> String {
+        let mut out = String::from(
+            "t_s,offered,admitted,ideal,store_calls,fallback,replicas,replicas_believed\n",
+        );
+        for r in &self.series {
+            out.push_str(&format!(
+                "{},{},{},{},{},{},{},{}\n",
+                r.t_s,
+                r.offered,
+                r.admitted,
+                r.ideal,
+                r.store_calls,
+                r.fallback,
+                r.replicas,
+                r.replicas_believed
+            ));
+        }
+        out
+    }
+
+    /// A few lines for a person at a terminal.
+    pub fn text(&self) -> String {
+        let t = &self.total;
+        let mut out = format!(
+            "{}: {} s virtual, seed {}\n  offered {}  admitted {}  ideal {}  over-admitted {:.3} %  falsely rejected {:.3} %\n  store calls/s mean {} max {}  decision latency p50 {} ms p99 {} ms p99.9 {} ms  fallback decisions {}  errors {}\n",
+            self.scenario,
+            self.duration_s,
+            self.seed,
+            t.offered,
+            t.admitted,
+            t.ideal,
+            t.over_admitted_pct,
+            t.false_rejected_pct,
+            t.store_calls_per_s.mean,
+            t.store_calls_per_s.max,
+            t.latency_ms.p50,
+            t.latency_ms.p99,
+            t.latency_ms.p999,
+            t.fallback_decisions,
+            t.errors,
+        );
+        for c in &self.classes {
+            out.push_str(&format!(
+                "  class {}: {} buckets, offered {} admitted {} ideal {} hits, over {:.3} %, false rejections {:.3} %, p99 {} ms\n",
+                c.class,
+                c.buckets,
+                c.offered,
+                c.admitted,
+                c.ideal,
+                c.over_admitted_pct,
+                c.false_rejected_pct,
+                c.latency_ms.p99
+            ));
+        }
+        out.push_str(&format!(
+            "  ran {} decisions in {:.1} s ({:.0} decisions/s)\n",
+            self.run.decisions, self.run.wall_s, self.run.decisions_per_s
+        ));
+        out
+    }
+}

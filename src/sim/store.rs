@@ -1,0 +1,565 @@
+//! The simulated Redis of `tollgate simulate`: nodes that hold buckets, take time, queue
+//! when busy and fail on the scenario's schedule, seen by each replica through its own client
+//! (with its own circuit breakers, as each real replica has).
+//!
+//! What is the real code and what is a model:
+//! - The buckets are the quota core's ([`MemoryStore`]: the same math `lua/` mirrors, held to
+//!   it by `tests/lua_mirror.rs`), one per node, on the virtual clock; the membership set is
+//!   the one `lua/membership.lua` keeps (entries with an expiry, counted live).
+//! - The network and Redis itself are a model: a round trip drawn from a log-normal through
+//!   the scenario's p50 and p99; a node runs `ops_per_s` scripts a second, one at a time, so
+//!   past it calls queue; the ops of a call run when the node gets to them, **whether or not
+//!   the caller still waits** (a timed-out call's tokens are spent, as in Redis).
+//! - The client follows `store/redis/call.rs` and `breaker.rs`: a call gives up when its node
+//!   has been silent (no reply to this replica) for `store_timeout_ms`, or after
+//!   max(`store_connect_timeout_ms`, `store_timeout_ms`) in all; a refused connection opens
+//!   the node's breaker at once, `breaker_failures` failed calls in a row open it too; an
+//!   open breaker fails its node's ops at once (`CircuitOpen`) and closes at the first probe
+//!   (every `breaker_probe_ms`) that finds the node answering scripts.
+//! - Slots: a key's node is its hash-tag slot's, the slots split in equal ranges over the
+//!   nodes in order, as `redis-cli --cluster create` assigns them.
+//!
+//! Flow: a replica's limiter calls [`ReplicaStore`] (a [`Backend`]) → the ops are grouped by
+//! node → each node's group is one call ([`ReplicaStore::call`]): breaker, fault, round trip,
+//! queue → a task on the virtual clock runs the ops at the node's turn → the reply comes
+//! back half a round trip later, or the caller has given up.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::{BoxFuture, join_all};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use rand_distr::{Distribution, LogNormal};
+
+use super::scenario::{FaultKind, Latency, StoreModel};
+use crate::clock::Clock;
+use crate::quota::{Op, Outcome};
+use crate::store::{Backend, MemoryStore, StoreError, StoreErrorKind};
+
+/// Buckets a simulated node holds at most (Redis holds them all; the memory store's cap
+/// would evict live buckets and make the simulation wrong, not tell the user).
+const NODE_MAX_KEYS: usize = 50_000_000;
+
+/// The store's timing and failure settings, from the scenario's `settings:`.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientConfig {
+    pub timeout_us: u64,
+    pub max_wait_us: u64,
+    pub breaker_failures: u32,
+    pub probe_every_us: u64,
+}
+
+/// One simulated Redis primary.
+#[derive(Debug)]
+struct Node {
+    buckets: MemoryStore,
+    /// Membership key → replica → expiry (virtual ms).
+    members: Mutex<HashMap<String, HashMap<String, u64>>>,
+    /// When the node is done with the scripts queued so far (virtual µs).
+    busy_until_us: Mutex<f64>,
+}
+
+/// A fault in virtual µs.
+#[derive(Clone, Debug)]
+struct Window {
+    from_us: u64,
+    until_us: u64,
+    kind: FaultKind,
+    node: Option<u32>,
+}
+
+/// The nodes, shared by every replica's client.
+#[derive(Debug)]
+pub struct SimStore {
+    clock: Clock,
+    nodes: Vec<Node>,
+    latency: Latency,
+    /// Microseconds one script takes on a node.
+    script_us: f64,
+    faults: Vec<Window>,
+    rng: Mutex<SmallRng>,
+    /// Scripts run, per node per virtual second.
+    calls: Mutex<Vec<Vec<u64>>>,
+    config: ClientConfig,
+    /// Anything that happened (a script run, a reply): the driver runs the runtime until this
+    /// stops moving.
+    pub(super) activity: Arc<AtomicU64>,
+}
+
+impl SimStore {
+    pub fn new(
+        model: &StoreModel,
+        config: ClientConfig,
+        clock: Clock,
+        seed: u64,
+        duration_s: u64,
+        activity: Arc<AtomicU64>,
+    ) -> Self {
+        let to_us = |s: f64| (s * 1e6).round() as u64;
+        SimStore {
+            nodes: (0..model.nodes)
+                .map(|_| Node {
+                    buckets: MemoryStore::with_max_keys(clock.clone(), NODE_MAX_KEYS),
+                    members: Mutex::new(HashMap::new()),
+                    busy_until_us: Mutex::new(0.0),
+                })
+                .collect(),
+            clock,
+            latency: model.latency,
+            script_us: 1e6 / model.ops_per_s,
+            faults: model
+                .faults
+                .iter()
+                .map(|f| Window {
+                    from_us: to_us(f.at_s),
+                    until_us: to_us(f.at_s + f.for_s),
+                    kind: f.kind.clone(),
+                    node: f.node,
+                })
+                .collect(),
+            rng: Mutex::new(SmallRng::seed_from_u64(seed ^ 0x5354_4f52_4521)),
+            calls: Mutex::new(vec![vec![0; duration_s as usize + 2]; model.nodes as usize]),
+            config,
+            activity,
+        }
+    }
+
+    /// Scripts each node ran in each virtual second (`[node][second]`).
+    pub fn calls_per_second(&self) -> Vec<Vec<u64>> {
+        lock(&self.calls).clone()
+    }
+
+    /// The node holding `key`: its hash tag's slot, slots in equal ranges over the nodes.
+    fn node_of(&self, key: &str) -> usize {
+        let n = self.nodes.len();
+        if n == 1 {
+            return 0;
+        }
+        slot_of(key.as_bytes()) as usize * n / 16_384
+    }
+
+    /// The fault on `node` at `t_us` as `replica` sees it, if any (the first that applies).
+    fn fault(&self, node: usize, replica: u32, t_us: u64) -> Option<&FaultKind> {
+        self.faults
+            .iter()
+            .filter(|w| (w.from_us..w.until_us).contains(&t_us))
+            .filter(|w| w.node.is_none_or(|n| n as usize == node))
+            .map(|w| &w.kind)
+            .find(|k| match k {
+                FaultKind::Partition { from, to } => (*from..*to).contains(&replica),
+                _ => true,
+            })
+    }
+
+    /// Whether a breaker probe from `replica` at `t_us` finds `node` running scripts.
+    fn answers(&self, node: usize, replica: u32, t_us: u64) -> bool {
+        !matches!(
+            self.fault(node, replica, t_us),
+            Some(FaultKind::Down | FaultKind::Oom | FaultKind::Partition { .. })
+        )
+    }
+
+    /// One round trip (µs) under `latency`.
+    fn round_trip_us(&self, latency: Latency) -> f64 {
+        if latency.p50_ms <= 0.0 {
+            return 0.0;
+        }
+        // Log-normal through p50 and p99: z(0.99) = 2.3263.
+        let sigma = ((latency.p99_ms / latency.p50_ms).ln() / 2.3263).max(0.0);
+        let ms = match LogNormal::new(latency.p50_ms.ln(), sigma) {
+            Ok(d) => d.sample(&mut *lock(&self.rng)),
+            Err(_) => latency.p50_ms,
+        };
+        ms * 1_000.0
+    }
+
+    fn count_scripts(&self, node: usize, t_us: u64, n: u64) {
+        let second = (t_us / 1_000_000) as usize;
+        if let Some(slot) = lock(&self.calls)[node].get_mut(second) {
+            *slot += n;
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The cluster slot of `key` (its hash tag's CRC16 modulo 16,384), as Redis computes it.
+fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % 16_384
+}
+
+/// What a call asks of its node.
+enum Work {
+    Ops(Vec<Op>),
+    Heartbeat {
+        key: String,
+        replica: String,
+        ttl_ms: u64,
+    },
+    Leave {
+        key: String,
+        replica: String,
+    },
+}
+
+enum Reply {
+    Ops(Vec<Outcome>),
+    Live(u64),
+}
+
+/// One replica's breaker for one node.
+#[derive(Clone, Copy, Debug, Default)]
+struct Breaker {
+    failures: u32,
+    /// The next probe's time while open.
+    probe_at_us: Option<u64>,
+}
+
+/// One replica's client of the simulated store: its own breakers and its own view of each
+/// node's silence.
+#[derive(Debug)]
+pub struct ReplicaStore {
+    store: Arc<SimStore>,
+    index: u32,
+    breakers: Mutex<Vec<Breaker>>,
+    /// When each node last replied to this replica (virtual µs).
+    replied_us: Arc<Mutex<Vec<u64>>>,
+}
+
+impl ReplicaStore {
+    pub fn new(store: Arc<SimStore>, index: u32) -> Self {
+        let n = store.nodes.len();
+        ReplicaStore {
+            store,
+            index,
+            breakers: Mutex::new(vec![Breaker::default(); n]),
+            replied_us: Arc::new(Mutex::new(vec![0; n])),
+        }
+    }
+
+    /// Whether `node`'s breaker lets a call through now: an open one is probed (lazily: the
+    /// probes a probe task would have made since it opened, each at its own time).
+    fn breaker_allows(&self, node: usize, now: u64) -> bool {
+        let probe_every = self.store.config.probe_every_us.max(1);
+        let mut breakers = lock(&self.breakers);
+        let b = &mut breakers[node];
+        let Some(mut at) = b.probe_at_us else {
+            return true;
+        };
+        while at <= now {
+            // A probe is one script on the node.
+            self.store.count_scripts(node, at, 1);
+            if self.store.answers(node, self.index, at) {
+                *b = Breaker::default();
+                return true;
+            }
+            at += probe_every;
+        }
+        b.probe_at_us = Some(at);
+        false
+    }
+
+    fn settled(&self, node: usize, failed: Option<StoreErrorKind>, now: u64) {
+        let mut breakers = lock(&self.breakers);
+        let b = &mut breakers[node];
+        match failed {
+            None => b.failures = 0,
+            Some(kind) => {
+                b.failures += 1;
+                if kind == StoreErrorKind::Connection
+                    || b.failures >= self.store.config.breaker_failures.max(1)
+                {
+                    b.probe_at_us = Some(now + self.store.config.probe_every_us.max(1));
+                }
+            }
+        }
+    }
+
+    /// One call to `node`: `Ok` with the node's reply, or the error every part of it gets.
+    async fn call(&self, node: usize, work: Work, scripts: u64) -> Result<Reply, StoreError> {
+        let s = &self.store;
+        let started = s.clock.mono_us();
+        if !self.breaker_allows(node, started) {
+            return Err(StoreError::new(
+                StoreErrorKind::CircuitOpen,
+                "simulated node's circuit is open",
+            ));
+        }
+        let fault = s.fault(node, self.index, started).cloned();
+        let latency = match &fault {
+            Some(FaultKind::Down) => {
+                self.settled(node, Some(StoreErrorKind::Connection), started);
+                return Err(StoreError::new(
+                    StoreErrorKind::Connection,
+                    "simulated node is down (connection refused)",
+                ));
+            }
+            Some(FaultKind::Slow(l)) => *l,
+            _ => s.latency,
+        };
+        let rtt = s.round_trip_us(latency);
+        let reply = match fault {
+            // Packets dropped: the call is never answered.
+            Some(FaultKind::Partition { .. }) => None,
+            _ => Some(self.send(node, work, scripts, started, rtt)),
+        };
+        let result = self.wait(node, started, reply).await;
+        let now = s.clock.mono_us();
+        match &result {
+            Ok(_) => self.settled(node, None, now),
+            Err(e) => self.settled(node, Some(e.kind), now),
+        }
+        result
+    }
+
+    /// Queues `work` on `node` and runs it at the node's turn in a task of its own (so it
+    /// runs even if the caller gives up); the reply arrives half a round trip later.
+    fn send(
+        &self,
+        node: usize,
+        work: Work,
+        scripts: u64,
+        now: u64,
+        rtt_us: f64,
+    ) -> tokio::sync::oneshot::Receiver<Result<Reply, StoreError>> {
+        let s = self.store.clone();
+        let arrives = now as f64 + rtt_us / 2.0;
+        let done_at = {
+            let mut busy = lock(&s.nodes[node].busy_until_us);
+            let start = busy.max(arrives);
+            *busy = start + s.script_us * scripts as f64;
+            *busy
+        };
+        let reply_at = done_at + rtt_us / 2.0;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let replied = self.replied_us.clone();
+        let replica = self.index;
+        let clock = s.clock.clone();
+        clock.clone().spawn(async move {
+            clock.sleep(until(&clock, done_at)).await;
+            let t = clock.mono_us();
+            s.count_scripts(node, t, scripts);
+            let result = match s.fault(node, replica, t) {
+                Some(FaultKind::Oom) => Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "OOM command not allowed when used memory > 'maxmemory' (simulated)",
+                )),
+                _ => Ok(s.run(node, work)),
+            };
+            s.activity.fetch_add(1, Ordering::Relaxed);
+            clock.sleep(until(&clock, reply_at)).await;
+            {
+                let mut r = lock(&replied);
+                r[node] = r[node].max(clock.mono_us());
+            }
+            s.activity.fetch_add(1, Ordering::Relaxed);
+            let _ = tx.send(result);
+        });
+        rx
+    }
+
+    /// Waits for the reply as `RedisStore::call` does: until the node has been silent to this
+    /// replica for the timeout, or the hard limit.
+    async fn wait(
+        &self,
+        node: usize,
+        started: u64,
+        reply: Option<tokio::sync::oneshot::Receiver<Result<Reply, StoreError>>>,
+    ) -> Result<Reply, StoreError> {
+        let s = &self.store;
+        let cfg = s.config;
+        let timed_out = || {
+            StoreError::new(
+                StoreErrorKind::Timeout,
+                "simulated node silent past store_timeout_ms",
+            )
+        };
+        let Some(mut reply) = reply else {
+            s.clock
+                .sleep(Duration::from_micros(cfg.timeout_us.min(cfg.max_wait_us)))
+                .await;
+            return Err(timed_out());
+        };
+        let hard = started + cfg.max_wait_us;
+        loop {
+            let heard = lock(&self.replied_us)[node].max(started);
+            let deadline = (heard + cfg.timeout_us).min(hard);
+            let now = s.clock.mono_us();
+            if now >= deadline {
+                return Err(timed_out());
+            }
+            let wait = Duration::from_micros(deadline - now);
+            match s.clock.timeout(wait, &mut reply).await {
+                Ok(Ok(result)) => return result,
+                Ok(Err(_)) => {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Connection,
+                        "simulated call dropped",
+                    ));
+                }
+                // The node may have replied to another call meanwhile: look again.
+                Err(_) => continue,
+            }
+        }
+    }
+}
+
+/// How long from now until `at_us` on `clock` (zero if past).
+fn until(clock: &Clock, at_us: f64) -> Duration {
+    let now = clock.mono_us() as f64;
+    Duration::from_micros((at_us - now).max(0.0).ceil() as u64)
+}
+
+impl SimStore {
+    /// Runs `work` on `node` now.
+    fn run(&self, node: usize, work: Work) -> Reply {
+        let n = &self.nodes[node];
+        match work {
+            Work::Ops(ops) => Reply::Ops(ops.iter().map(|op| n.buckets.apply(op)).collect()),
+            Work::Heartbeat {
+                key,
+                replica,
+                ttl_ms,
+            } => {
+                let now = self.clock.mono_ms();
+                let mut members = lock(&n.members);
+                let set = members.entry(key).or_default();
+                set.retain(|_, expiry| *expiry > now);
+                set.insert(replica, now + ttl_ms);
+                Reply::Live(set.len() as u64)
+            }
+            Work::Leave { key, replica } => {
+                let mut members = lock(&n.members);
+                let set = members.entry(key).or_default();
+                set.remove(&replica);
+                Reply::Live(set.len() as u64)
+            }
+        }
+    }
+}
+
+impl Backend for ReplicaStore {
+    fn apply_each<'a>(&'a self, ops: &'a [Op]) -> BoxFuture<'a, Vec<Result<Outcome, StoreError>>> {
+        Box::pin(async move {
+            // One call per node, concurrently, as the cluster client sends them.
+            let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                let node = self.store.node_of(&op.key);
+                match by_node.iter_mut().find(|(n, _)| *n == node) {
+                    Some((_, idx)) => idx.push(i),
+                    None => by_node.push((node, vec![i])),
+                }
+            }
+            let calls = by_node.iter().map(|(node, idx)| {
+                let part: Vec<Op> = idx.iter().map(|&i| ops[i].clone()).collect();
+                let scripts = part.len() as u64;
+                self.call(*node, Work::Ops(part), scripts)
+            });
+            let replies = join_all(calls).await;
+            let mut results: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops.len()];
+            for ((_, idx), reply) in by_node.iter().zip(replies) {
+                match reply {
+                    Ok(Reply::Ops(outcomes)) => {
+                        for (&i, o) in idx.iter().zip(outcomes) {
+                            results[i] = Some(Ok(o));
+                        }
+                    }
+                    Ok(Reply::Live(_)) => {
+                        for &i in idx {
+                            results[i] = Some(Err(StoreError::new(
+                                StoreErrorKind::Protocol,
+                                "simulated reply of the wrong shape",
+                            )));
+                        }
+                    }
+                    Err(e) => {
+                        for &i in idx {
+                            results[i] = Some(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+            results
+                .into_iter()
+                .map(|r| {
+                    r.unwrap_or_else(|| Err(StoreError::new(StoreErrorKind::Protocol, "no reply")))
+                })
+                .collect()
+        })
+    }
+
+    fn heartbeat<'a>(
+        &'a self,
+        key: &'a str,
+        replica: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let node = self.store.node_of(key);
+            let work = Work::Heartbeat {
+                key: key.to_string(),
+                replica: replica.to_string(),
+                ttl_ms: ttl.as_millis() as u64,
+            };
+            match self.call(node, work, 1).await? {
+                Reply::Live(n) => Ok(n),
+                Reply::Ops(_) => Err(StoreError::new(StoreErrorKind::Protocol, "wrong reply")),
+            }
+        })
+    }
+
+    fn leave<'a>(
+        &'a self,
+        key: &'a str,
+        replica: &'a str,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let node = self.store.node_of(key);
+            let work = Work::Leave {
+                key: key.to_string(),
+                replica: replica.to_string(),
+            };
+            match self.call(node, work, 1).await? {
+                Reply::Live(n) => Ok(n),
+                Reply::Ops(_) => Err(StoreError::new(StoreErrorKind::Protocol, "wrong reply")),
+            }
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "simulated"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_hash_tag() {
+        // Values Redis gives (CLUSTER KEYSLOT).
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(
+            slot_of(b"a{}b"),
+            slot_of(b"a{}b"),
+            "an empty tag hashes the key"
+        );
+    }
+}
