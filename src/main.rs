@@ -113,12 +113,10 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             path,
             default_algorithm,
         } => Ok(check(&path, default_algorithm)),
+        // Runs on its own single-threaded runtime and virtual clock (the same seed, the same
+        // result), on a thread of its own.
         Command::Simulate(args) => {
-            // Its own single-threaded runtime on a virtual clock (the same seed, the same
-            // result), on a thread of its own: a runtime cannot start inside this one.
-            std::thread::spawn(move || tollgate::sim::run_cli(&args))
-                .join()
-                .map_err(|_| anyhow::anyhow!("simulate: the simulation thread panicked"))??;
+            tollgate::sim::run_cli(&args)?;
             Ok(true)
         }
     }

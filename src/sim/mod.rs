@@ -48,7 +48,7 @@ use crate::telemetry::Metrics;
 pub use report::Report;
 use report::{Counts, Speed};
 pub use scenario::Scenario;
-use scenario::{Pick, Routing, Traffic};
+use scenario::{Arrivals, Pick, Routing, Traffic};
 use store::{ClientConfig, ReplicaStore, SimStore};
 
 /// Where the manual clock's wall reading starts (any fixed instant: the same seed must give the
@@ -73,7 +73,8 @@ pub struct SimulateArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
-    #[error("{0}")]
+    /// Every problem of the scenario file (and of the rules it names), with file:line.
+    #[error("{}", scenario_problems(.0))]
     Scenario(#[from] crate::rules::RulesError),
     #[error("simulate: {path}: {source}")]
     Write {
@@ -82,6 +83,17 @@ pub enum SimError {
     },
     #[error("simulate: cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("simulate: the simulation panicked (a bug: please report it with the scenario)")]
+    Panicked,
+}
+
+fn scenario_problems(e: &crate::rules::RulesError) -> String {
+    let n = e.errors.len();
+    let mut out = format!("{n} error{} in the scenario", if n == 1 { "" } else { "s" });
+    for problem in &e.errors {
+        out.push_str(&format!("\n  {problem}"));
+    }
+    out
 }
 
 /// Runs `tollgate simulate`: reads the scenario, simulates it and prints (and writes) the
@@ -107,15 +119,21 @@ pub fn run_cli(args: &SimulateArgs) -> Result<(), SimError> {
     Ok(())
 }
 
-/// Simulates `scenario` on a fresh single-threaded runtime.
+/// Simulates `scenario` on a fresh single-threaded runtime, on a thread of its own (a
+/// runtime cannot start inside the caller's, and the seeded shard picks stay on that thread).
 pub fn run(scenario: &Scenario, progress: bool) -> Result<Report, SimError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map_err(SimError::Runtime)?;
-    crate::limiter::seed_shard_picks(Some(scenario.seed));
-    let report = runtime.block_on(Sim::new(scenario).drive(progress));
-    crate::limiter::seed_shard_picks(None);
-    Ok(report)
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .map_err(SimError::Runtime)?;
+                crate::limiter::seed_shard_picks(Some(scenario.seed));
+                Ok(runtime.block_on(Sim::new(scenario).drive(progress)))
+            })
+            .join()
+            .unwrap_or(Err(SimError::Panicked))
+    })
 }
 
 /// Writes `report.json`, `series.csv` and the pictures into `dir`.
@@ -266,7 +284,8 @@ struct Stream {
     domain: Arc<str>,
     keys: Vec<Arc<str>>,
     next_us: f64,
-    gap: Exp<f64>,
+    /// Exponential gaps (Poisson arrivals), or `None` for even ones.
+    gap: Option<Exp<f64>>,
     zipf: Option<Zipf<f64>>,
     round_robin: usize,
 }
@@ -322,11 +341,15 @@ impl<'s> Sim<'s> {
             .traffic
             .iter()
             .map(|t| {
-                let gap = Exp::new(t.rate_per_s / 1e6).unwrap_or_else(|_| {
-                    // The scenario check keeps rate_per_s positive and finite.
-                    unreachable!("rate_per_s is checked positive")
-                });
-                let first = gap.sample(&mut rng);
+                // The scenario check keeps rate_per_s positive and finite, so `Exp::new` takes it.
+                let gap = match t.arrivals {
+                    Arrivals::Poisson => Exp::new(t.rate_per_s / 1e6).ok(),
+                    Arrivals::Even => None,
+                };
+                let first = match &gap {
+                    Some(g) => g.sample(&mut rng),
+                    None => 1e6 / t.rate_per_s / 2.0,
+                };
                 Stream {
                     domain: t.domain.as_str().into(),
                     keys: t.entries.iter().map(|(k, _)| k.as_str().into()).collect(),
@@ -592,7 +615,10 @@ impl<'s> Sim<'s> {
             if let Some((stream, at)) = arrival
                 && at == next
             {
-                let gap = self.streams[stream].gap.sample(&mut self.rng);
+                let gap = match &self.streams[stream].gap {
+                    Some(g) => g.sample(&mut self.rng),
+                    None => 1e6 / self.streams[stream].traffic.rate_per_s,
+                };
                 self.streams[stream].next_us += gap;
                 std::future::poll_fn(|cx| {
                     self.arrive(stream, cx);

@@ -102,6 +102,7 @@ pub struct Traffic {
     pub zipf_exponent: f64,
     /// Requests per second across the fleet.
     pub rate_per_s: f64,
+    pub arrivals: Arrivals,
     pub routing: Routing,
     pub cost: u64,
 }
@@ -121,6 +122,15 @@ pub enum Template {
 pub enum Pick {
     Zipf,
     Uniform,
+}
+
+/// When requests come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrivals {
+    /// Independent arrivals (exponential gaps): real traffic's bunching.
+    Poisson,
+    /// One every 1/rate seconds exactly: a count that does not vary between seeds.
+    Even,
 }
 
 /// Which replica a request goes to.
@@ -684,6 +694,7 @@ fn stream(out: &mut Problems, node: &Node, path: &str) -> Option<Traffic> {
             "tenants",
             "zipf_exponent",
             "rate_per_s",
+            "arrivals",
             "routing",
             "cost",
         ],
@@ -735,6 +746,22 @@ fn stream(out: &mut Problems, node: &Node, path: &str) -> Option<Traffic> {
             None => None,
         },
     };
+    let arrivals = match f.get("arrivals") {
+        None => Some(Arrivals::Poisson),
+        Some(n) => match yaml::string(out, n, &field("arrivals")).as_deref() {
+            Some("poisson") => Some(Arrivals::Poisson),
+            Some("even") => Some(Arrivals::Even),
+            Some(other) => {
+                out.error(
+                    n.pos,
+                    &field("arrivals"),
+                    format!("unknown arrivals `{other}` (expected poisson or even)"),
+                );
+                None
+            }
+            None => None,
+        },
+    };
     let cost = match f.get("cost") {
         Some(n) => positive_uint(out, n, &field("cost"), u64::from(u32::MAX)),
         None => Some(1),
@@ -745,6 +772,7 @@ fn stream(out: &mut Problems, node: &Node, path: &str) -> Option<Traffic> {
         tenants: tenants?,
         zipf_exponent: zipf_exponent?,
         rate_per_s: rate_per_s?,
+        arrivals: arrivals?,
         routing: routing?,
         cost: cost?,
     })
