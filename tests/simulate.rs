@@ -103,12 +103,11 @@ async fn the_simulation_agrees_with_three_real_replicas_on_one_real_redis() {
     let calls = script_calls(&redis) - before;
     let (mut offered, mut admitted, mut errors) = (0, 0, 0);
     for r in reports {
+        // Not `r.valid`: that judges the generator's latency figures (late sends on a busy
+        // machine), which this test does not use; the counts are checked against the
+        // simulation's offered load below.
         let r = r.expect("bench ran");
-        assert!(
-            r.valid,
-            "the generator limited the run: {:?}",
-            r.invalid_reason
-        );
+        assert_eq!(r.dropped, 0, "every scheduled request was sent");
         offered += r.requests;
         admitted += r.ok;
         errors += r.errors;

@@ -328,8 +328,9 @@ impl ReplicaStore {
         result
     }
 
-    /// Queues `work` on `node` and runs it at the node's turn in a task of its own (so it
-    /// runs even if the caller gives up); the reply arrives half a round trip later.
+    /// Sends `work` to `node` in a task of its own (so it runs even if the caller gives up):
+    /// it reaches the node half a round trip later, queues behind what reached the node
+    /// before it, runs, and the reply arrives half a round trip after that.
     fn send(
         &self,
         node: usize,
@@ -339,19 +340,22 @@ impl ReplicaStore {
         rtt_us: f64,
     ) -> tokio::sync::oneshot::Receiver<Result<Reply, StoreError>> {
         let s = self.store.clone();
-        let arrives = now as f64 + rtt_us / 2.0;
-        let done_at = {
-            let mut busy = lock(&s.nodes[node].busy_until_us);
-            let start = busy.max(arrives);
-            *busy = start + s.script_us * scripts as f64;
-            *busy
-        };
-        let reply_at = done_at + rtt_us / 2.0;
+        let half = rtt_us / 2.0;
+        let arrives = now as f64 + half;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let replied = self.replied_us.clone();
         let replica = self.index;
         let clock = s.clock.clone();
         clock.clone().spawn(async move {
+            clock.sleep(until(&clock, arrives)).await;
+            // The node's queue is in the order calls reach it (the clock wakes sleeps in
+            // deadline order), not the order they were sent.
+            let done_at = {
+                let mut busy = lock(&s.nodes[node].busy_until_us);
+                let start = busy.max(clock.mono_us() as f64);
+                *busy = start + s.script_us * scripts as f64;
+                *busy
+            };
             clock.sleep(until(&clock, done_at)).await;
             let t = clock.mono_us();
             s.count_scripts(node, t, scripts);
@@ -363,7 +367,7 @@ impl ReplicaStore {
                 _ => Ok(s.run(node, work)),
             };
             s.activity.fetch_add(1, Ordering::Relaxed);
-            clock.sleep(until(&clock, reply_at)).await;
+            clock.sleep(until(&clock, t as f64 + half)).await;
             {
                 let mut r = lock(&replied);
                 r[node] = r[node].max(clock.mono_us());
