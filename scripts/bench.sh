@@ -14,7 +14,8 @@
 # (BENCH_SVG, default target/bench/latency-vs-load.svg).
 # Bounded: BENCH_DURATION seconds per closed-loop row (default 6) plus 2 s warm-up, and
 # BENCH_OPEN_DURATION (default 3) plus 1 s per open-loop point. Last, the CPU-heavy attacks of
-# tests/hostile_peers.rs on the release binary (legitimate p99 under 100 ms). About 8 minutes.
+# tests/hostile_peers.rs on the release binary (legitimate p99 under 100 ms), and `tollgate
+# simulate` on 500 replicas × 2,000 req/s (its decisions per CPU second). About 9 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || bash scripts/deps.sh
@@ -205,6 +206,25 @@ TOLLGATE_TEST_BINARY="$PWD/$BIN" \
   cargo test -q --test rlqs -- --ignored --nocapture --test-threads 1 bench_rlqs_against_rls \
   > "$TMP/rlqs.txt" 2>&1 || echo "bench: the RLQS benchmark failed (see below)" >&2
 
+# --- the simulator ------------------------------------------------------------------------
+# `tollgate simulate` on the README's worked example: 500 replicas × 2,000 req/s for 20 s of
+# virtual time (20 M decisions); its wall and CPU time (one thread: CPU time is the steadier
+# figure on a shared machine) and decisions per CPU second.
+echo "bench: tollgate simulate, 500 replicas × 2,000 req/s for 20 s…" >&2
+python3 - "$BIN" > "$TMP/simulate.txt" 2>&1 <<'PY' || echo "bench: the simulation failed (see below)" >&2
+import json, resource, subprocess, sys, time
+start = time.time()
+out = subprocess.run([sys.argv[1], "simulate", "examples/simulate/fleet-500.yaml", "--json"],
+                     capture_output=True, text=True, check=True).stdout
+wall = time.time() - start
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = usage.ru_utime + usage.ru_stime
+r = json.loads(out)
+n = r["run"]["decisions"]
+print(f"tollgate simulate examples/simulate/fleet-500.yaml: {n:,} decisions in {wall:.1f} s wall, "
+      f"{cpu:.1f} s CPU ({n / cpu:,.0f} decisions per CPU second), peak RSS {usage.ru_maxrss // 1024} MB")
+PY
+
 mkdir -p "$(dirname "$SVG")"
 python3 - "$RESULTS" "$KEY" "$REDIS_BYTES" "$TMP/memory.txt" "$OPEN" "$SVG" "$LOG_HITS" "$LOG_BYTES" <<'PY'
 import json, sys
@@ -324,3 +344,5 @@ echo "Hostile peers, release binary, legitimate p99 < 100 ms: $HOSTILE"
 grep -oE "(16 non-reading|WINDOW_UPDATE).*|panicked.*" "$TMP/hostile.txt" || true
 echo
 grep -E "^RLQS against RLS|panicked" "$TMP/rlqs.txt" || tail -20 "$TMP/rlqs.txt"
+echo
+cat "$TMP/simulate.txt"

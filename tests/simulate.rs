@@ -293,7 +293,12 @@ fn the_command_prints_json_writes_csv_and_pictures_and_reports_bad_scenarios_by_
         "t_s,offered,admitted,ideal,store_calls,fallback,replicas,replicas_believed\n"
     ));
     assert_eq!(csv.lines().count(), 6);
-    for picture in ["admitted.svg", "store_calls.svg", "fallback.svg"] {
+    for picture in [
+        "admitted.svg",
+        "store_calls.svg",
+        "fallback.svg",
+        "replicas.svg",
+    ] {
         let svg = std::fs::read_to_string(out.join(picture)).expect(picture);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("down (node 1)"), "{picture} marks the fault");

@@ -237,35 +237,34 @@ fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str, plot::Char
         (
             "fallback.svg",
             plot::Chart {
-                title: "Share of decisions made by the fallback; replicas live and believed".into(),
+                title: "Share of decisions made by the fallback".into(),
                 x_label: "virtual time (s)".into(),
-                y_label: "share / replicas ÷ max".into(),
-                series: {
-                    let most = report
-                        .series
-                        .iter()
-                        .map(|r| r.replicas.max(r.replicas_believed.ceil() as u64))
-                        .max()
-                        .unwrap_or(1)
-                        .max(1) as f64;
-                    vec![
-                        series("fallback share", "#d62728", false, &|r| {
-                            if r.offered == 0 {
-                                0.0
-                            } else {
-                                r.fallback as f64 / r.offered as f64
-                            }
-                        }),
-                        series("replicas live ÷ max", "#1f77b4", true, &|r| {
-                            r.replicas as f64 / most
-                        }),
-                        series("replicas believed ÷ max", "#9467bd", false, &|r| {
-                            r.replicas_believed / most
-                        }),
-                    ]
-                },
-                markers,
+                y_label: "share of requests".into(),
+                series: vec![series("fallback share", "#d62728", false, &|r| {
+                    if r.offered == 0 {
+                        0.0
+                    } else {
+                        r.fallback as f64 / r.offered as f64
+                    }
+                })],
+                markers: markers.clone(),
                 y_max: Some(1.05),
+            },
+        ),
+        (
+            "replicas.svg",
+            plot::Chart {
+                title: "Replicas: live, and the count the fallback divides by (mean)".into(),
+                x_label: "virtual time (s)".into(),
+                y_label: "replicas".into(),
+                series: vec![
+                    series("live", "#1f77b4", true, &|r| r.replicas as f64),
+                    series("believed (membership count)", "#9467bd", false, &|r| {
+                        r.replicas_believed
+                    }),
+                ],
+                markers,
+                y_max: None,
             },
         ),
     ]

@@ -176,6 +176,19 @@ impl SimStore {
         ms * 1_000.0
     }
 
+    /// Queues `scripts` reaching `node` at `at_us`; when they are done.
+    fn enqueue(&self, node: usize, at_us: f64, scripts: u64) -> f64 {
+        let mut busy = lock(&self.nodes[node].busy_until_us);
+        let start = busy.max(at_us);
+        *busy = start + self.script_us * scripts as f64;
+        *busy
+    }
+
+    /// How long a script reaching `node` at `now_us` would wait for the ones before it.
+    fn queue_us(&self, node: usize, now_us: u64) -> f64 {
+        (*lock(&self.nodes[node].busy_until_us) - now_us as f64).max(0.0)
+    }
+
     fn count_scripts(&self, node: usize, t_us: u64, n: u64) {
         let second = (t_us / 1_000_000) as usize;
         if let Some(slot) = lock(&self.calls)[node].get_mut(second) {
@@ -257,15 +270,20 @@ impl ReplicaStore {
     /// probes a probe task would have made since it opened, each at its own time).
     fn breaker_allows(&self, node: usize, now: u64) -> bool {
         let probe_every = self.store.config.probe_every_us.max(1);
+        let timeout = self.store.config.timeout_us as f64;
         let mut breakers = lock(&self.breakers);
         let b = &mut breakers[node];
         let Some(mut at) = b.probe_at_us else {
             return true;
         };
         while at <= now {
-            // A probe is one script on the node.
+            // A probe is one real script on the node: it waits in the node's queue like any
+            // call, and succeeds when it is answered before the node's silence runs out (a
+            // node buried under a backlog keeps the breaker open while the backlog drains).
             self.store.count_scripts(node, at, 1);
-            if self.store.answers(node, self.index, at) {
+            if self.store.answers(node, self.index, at) && self.store.queue_us(node, now) < timeout
+            {
+                self.store.enqueue(node, now as f64, 1);
                 *b = Breaker::default();
                 return true;
             }
@@ -350,13 +368,14 @@ impl ReplicaStore {
             clock.sleep(until(&clock, arrives)).await;
             // The node's queue is in the order calls reach it (the clock wakes sleeps in
             // deadline order), not the order they were sent.
-            let done_at = {
-                let mut busy = lock(&s.nodes[node].busy_until_us);
-                let start = busy.max(clock.mono_us() as f64);
-                *busy = start + s.script_us * scripts as f64;
-                *busy
-            };
-            clock.sleep(until(&clock, done_at)).await;
+            let reached = clock.mono_us();
+            let done_at = s.enqueue(node, reached as f64, scripts);
+            // Behind a queue, the scripts run when the node gets to them; on an idle node they
+            // run as they arrive (their few µs of run time go into the reply's wait instead:
+            // one sleep less per call, which is most of a large fleet's calls).
+            if done_at - reached as f64 > s.script_us * scripts as f64 + 1.0 {
+                clock.sleep(until(&clock, done_at)).await;
+            }
             let t = clock.mono_us();
             s.count_scripts(node, t, scripts);
             let result = match s.fault(node, replica, t) {
@@ -367,7 +386,9 @@ impl ReplicaStore {
                 _ => Ok(s.run(node, work)),
             };
             s.activity.fetch_add(1, Ordering::Relaxed);
-            clock.sleep(until(&clock, t as f64 + half)).await;
+            clock
+                .sleep(until(&clock, done_at.max(t as f64) + half))
+                .await;
             {
                 let mut r = lock(&replied);
                 r[node] = r[node].max(clock.mono_us());
@@ -554,6 +575,135 @@ impl Backend for ReplicaStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
+
+    use crate::quota::OpKind;
+    use crate::sim::scenario::Fault;
+
+    fn store(faults: Vec<Fault>) -> (Clock, Arc<SimStore>) {
+        let clock = Clock::manual(1_700_000_000_000);
+        let model = StoreModel {
+            nodes: 1,
+            latency: Latency {
+                p50_ms: 1.0,
+                p99_ms: 1.0,
+            },
+            ops_per_s: 1_000.0,
+            faults,
+        };
+        let config = ClientConfig {
+            timeout_us: 10_000,
+            max_wait_us: 1_000_000,
+            breaker_failures: 3,
+            probe_every_us: 500_000,
+        };
+        let s = SimStore::new(&model, config, clock.clone(), 1, 10, Arc::default());
+        (clock, Arc::new(s))
+    }
+
+    fn take(key: &str) -> Op {
+        Op::take(
+            key.into(),
+            OpKind::TokenBucket {
+                capacity: 10,
+                refill: 10,
+                window_ms: 3_600_000,
+            },
+            1,
+        )
+    }
+
+    /// Runs `f` to its end, moving the clock 100 µs at a time; its result and how long it
+    /// took in virtual µs.
+    async fn drive<T: Send + 'static>(
+        clock: &Clock,
+        f: impl Future<Output = T> + Send + 'static,
+    ) -> (T, u64) {
+        let start = clock.mono_us();
+        let task = tokio::spawn(f);
+        while !task.is_finished() {
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            clock.advance_us(100);
+        }
+        (task.await.expect("ran"), clock.mono_us() - start)
+    }
+
+    #[tokio::test]
+    async fn a_call_takes_a_round_trip_and_queues_behind_a_busy_node() {
+        let (clock, s) = store(Vec::new());
+        let replica = Arc::new(ReplicaStore::new(s.clone(), 0));
+        let r = replica.clone();
+        let (out, took) = drive(&clock, async move { r.apply_each(&[take("a")]).await }).await;
+        assert!(out[0].as_ref().is_ok_and(|o| o.allowed));
+        // 1 ms round trip + 1 ms of script (1,000 a second).
+        assert!((2_000..2_300).contains(&took), "{took} µs");
+        // Five at once on a node that runs one a millisecond: the last waits for four.
+        let r = replica.clone();
+        let (out, took) = drive(&clock, async move {
+            let ops: Vec<Op> = (0..5).map(|i| take(&format!("k{i}"))).collect();
+            r.apply_each(&ops).await
+        })
+        .await;
+        assert_eq!(out.len(), 5);
+        assert!((6_000..6_300).contains(&took), "{took} µs");
+    }
+
+    #[tokio::test]
+    async fn a_call_that_times_out_still_runs_and_a_refused_connection_opens_the_breaker() {
+        // Round trips of 50 ms against a 10 ms timeout: the caller gives up, the node runs it.
+        let slow = Fault {
+            at_s: 0.0,
+            for_s: 1.0,
+            kind: FaultKind::Slow(Latency {
+                p50_ms: 50.0,
+                p99_ms: 50.0,
+            }),
+            node: None,
+        };
+        let down = Fault {
+            at_s: 2.0,
+            for_s: 1.0,
+            kind: FaultKind::Down,
+            node: None,
+        };
+        let (clock, s) = store(vec![slow, down]);
+        let replica = Arc::new(ReplicaStore::new(s.clone(), 0));
+        let r = replica.clone();
+        let (out, took) = drive(&clock, async move { r.apply_each(&[take("a")]).await }).await;
+        let e = out[0].as_ref().expect_err("timed out");
+        assert!(e.outcome_unknown(), "{e}");
+        assert!((10_000..10_300).contains(&took), "{took} µs");
+        // The token was spent all the same, once the call reached the node.
+        let (_, _) = drive(&clock, {
+            let c = clock.clone();
+            async move { c.sleep(Duration::from_millis(100)).await }
+        })
+        .await;
+        assert_eq!(s.nodes[0].buckets.apply(&take("a")).remaining, 8);
+
+        // Down: refused at once, and the breaker is open: the next call is not even tried.
+        clock.advance_us(2_000_000 - clock.mono_us());
+        let r = replica.clone();
+        let (out, took) = drive(&clock, async move { r.apply_each(&[take("b")]).await }).await;
+        assert_eq!(
+            out[0].as_ref().map_err(|e| e.kind),
+            Err(StoreErrorKind::Connection)
+        );
+        assert!(took <= 100, "{took} µs");
+        let r = replica.clone();
+        let (out, _) = drive(&clock, async move { r.apply_each(&[take("b")]).await }).await;
+        assert_eq!(
+            out[0].as_ref().map_err(|e| e.kind),
+            Err(StoreErrorKind::CircuitOpen)
+        );
+        // After the outage, the first probe closes it.
+        clock.advance_us(3_600_000 - clock.mono_us());
+        let r = replica.clone();
+        let (out, _) = drive(&clock, async move { r.apply_each(&[take("b")]).await }).await;
+        assert!(out[0].is_ok());
+    }
 
     #[test]
     fn slots_follow_the_hash_tag() {
