@@ -321,3 +321,17 @@ fn the_command_prints_json_writes_csv_and_pictures_and_reports_bad_scenarios_by_
         assert!(stderr.contains(want), "missing {want:?} in:\n{stderr}");
     }
 }
+
+#[test]
+fn every_shipped_scenario_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/simulate");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("examples/simulate") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            Scenario::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+    }
+    assert!(n >= 3, "{n} scenarios in {}", dir.display());
+}
