@@ -127,8 +127,8 @@ impl Clock {
     }
 
     /// [`Clock::advance_ms`] in microseconds (a simulated store's round trips are shorter
-    /// than a millisecond). Returns how many sleeps it woke (a simulator lets the woken tasks
-    /// run before it moves on).
+    /// than a millisecond). Returns how many sleeper entries came due (a simulator lets the
+    /// woken tasks run before it moves on; an entry of a sleep already over counts too).
     pub fn advance_us(&self, us: u64) -> usize {
         let mut woken = 0;
         if let Clock::Manual(t) = self {
@@ -162,6 +162,15 @@ impl Clock {
         }
     }
 
+    /// How many sleeps have registered on a manual clock so far (0 on the system clock): a
+    /// simulator's sign that a woken task went back to sleep, so something still moves.
+    pub fn sleeps_registered(&self) -> u64 {
+        match self {
+            Clock::System { .. } => 0,
+            Clock::Manual(t) => t.registered.load(Ordering::Relaxed),
+        }
+    }
+
     /// Resolves after `duration` on this clock.
     pub fn sleep(&self, duration: Duration) -> Sleep {
         match self {
@@ -172,7 +181,7 @@ impl Clock {
                 deadline: t
                     .mono_us
                     .load(Ordering::SeqCst)
-                    .saturating_add(duration.as_micros() as u64),
+                    .saturating_add(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)),
             },
         }
     }

@@ -143,8 +143,9 @@ pub(super) fn no_limit(r: &RateLimitResponse) -> bool {
     r.statuses.iter().all(|s| s.current_limit.is_none())
 }
 
-/// A latency histogram in µs, 1 µs to 60 s at 3 significant digits (0.1 % error).
-pub(super) fn histogram() -> Histogram<u64> {
+/// A latency histogram in µs, 1 µs to 60 s at 3 significant digits (0.1 % error); also the
+/// simulator's (in virtual µs).
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("constant, valid bounds")
 }
 

@@ -28,6 +28,7 @@ mod open;
 
 pub use baseline::{Noop, serve_baseline, serve_noop};
 pub use check::{CheckReport, check_limit};
+pub(crate) use load::histogram as latency_histogram;
 pub use load::{BenchReport, run};
 pub use open::run_open;
 

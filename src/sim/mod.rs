@@ -9,8 +9,9 @@
 //! model ([`store`]: its buckets are the quota core's, its network and queue are drawn).
 //!
 //! Flow of one run ([`run`]):
-//! 1. Arrivals: each traffic stream is a Poisson process at its rate; a request's values come
-//!    from its templates (`{zipf}`, `{uniform}`), its replica from the routing.
+//! 1. Arrivals: each traffic stream is a Poisson process at its rate (or evenly spaced); a
+//!    request's values come from its templates (`{zipf}`, `{uniform}`), its replica from the
+//!    routing.
 //! 2. The driver jumps the clock to the next thing due (an arrival, a sleep of a task: a store
 //!    reply, a lease expiry, a heartbeat; a scaling event; a second's end) and lets the woken
 //!    tasks run until nothing moves ([`settle`]).
@@ -103,6 +104,13 @@ pub fn run_cli(args: &SimulateArgs) -> Result<(), SimError> {
     if let Some(seed) = args.seed {
         scenario.seed = seed;
     }
+    if let Some(dir) = &args.out {
+        // Before the run: a directory that cannot be made should not cost a whole simulation.
+        std::fs::create_dir_all(dir).map_err(|source| SimError::Write {
+            path: dir.clone(),
+            source,
+        })?;
+    }
     let progress = std::io::stderr().is_terminal();
     let report = run(&scenario, progress)?;
     if let Some(dir) = &args.out {
@@ -157,7 +165,8 @@ pub fn write_out(dir: &Path, scenario: &Scenario, report: &Report) -> Result<(),
     Ok(())
 }
 
-/// The three pictures: admitted against the ideal, store calls, the fallback's share.
+/// The four pictures: admitted against the ideal, store calls, the fallback's share, the
+/// replica count.
 fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str, plot::Chart)> {
     let mut markers: Vec<plot::Marker> = scenario
         .store
@@ -316,8 +325,11 @@ impl<'s> Sim<'s> {
         let s = &scenario.settings;
         let activity = Arc::new(AtomicU64::new(0));
         let config = ClientConfig {
-            timeout_us: s.store_timeout_ms * 1_000,
-            max_wait_us: s.store_connect_timeout_ms.max(s.store_timeout_ms) * 1_000,
+            timeout_us: s.store_timeout_ms.saturating_mul(1_000),
+            max_wait_us: s
+                .store_connect_timeout_ms
+                .max(s.store_timeout_ms)
+                .saturating_mul(1_000),
             breaker_failures: s.breaker_failures,
             probe_every_us: s.breaker_probe_ms * 1_000,
         };
@@ -499,21 +511,31 @@ impl<'s> Sim<'s> {
             hits_addend: cost,
         };
 
-        // The ideal: one exact bucket per limit, now.
+        // The ideal: one exact bucket per limit, now. A descriptor is admitted when all its
+        // limits are (every one is charged, as the fleet charges them), and each of its
+        // buckets counts the descriptor's answer, as the fleet's side counts its status.
         let mut buckets = Vec::new();
-        let mut ideal_ok = true;
         {
+            let ideal = self.ideal.ideal_ops(&self.rules, &request);
+            let allowed: Vec<bool> = ideal
+                .iter()
+                .map(|(_, _, op)| self.ideal_store.apply(op).allowed)
+                .collect();
+            let descriptor_ok = |d: usize| {
+                ideal
+                    .iter()
+                    .zip(&allowed)
+                    .all(|((_, desc, _), ok)| *desc != d || *ok)
+            };
             let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-            for (class, desc, op) in self.ideal.ideal_ops(&self.rules, &request) {
-                let outcome = self.ideal_store.apply(&op);
-                ideal_ok &= outcome.allowed;
-                let b = counts.bucket(&op.key, &class);
+            for (class, desc, op) in &ideal {
+                let b = counts.bucket(&op.key, class);
                 let bucket = &mut counts.buckets[b];
                 bucket.offered += op.cost;
-                bucket.ideal += if outcome.allowed { op.cost } else { 0 };
-                buckets.push((b, op.cost, desc));
+                bucket.ideal += if descriptor_ok(*desc) { op.cost } else { 0 };
+                buckets.push((b, op.cost, *desc));
             }
-            counts.arrived(second, ideal_ok);
+            counts.arrived(second, allowed.iter().all(|&ok| ok));
         }
 
         let limiter = self.fleet[replica].limiter.clone();
@@ -551,6 +573,8 @@ impl<'s> Sim<'s> {
         let started = Instant::now();
         let end_us = self.scenario.duration_s * 1_000_000;
         self.resize(self.scenario.replicas.start);
+        // The replicas' first heartbeats and housekeeping sleeps start at 0.
+        settle(&self.activity, &self.clock).await;
         let mut changes = self.scenario.replicas.changes.iter().peekable();
         let mut next_second = 1_000_000u64;
         let mut last_progress = Instant::now();
@@ -561,7 +585,7 @@ impl<'s> Sim<'s> {
             // sent ahead, a new replica's heartbeat) must register its first sleep before the
             // next thing due is known.
             if tasks.num_alive_tasks() > alive {
-                settle(&self.activity).await;
+                settle(&self.activity, &self.clock).await;
             }
             let now = self.clock.mono_us();
             let arrival = self
@@ -584,7 +608,7 @@ impl<'s> Sim<'s> {
             .unwrap_or(end_us)
             .max(now);
             if next > now && self.clock.advance_us(next - now) > 0 {
-                settle(&self.activity).await;
+                settle(&self.activity, &self.clock).await;
             }
             alive = tasks.num_alive_tasks();
             if next >= end_us {
@@ -632,16 +656,23 @@ impl<'s> Sim<'s> {
         for r in std::mem::take(&mut self.fleet) {
             let _ = r.stop.send(true);
         }
-        settle(&self.activity).await;
-        let drain_until =
-            end_us + 2_000_000 + self.scenario.settings.store_connect_timeout_ms * 1_000;
+        settle(&self.activity, &self.clock).await;
+        let s = &self.scenario.settings;
+        let drain_until = end_us
+            .saturating_add(
+                s.store_connect_timeout_ms
+                    .max(s.store_timeout_ms)
+                    .saturating_mul(1_000),
+            )
+            .saturating_add(s.store_timeout_ms.saturating_mul(2_000))
+            .saturating_add(2_000_000);
         while let Some(d) = self.clock.next_deadline_us() {
             if d > drain_until {
                 break;
             }
             let now = self.clock.mono_us();
             self.clock.advance_us(d.saturating_sub(now));
-            settle(&self.activity).await;
+            settle(&self.activity, &self.clock).await;
         }
         if progress {
             eprintln!();
@@ -697,7 +728,8 @@ fn record(
     let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
     let (admitted, fallback, error) = match decision {
         Ok(d) => (d.overall == Code::Ok, d.from_fallback, false),
-        Err(_) => (false, true, true),
+        // The `error` mode: the request failed (Envoy's failure mode decides), counted apart.
+        Err(_) => (false, false, true),
     };
     let per_bucket: Vec<(usize, u64, bool)> = buckets
         .iter()
@@ -713,15 +745,22 @@ fn record(
 }
 
 /// Lets the tasks the clock woke run, and the ones they wake or spawn, until nothing moves:
-/// two turns of the scheduler in which no store script ran, no reply came, no decision ended
-/// and no task started or ended.
-async fn settle(activity: &AtomicU64) {
+/// two turns of the scheduler in which no store script ran, no reply came, no decision ended,
+/// no task started or ended and none went back to sleep (a turn runs at most 61 tasks).
+async fn settle(activity: &AtomicU64, clock: &Clock) {
     let tasks = tokio::runtime::Handle::current().metrics();
+    let progress = || {
+        (
+            activity.load(Ordering::Relaxed),
+            tasks.num_alive_tasks(),
+            clock.sleeps_registered(),
+        )
+    };
     loop {
-        let before = (activity.load(Ordering::Relaxed), tasks.num_alive_tasks());
+        let before = progress();
         tokio::task::yield_now().await;
         tokio::task::yield_now().await;
-        if (activity.load(Ordering::Relaxed), tasks.num_alive_tasks()) == before {
+        if progress() == before {
             return;
         }
     }

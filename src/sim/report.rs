@@ -65,11 +65,7 @@ pub(super) struct Counts {
 }
 
 fn histogram() -> Histogram<u64> {
-    // 1 µs to 1 h of virtual time, 3 significant digits; the bounds are constants, so this
-    // cannot fail.
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
-        Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant digits are valid"))
-    })
+    crate::loadgen::latency_histogram()
 }
 
 impl Counts {
@@ -148,29 +144,41 @@ impl Counts {
         self.admitted += u64::from(admitted);
         self.fallback += u64::from(fallback);
         self.errors += u64::from(error);
-        let _ = self.latency.record(latency_us.max(1));
+        self.latency.saturating_record(latency_us.max(1));
         if let Some(r) = self.row(second) {
             r.admitted += u64::from(admitted);
             r.fallback += u64::from(fallback);
         }
-        let mut seen: [usize; 4] = [usize::MAX; 4];
-        for (n, &(b, hits, ok)) in buckets.iter().enumerate() {
+        // A request counts once per class for latency and fallback (whether the fallback
+        // decided any of its ops: the decision says so per request, not per limit).
+        let mut seen: Vec<usize> = Vec::with_capacity(buckets.len());
+        for &(b, hits, ok) in buckets {
             let bucket = &mut self.buckets[b];
             bucket.admitted += if ok { hits } else { 0 };
             let class = bucket.class;
-            // A request counts once per class for latency and fallback.
-            if n < seen.len() && !seen[..n].contains(&class) {
-                seen[n] = class;
+            if !seen.contains(&class) {
+                seen.push(class);
                 let c = &mut self.classes[class];
-                let _ = c.latency.record(latency_us.max(1));
+                c.latency.saturating_record(latency_us.max(1));
                 c.fallback += u64::from(fallback);
             }
         }
     }
 }
 
-/// Admitted beyond ideal and ideal not admitted, summed over buckets, as % of the ideal.
-fn errors_pct(buckets: &[&BucketCount]) -> (f64, f64, u64, u64, u64) {
+/// Hits over and under the ideal, summed over buckets: in hits and as % of the ideal's.
+struct Errors {
+    over_pct: f64,
+    under_pct: f64,
+    over: u64,
+    under: u64,
+    offered: u64,
+    admitted: u64,
+    ideal: u64,
+}
+
+/// Admitted beyond ideal and ideal not admitted, summed over buckets.
+fn errors(buckets: &[&BucketCount]) -> Errors {
     let (mut offered, mut admitted, mut ideal, mut over, mut under) = (0, 0, 0, 0, 0);
     for b in buckets {
         offered += b.offered;
@@ -186,7 +194,15 @@ fn errors_pct(buckets: &[&BucketCount]) -> (f64, f64, u64, u64, u64) {
             round(100.0 * x as f64 / ideal as f64, 3)
         }
     };
-    (pct(over), pct(under), offered, admitted, ideal)
+    Errors {
+        over_pct: pct(over),
+        under_pct: pct(under),
+        over,
+        under,
+        offered,
+        admitted,
+        ideal,
+    }
 }
 
 pub(super) fn round(x: f64, digits: i32) -> f64 {
@@ -239,6 +255,9 @@ pub struct ClassReport {
     pub ideal: u64,
     pub over_admitted_pct: f64,
     pub false_rejected_pct: f64,
+    /// The same two in hits (the percentages are of the ideal's hits: 0 when it admitted none).
+    pub over_admitted_hits: u64,
+    pub false_rejected_hits: u64,
     pub latency_ms: Latency,
     pub fallback_decisions: u64,
 }
@@ -251,6 +270,8 @@ pub struct Total {
     pub ideal: u64,
     pub over_admitted_pct: f64,
     pub false_rejected_pct: f64,
+    pub over_admitted_hits: u64,
+    pub false_rejected_hits: u64,
     pub store_calls_per_s: StoreCalls,
     pub latency_ms: Latency,
     pub fallback_decisions: u64,
@@ -302,7 +323,7 @@ impl Counts {
             })
             .collect();
         let all: Vec<&BucketCount> = self.buckets.iter().collect();
-        let (over, under, ..) = errors_pct(&all);
+        let whole = errors(&all);
         let classes = self
             .classes
             .iter()
@@ -310,15 +331,17 @@ impl Counts {
             .map(|(i, c)| {
                 let mine: Vec<&BucketCount> =
                     self.buckets.iter().filter(|b| b.class == i).collect();
-                let (over, under, offered, admitted, ideal) = errors_pct(&mine);
+                let e = errors(&mine);
                 ClassReport {
                     class: c.name.to_string(),
                     buckets: mine.len(),
-                    offered,
-                    admitted,
-                    ideal,
-                    over_admitted_pct: over,
-                    false_rejected_pct: under,
+                    offered: e.offered,
+                    admitted: e.admitted,
+                    ideal: e.ideal,
+                    over_admitted_pct: e.over_pct,
+                    false_rejected_pct: e.under_pct,
+                    over_admitted_hits: e.over,
+                    false_rejected_hits: e.under,
                     latency_ms: latency(&c.latency),
                     fallback_decisions: c.fallback,
                 }
@@ -332,8 +355,10 @@ impl Counts {
                 offered: self.offered,
                 admitted: self.admitted,
                 ideal: self.ideal,
-                over_admitted_pct: over,
-                false_rejected_pct: under,
+                over_admitted_pct: whole.over_pct,
+                false_rejected_pct: whole.under_pct,
+                over_admitted_hits: whole.over,
+                false_rejected_hits: whole.under,
                 store_calls_per_s: StoreCalls {
                     mean: round(
                         self.rows.iter().map(|r| r.store_calls).sum::<u64>() as f64

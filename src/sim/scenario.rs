@@ -222,26 +222,52 @@ fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scenario> {
     let store = required(out, root, &f, "store").and_then(|n| store(out, n));
     let replicas = required(out, root, &f, "replicas").and_then(|n| replicas(out, n));
     let traffic = required(out, root, &f, "traffic").and_then(|n| traffic(out, n));
-    if let (Some(store), Some(replicas)) = (&store, &replicas) {
-        let most = std::iter::once(replicas.start)
-            .chain(replicas.changes.iter().map(|c| c.1))
-            .max()
-            .unwrap_or(0);
-        for (fault, node) in store.faults.iter().zip(fault_nodes(root)) {
-            if let FaultKind::Partition { to, .. } = fault.kind
-                && to > most
+    if let Some(store) = &store {
+        // Replica indexes are given in start order and never reused: a scale-in stops the
+        // newest, a later scale-out starts new ones after every index used so far.
+        let started = replicas.as_ref().map(|r| {
+            let mut size = r.start;
+            let mut started = r.start;
+            for &(_, to) in &r.changes {
+                started += to.saturating_sub(size);
+                size = to;
+            }
+            started
+        });
+        for (i, (fault, node)) in store.faults.iter().zip(fault_nodes(root)).enumerate() {
+            if let (FaultKind::Partition { to, .. }, Some(started)) = (&fault.kind, started)
+                && *to > started
             {
                 out.error(
                     node.pos,
-                    "store.faults.replicas",
-                    format!("names replicas up to {to}, but the fleet never has more than {most}"),
+                    &format!("store.faults[{i}].replicas"),
+                    format!(
+                        "names replicas up to {to}, but only {started} are ever started (indexes 0..{started}, in start order)"
+                    ),
                 );
             }
             if fault.node.is_some_and(|n| n >= store.nodes) {
                 out.error(
                     node.pos,
-                    "store.faults.node",
+                    &format!("store.faults[{i}].node"),
                     format!("the store has {} node(s), numbered from 0", store.nodes),
+                );
+            }
+        }
+    }
+    if let (Some(rules), Some(traffic)) = (&rules, &traffic) {
+        for (i, (t, node)) in traffic.iter().zip(traffic_nodes(root)).enumerate() {
+            if !rules.domains.contains_key(&t.domain) {
+                let mut known: Vec<&str> = rules.domains.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                out.error(
+                    child(node, "domain").unwrap_or(node).pos,
+                    &format!("traffic[{i}].domain"),
+                    format!(
+                        "no rules for domain `{}` (the rules declare: {}): every request would pass",
+                        t.domain,
+                        known.join(", ")
+                    ),
                 );
             }
         }
@@ -259,18 +285,30 @@ fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scenario> {
     })
 }
 
+/// The traffic streams' nodes, in order (for errors found once the whole file is read).
+fn traffic_nodes(root: &Node) -> Vec<&Node> {
+    match child(root, "traffic").map(|t| &t.value) {
+        Some(Value::Seq(items)) => items.iter().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The field `name` of a mapping node.
+fn child<'n>(n: &'n Node, name: &str) -> Option<&'n Node> {
+    match &n.value {
+        Value::Map(pairs) => pairs.iter().find_map(|(k, v)| {
+            matches!(&k.value, Value::Scalar { text, .. } if text == name).then_some(v)
+        }),
+        _ => None,
+    }
+}
+
 /// The fault nodes, in order (for errors found once the whole file is read).
 fn fault_nodes(root: &Node) -> Vec<&Node> {
-    fn get<'n>(n: &'n Node, name: &str) -> Option<&'n Node> {
-        match &n.value {
-            Value::Map(pairs) => pairs.iter().find_map(|(k, v)| {
-                matches!(&k.value, Value::Scalar { text, .. } if text == name).then_some(v)
-            }),
-            _ => None,
-        }
-    }
-    let store = get(root, "store");
-    match store.and_then(|s| get(s, "faults")).map(|f| &f.value) {
+    match child(root, "store")
+        .and_then(|s| child(s, "faults"))
+        .map(|f| &f.value)
+    {
         Some(Value::Seq(items)) => items.iter().collect(),
         _ => Vec::new(),
     }
@@ -934,7 +972,22 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            e.contains("s.yaml:15:7: store.faults.replicas: names replicas up to 9, but the fleet never has more than 6"),
+            e.contains("s.yaml:15:7: store.faults[2].replicas: names replicas up to 9, but only 6 are ever started"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_stream_for_a_domain_without_rules_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = write(
+            dir.path(),
+            &GOOD.replace("  - domain: edge", "  - domain: egde"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("s.yaml:20:13: traffic[0].domain: no rules for domain `egde` (the rules declare: edge)"),
             "{e}"
         );
     }

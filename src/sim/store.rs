@@ -15,9 +15,13 @@
 //!   max(`store_connect_timeout_ms`, `store_timeout_ms`) in all; a refused connection opens
 //!   the node's breaker at once, `breaker_failures` failed calls in a row open it too; an
 //!   open breaker fails its node's ops at once (`CircuitOpen`) and closes at the first probe
-//!   (every `breaker_probe_ms`) that finds the node answering scripts.
-//! - Slots: a key's node is its hash-tag slot's, the slots split in equal ranges over the
-//!   nodes in order, as `redis-cli --cluster create` assigns them.
+//!   (every `breaker_probe_ms` from when it opened) whose script the node runs within the
+//!   connect timeout, queue included. Membership heartbeats pass the breakers, bounded by the
+//!   connect timeout alone, as `RedisStore::membership` is. Left out: `call.rs`'s last short
+//!   pause before giving up, and the connection pool's reconnect back-off after an outage
+//!   (a real fleet returns to the store up to a couple of seconds later than this one).
+//! - Slots: a key's node is its hash-tag slot's, the slots split over the nodes in order as
+//!   `redis-cli --cluster create` splits them.
 //!
 //! Flow: a replica's limiter calls [`ReplicaStore`] (a [`Backend`]) → the ops are grouped by
 //! node → each node's group is one call ([`ReplicaStore::call`]): breaker, fault, round trip,
@@ -37,6 +41,7 @@ use rand_distr::{Distribution, LogNormal};
 use super::scenario::{FaultKind, Latency, StoreModel};
 use crate::clock::Clock;
 use crate::quota::{Op, Outcome};
+use crate::store::redis::slot_of;
 use crate::store::{Backend, MemoryStore, StoreError, StoreErrorKind};
 
 /// Buckets a simulated node holds at most (Redis holds them all; the memory store's cap
@@ -84,9 +89,30 @@ pub struct SimStore {
     /// Scripts run, per node per virtual second.
     calls: Mutex<Vec<Vec<u64>>>,
     config: ClientConfig,
+    /// The last slot of each node, as `redis-cli --cluster create` splits the 16,384.
+    last_slots: Vec<u16>,
     /// Anything that happened (a script run, a reply): the driver runs the runtime until this
     /// stops moving.
     pub(super) activity: Arc<AtomicU64>,
+}
+
+/// The last slot of each of `nodes` primaries: `redis-cli --cluster create`'s split (16,384 ÷
+/// nodes each, rounded, the last node to the end).
+fn last_slots(nodes: u32) -> Vec<u16> {
+    let per = 16_384.0 / f64::from(nodes.max(1));
+    let (mut first, mut cursor) = (0u32, 0.0f64);
+    (0..nodes.max(1))
+        .map(|i| {
+            let mut last = (cursor + per - 1.0).round() as u32;
+            if last > 16_383 || i == nodes.max(1) - 1 {
+                last = 16_383;
+            }
+            last = last.max(first);
+            first = last + 1;
+            cursor += per;
+            last as u16
+        })
+        .collect()
 }
 
 impl SimStore {
@@ -123,6 +149,7 @@ impl SimStore {
             rng: Mutex::new(SmallRng::seed_from_u64(seed ^ 0x5354_4f52_4521)),
             calls: Mutex::new(vec![vec![0; duration_s as usize + 2]; model.nodes as usize]),
             config,
+            last_slots: last_slots(model.nodes),
             activity,
         }
     }
@@ -132,13 +159,13 @@ impl SimStore {
         lock(&self.calls).clone()
     }
 
-    /// The node holding `key`: its hash tag's slot, slots in equal ranges over the nodes.
+    /// The node holding `key`: the one whose slot range holds its hash tag's slot.
     fn node_of(&self, key: &str) -> usize {
-        let n = self.nodes.len();
-        if n == 1 {
+        if self.nodes.len() == 1 {
             return 0;
         }
-        slot_of(key.as_bytes()) as usize * n / 16_384
+        let slot = slot_of(key.as_bytes());
+        self.last_slots.partition_point(|&last| last < slot)
     }
 
     /// The fault on `node` at `t_us` as `replica` sees it, if any (the first that applies).
@@ -154,12 +181,28 @@ impl SimStore {
             })
     }
 
-    /// Whether a breaker probe from `replica` at `t_us` finds `node` running scripts.
-    fn answers(&self, node: usize, replica: u32, t_us: u64) -> bool {
-        !matches!(
-            self.fault(node, replica, t_us),
-            Some(FaultKind::Down | FaultKind::Oom | FaultKind::Partition { .. })
-        )
+    /// Whether a breaker probe from `replica` at `t_us` runs its script within `limit_us`
+    /// (`breaker.rs`: a real script, bounded by the connect timeout): the node must be
+    /// reachable and running scripts, and its queue plus a round trip short enough. A probe
+    /// that reaches the node is one more script on it.
+    fn probe(&self, node: usize, replica: u32, t_us: u64, limit_us: f64) -> bool {
+        let latency = match self.fault(node, replica, t_us) {
+            // No connection: nothing is sent.
+            Some(FaultKind::Down | FaultKind::Partition { .. }) => return false,
+            Some(FaultKind::Oom) => {
+                self.count_scripts(node, t_us, 1);
+                return false;
+            }
+            Some(FaultKind::Slow(l)) => *l,
+            None => self.latency,
+        };
+        self.count_scripts(node, t_us, 1);
+        let waited = self.queue_us(node, t_us) + self.round_trip_us(latency);
+        let ran = waited < limit_us;
+        if ran {
+            self.enqueue(node, t_us as f64, 1);
+        }
+        ran
     }
 
     /// One round trip (µs) under `latency`.
@@ -199,22 +242,6 @@ impl SimStore {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The cluster slot of `key` (its hash tag's CRC16 modulo 16,384), as Redis computes it.
-fn slot_of(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.iter()
-                .position(|&b| b == b'}')
-                .filter(|&close| close > 0)
-                .map(|close| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16::State::<crc16::XMODEM>::calculate(tagged) % 16_384
 }
 
 /// What a call asks of its node.
@@ -270,24 +297,20 @@ impl ReplicaStore {
     /// probes a probe task would have made since it opened, each at its own time).
     fn breaker_allows(&self, node: usize, now: u64) -> bool {
         let probe_every = self.store.config.probe_every_us.max(1);
-        let timeout = self.store.config.timeout_us as f64;
+        let limit = self.store.config.max_wait_us as f64;
         let mut breakers = lock(&self.breakers);
         let b = &mut breakers[node];
         let Some(mut at) = b.probe_at_us else {
             return true;
         };
         while at <= now {
-            // A probe is one real script on the node: it waits in the node's queue like any
-            // call, and succeeds when it is answered before the node's silence runs out (a
-            // node buried under a backlog keeps the breaker open while the backlog drains).
-            self.store.count_scripts(node, at, 1);
-            if self.store.answers(node, self.index, at) && self.store.queue_us(node, now) < timeout
-            {
-                self.store.enqueue(node, now as f64, 1);
+            // A probe waits in the node's queue like any call: a node buried under a backlog
+            // keeps the breaker open while the backlog drains.
+            if self.store.probe(node, self.index, at, limit) {
                 *b = Breaker::default();
                 return true;
             }
-            at += probe_every;
+            at = at.saturating_add(probe_every);
         }
         b.probe_at_us = Some(at);
         false
@@ -299,17 +322,23 @@ impl ReplicaStore {
         match failed {
             None => b.failures = 0,
             Some(kind) => {
-                b.failures += 1;
-                if kind == StoreErrorKind::Connection
-                    || b.failures >= self.store.config.breaker_failures.max(1)
+                b.failures = b.failures.saturating_add(1);
+                // Opened once (`Breakers::failed` is true only on the change): a call that
+                // fails while it is open does not put its probe off.
+                if b.probe_at_us.is_none()
+                    && (kind == StoreErrorKind::Connection
+                        || b.failures >= self.store.config.breaker_failures.max(1))
                 {
-                    b.probe_at_us = Some(now + self.store.config.probe_every_us.max(1));
+                    b.probe_at_us =
+                        Some(now.saturating_add(self.store.config.probe_every_us.max(1)));
                 }
             }
         }
     }
 
-    /// One call to `node`: `Ok` with the node's reply, or the error every part of it gets.
+    /// One decision-side call to `node` (`RedisStore::call`): through the node's breaker,
+    /// given up on the node's silence; `Ok` with the node's reply, or the error every part of
+    /// it gets.
     async fn call(&self, node: usize, work: Work, scripts: u64) -> Result<Reply, StoreError> {
         let s = &self.store;
         let started = s.clock.mono_us();
@@ -319,31 +348,71 @@ impl ReplicaStore {
                 "simulated node's circuit is open",
             ));
         }
-        let fault = s.fault(node, self.index, started).cloned();
-        let latency = match &fault {
-            Some(FaultKind::Down) => {
-                self.settled(node, Some(StoreErrorKind::Connection), started);
-                return Err(StoreError::new(
-                    StoreErrorKind::Connection,
-                    "simulated node is down (connection refused)",
-                ));
-            }
-            Some(FaultKind::Slow(l)) => *l,
-            _ => s.latency,
+        let result = match self.dispatch(node, work, scripts, started) {
+            Ok(reply) => self.wait(node, started, reply).await,
+            Err(e) => Err(e),
         };
-        let rtt = s.round_trip_us(latency);
-        let reply = match fault {
-            // Packets dropped: the call is never answered.
-            Some(FaultKind::Partition { .. }) => None,
-            _ => Some(self.send(node, work, scripts, started, rtt)),
-        };
-        let result = self.wait(node, started, reply).await;
         let now = s.clock.mono_us();
         match &result {
             Ok(_) => self.settled(node, None, now),
             Err(e) => self.settled(node, Some(e.kind), now),
         }
         result
+    }
+
+    /// A membership heartbeat or leave (`RedisStore::membership`): past the breakers, bounded
+    /// by the connect timeout alone, and no breaker counts it.
+    async fn membership_call(&self, node: usize, work: Work) -> Result<Reply, StoreError> {
+        let s = &self.store;
+        let started = s.clock.mono_us();
+        let limit = Duration::from_micros(s.config.max_wait_us);
+        match self.dispatch(node, work, 1, started)? {
+            Some(reply) => match s.clock.timeout(limit, reply).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(StoreError::new(
+                    StoreErrorKind::Connection,
+                    "simulated call dropped",
+                )),
+                Err(_) => Err(StoreError::new(
+                    StoreErrorKind::Timeout,
+                    "membership heartbeat timed out",
+                )),
+            },
+            None => {
+                s.clock.sleep(limit).await;
+                Err(StoreError::new(
+                    StoreErrorKind::Timeout,
+                    "membership heartbeat timed out",
+                ))
+            }
+        }
+    }
+
+    /// Sends `work` as the node's faults at `started` allow: refused at once (down), never
+    /// answered (`None`: a partition), or on its way (its reply to wait for).
+    #[allow(clippy::type_complexity)]
+    fn dispatch(
+        &self,
+        node: usize,
+        work: Work,
+        scripts: u64,
+        started: u64,
+    ) -> Result<Option<tokio::sync::oneshot::Receiver<Result<Reply, StoreError>>>, StoreError> {
+        let s = &self.store;
+        let latency = match s.fault(node, self.index, started) {
+            Some(FaultKind::Down) => {
+                return Err(StoreError::new(
+                    StoreErrorKind::Connection,
+                    "simulated node is down (connection refused)",
+                ));
+            }
+            // Packets dropped: the call is never answered.
+            Some(FaultKind::Partition { .. }) => return Ok(None),
+            Some(FaultKind::Slow(l)) => *l,
+            _ => s.latency,
+        };
+        let rtt = s.round_trip_us(latency);
+        Ok(Some(self.send(node, work, scripts, started, rtt)))
     }
 
     /// Sends `work` to `node` in a task of its own (so it runs even if the caller gives up):
@@ -368,12 +437,12 @@ impl ReplicaStore {
             clock.sleep(until(&clock, arrives)).await;
             // The node's queue is in the order calls reach it (the clock wakes sleeps in
             // deadline order), not the order they were sent.
-            let reached = clock.mono_us();
-            let done_at = s.enqueue(node, reached as f64, scripts);
+            // Queued at the time it reached the node (the task may run a little later).
+            let done_at = s.enqueue(node, arrives, scripts);
             // Behind a queue, the scripts run when the node gets to them; on an idle node they
             // run as they arrive (their few µs of run time go into the reply's wait instead:
             // one sleep less per call, which is most of a large fleet's calls).
-            if done_at - reached as f64 > s.script_us * scripts as f64 + 1.0 {
+            if done_at - arrives > s.script_us * scripts as f64 + 1.0 {
                 clock.sleep(until(&clock, done_at)).await;
             }
             let t = clock.mono_us();
@@ -491,6 +560,9 @@ impl Backend for ReplicaStore {
                     None => by_node.push((node, vec![i])),
                 }
             }
+            // In node order: each call draws its round trip from the one generator, and the
+            // ops' order (a lease table's give-backs) is not the same from run to run.
+            by_node.sort_by_key(|(node, _)| *node);
             let calls = by_node.iter().map(|(node, idx)| {
                 let part: Vec<Op> = idx.iter().map(|&i| ops[i].clone()).collect();
                 let scripts = part.len() as u64;
@@ -542,7 +614,7 @@ impl Backend for ReplicaStore {
                 replica: replica.to_string(),
                 ttl_ms: ttl.as_millis() as u64,
             };
-            match self.call(node, work, 1).await? {
+            match self.membership_call(node, work).await? {
                 Reply::Live(n) => Ok(n),
                 Reply::Ops(_) => Err(StoreError::new(StoreErrorKind::Protocol, "wrong reply")),
             }
@@ -560,7 +632,7 @@ impl Backend for ReplicaStore {
                 key: key.to_string(),
                 replica: replica.to_string(),
             };
-            match self.call(node, work, 1).await? {
+            match self.membership_call(node, work).await? {
                 Reply::Live(n) => Ok(n),
                 Reply::Ops(_) => Err(StoreError::new(StoreErrorKind::Protocol, "wrong reply")),
             }
@@ -706,14 +778,34 @@ mod tests {
     }
 
     #[test]
-    fn slots_follow_the_hash_tag() {
-        // Values Redis gives (CLUSTER KEYSLOT).
-        assert_eq!(slot_of(b"foo"), 12182);
-        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
-        assert_eq!(
-            slot_of(b"a{}b"),
-            slot_of(b"a{}b"),
-            "an empty tag hashes the key"
-        );
+    fn keys_go_to_the_node_of_their_slot_in_equal_ranges() {
+        let (_, one) = store(Vec::new());
+        assert_eq!(one.node_of("{anything}"), 0);
+        let model = StoreModel {
+            nodes: 3,
+            latency: Latency {
+                p50_ms: 1.0,
+                p99_ms: 1.0,
+            },
+            ops_per_s: 1_000.0,
+            faults: Vec::new(),
+        };
+        let config = ClientConfig {
+            timeout_us: 10_000,
+            max_wait_us: 1_000_000,
+            breaker_failures: 3,
+            probe_every_us: 500_000,
+        };
+        let three = SimStore::new(&model, config, Clock::manual(0), 1, 1, Arc::default());
+        // CLUSTER KEYSLOT: "foo" is 12182 (the third of 0..=5460, 5461..=10922, 10923..=16383),
+        // "user1000" 3443 (the first); a key's shards, each its own tag, spread.
+        assert_eq!(last_slots(3), [5460, 10922, 16383]);
+        assert_eq!(last_slots(1), [16383]);
+        assert_eq!(three.node_of("foo"), 2);
+        assert_eq!(three.node_of("{user1000}.following"), 0);
+        let nodes: std::collections::HashSet<usize> = (0..16)
+            .map(|i| three.node_of(&format!("{{edge|tenant=a|#{i}}}")))
+            .collect();
+        assert_eq!(nodes.len(), 3, "16 shards land on every node");
     }
 }

@@ -80,6 +80,7 @@ pub use config::RedisConfig;
 pub use scripts::{
     FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA,
 };
+pub use slots::slot_of;
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};

@@ -118,8 +118,9 @@ impl SlotMap {
 }
 
 /// The hash slot of a key: CRC16 of its hash tag (the bytes between the first `{` and the
-/// next `}`, when not empty), else of the whole key.
-fn slot_of(key: &[u8]) -> u16 {
+/// next `}`, when not empty), else of the whole key. Also the simulated cluster's
+/// (`sim/store.rs`).
+pub fn slot_of(key: &[u8]) -> u16 {
     let tagged = key
         .iter()
         .position(|&b| b == b'{')
