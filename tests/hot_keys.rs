@@ -11,27 +11,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::{TestCluster, TestRedis, unique_prefix};
+use common::redis::{TestCluster, TestRedis, script_calls, unique_prefix};
 use common::{InProcess, TestServer, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate::rules::{Algorithm, Rate, Unit};
-
-/// Script calls Redis has run so far (`EVALSHA` and `EVAL`).
-fn script_calls(redis: &TestRedis) -> u64 {
-    let stats: String = redis.cmd(&["INFO", "commandstats"]);
-    ["evalsha", "eval"]
-        .iter()
-        .filter_map(|name| {
-            stats.lines().find_map(|l| {
-                l.strip_prefix(&format!("cmdstat_{name}:calls="))?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-        })
-        .sum()
-}
 
 /// Three tollgate processes on `redis` with leasing on.
 fn three_leasing_servers(

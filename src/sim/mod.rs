@@ -497,19 +497,7 @@ impl<'s> Sim<'s> {
             values.push(self.value_buf.clone());
         }
         let replica = self.route(stream, hasher.finish());
-        let request = Request {
-            domain: &domain,
-            descriptors: vec![RequestDescriptor {
-                entries: keys
-                    .iter()
-                    .map(|k| &**k)
-                    .zip(values.iter().map(String::as_str))
-                    .collect(),
-                hits_addend: None,
-                limit_override: None,
-            }],
-            hits_addend: cost,
-        };
+        let request = one_descriptor(&domain, &keys, &values, cost);
 
         // The ideal: one exact bucket per limit, now. A descriptor is admitted when all its
         // limits are (every one is charged, as the fleet charges them), and each of its
@@ -544,19 +532,7 @@ impl<'s> Sim<'s> {
         let clock = self.clock.clone();
         let activity = self.activity.clone();
         let mut pending: Pending = Box::pin(async move {
-            let request = Request {
-                domain: &domain,
-                descriptors: vec![RequestDescriptor {
-                    entries: keys
-                        .iter()
-                        .map(|k| &**k)
-                        .zip(values.iter().map(String::as_str))
-                        .collect(),
-                    hits_addend: None,
-                    limit_override: None,
-                }],
-                hits_addend: cost,
-            };
+            let request = one_descriptor(&domain, &keys, &values, cost);
             let decision = limiter.decide(&rules, &request).await;
             let latency = clock.mono_us() - now;
             record(&counts, second, latency, &decision, &buckets);
@@ -714,6 +690,28 @@ impl<'s> Sim<'s> {
             row.replicas = live;
             row.replicas_believed = report::round(believed, 2);
         }
+    }
+}
+
+/// A request of one descriptor: `keys` with `values`, `cost` hits.
+fn one_descriptor<'a>(
+    domain: &'a str,
+    keys: &'a [Arc<str>],
+    values: &'a [String],
+    cost: u64,
+) -> Request<'a> {
+    Request {
+        domain,
+        descriptors: vec![RequestDescriptor {
+            entries: keys
+                .iter()
+                .map(|k| &**k)
+                .zip(values.iter().map(String::as_str))
+                .collect(),
+            hits_addend: None,
+            limit_override: None,
+        }],
+        hits_addend: cost,
     }
 }
 

@@ -567,3 +567,21 @@ fn cluster_ports(n: usize) -> Vec<u16> {
     );
     ports
 }
+
+/// Script calls `redis` has run so far (`INFO commandstats`: `EVALSHA` plus the `EVAL` of a
+/// `NOSCRIPT` retry).
+pub fn script_calls(redis: &TestRedis) -> u64 {
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    ["evalsha", "eval"]
+        .iter()
+        .filter_map(|name| {
+            stats.lines().find_map(|l| {
+                l.strip_prefix(&format!("cmdstat_{name}:calls="))?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+        })
+        .sum()
+}
