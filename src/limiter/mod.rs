@@ -369,14 +369,7 @@ impl Limiter {
             .iter()
             .zip(plan.ops)
             .map(|(planned, op)| {
-                let op = match (planned.shard, planned.limit.rate) {
-                    (Some(_), Some(rate)) => Op {
-                        key: crate::keys::bucket_id(&op.key).to_string(),
-                        kind: OpKind::from(rate),
-                        ..op
-                    },
-                    _ => op,
-                };
+                let op = whole_limit(planned, &op).unwrap_or(op);
                 (planned.limit.class.clone(), planned.desc, op)
             })
             .collect()
@@ -435,16 +428,12 @@ impl Limiter {
                     // A sharded limit falls back as a whole: the local share is of the limit,
                     // not of one shard.
                     let whole;
-                    let op = match (planned.shard, planned.limit.rate) {
-                        (Some(_), Some(rate)) => {
-                            whole = Op::take(
-                                crate::keys::bucket_id(&op.key).to_string(),
-                                crate::store::OpKind::from(rate),
-                                op.cost,
-                            );
+                    let op = match whole_limit(planned, op) {
+                        Some(w) => {
+                            whole = w;
                             &whole
                         }
-                        _ => op,
+                        None => op,
                     };
                     outcomes.push(
                         self.fallback
@@ -456,6 +445,20 @@ impl Limiter {
             }
         }
         Ok((outcomes, from_fallback))
+    }
+}
+
+/// A sharded limit's op on its whole bucket (the shard part of the key and the shard's part of
+/// the numbers taken off), for what decides a limit as a whole: the local fallback, and
+/// `tollgate simulate`'s ideal. `None` for an op that is not a shard's.
+fn whole_limit(planned: &plan::Planned, op: &Op) -> Option<Op> {
+    match (planned.shard, planned.limit.rate) {
+        (Some(_), Some(rate)) => Some(Op::take(
+            crate::keys::bucket_id(&op.key).to_string(),
+            OpKind::from(rate),
+            op.cost,
+        )),
+        _ => None,
     }
 }
 

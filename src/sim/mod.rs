@@ -455,7 +455,7 @@ impl<'s> Sim<'s> {
         }
     }
 
-    /// The replica for a request of `stream` with `values`.
+    /// The replica for a request of `stream` whose values hash to `hash`.
     fn route(&mut self, stream: usize, hash: u64) -> usize {
         let n = self.fleet.len();
         match self.streams[stream].traffic.routing {
