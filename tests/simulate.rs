@@ -262,14 +262,23 @@ fn the_command_prints_json_writes_csv_and_pictures_and_reports_bad_scenarios_by_
         "fallback_decisions",
     ] {
         assert!(report["total"].get(field).is_some(), "total.{field}");
-        // Store calls are the nodes' (shared by every class): in the total only.
-        if field != "store_calls_per_s" {
-            assert!(
-                report["classes"][0].get(field).is_some(),
-                "classes[0].{field}"
-            );
-        }
+        assert!(
+            report["classes"][0].get(field).is_some(),
+            "classes[0].{field}"
+        );
     }
+    // One class: its buckets' scripts are the nodes' scripts, but for the heartbeats and
+    // breaker probes, which belong to no class.
+    let class_mean = report["classes"][0]["store_calls_per_s"]["mean"]
+        .as_f64()
+        .expect("class mean");
+    let total_mean = report["total"]["store_calls_per_s"]["mean"]
+        .as_f64()
+        .expect("total mean");
+    assert!(
+        class_mean > 0.8 * total_mean && class_mean < total_mean,
+        "class {class_mean} vs total {total_mean}"
+    );
     assert_eq!(report["series"].as_array().map(Vec::len), Some(5));
     let csv = std::fs::read_to_string(out.join("series.csv")).expect("series.csv");
     assert!(csv.starts_with(

@@ -50,7 +50,7 @@ pub use report::Report;
 use report::{Counts, Speed};
 pub use scenario::Scenario;
 use scenario::{Arrivals, Pick, Routing, Traffic};
-use store::{ClientConfig, ReplicaStore, SimStore};
+use store::{ClassCalls, ClientConfig, ReplicaStore, SimStore};
 
 /// Where the manual clock's wall reading starts (any fixed instant: the same seed must give the
 /// same fixed windows).
@@ -304,6 +304,7 @@ struct Sim<'s> {
     clock: Clock,
     rules: Arc<RuleSet>,
     store: Arc<SimStore>,
+    class_calls: Arc<ClassCalls>,
     metrics: Arc<Metrics>,
     fleet: Vec<SimReplica>,
     next_index: u32,
@@ -333,6 +334,7 @@ impl<'s> Sim<'s> {
             breaker_failures: s.breaker_failures,
             probe_every_us: s.breaker_probe_ms * 1_000,
         };
+        let class_calls = Arc::new(ClassCalls::new(scenario.duration_s));
         let store = Arc::new(SimStore::new(
             &scenario.store,
             config,
@@ -340,6 +342,7 @@ impl<'s> Sim<'s> {
             scenario.seed,
             scenario.duration_s,
             activity.clone(),
+            class_calls.clone(),
         ));
         let metrics = Arc::new(Metrics::new());
         let ideal = Limiter::new(
@@ -378,6 +381,7 @@ impl<'s> Sim<'s> {
             ideal_store: MemoryStore::with_max_keys(clock.clone(), usize::MAX),
             clock,
             store,
+            class_calls,
             metrics,
             fleet: Vec::new(),
             next_index: 0,
@@ -517,7 +521,11 @@ impl<'s> Sim<'s> {
             };
             let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
             for (class, desc, op) in &ideal {
+                let known = counts.buckets.len();
                 let b = counts.bucket(&op.key, class);
+                if b == known {
+                    self.class_calls.name(&op.key, counts.buckets[b].class);
+                }
                 let bucket = &mut counts.buckets[b];
                 bucket.offered += op.cost;
                 bucket.ideal += if descriptor_ok(*desc) { op.cost } else { 0 };
@@ -655,6 +663,7 @@ impl<'s> Sim<'s> {
         }
         let wall_s = started.elapsed().as_secs_f64();
         let calls = self.store.calls_per_second();
+        let class_calls = self.class_calls.per_second();
         let counts = std::mem::replace(
             &mut *self.counts.lock().unwrap_or_else(|p| p.into_inner()),
             Counts::new(0),
@@ -665,6 +674,7 @@ impl<'s> Sim<'s> {
             self.scenario.seed,
             self.scenario.duration_s,
             &calls,
+            &class_calls,
             Speed {
                 decisions,
                 wall_s: report::round(wall_s, 2),

@@ -258,6 +258,8 @@ pub struct ClassReport {
     /// The same two in hits (the percentages are of the ideal's hits: 0 when it admitted none).
     pub over_admitted_hits: u64,
     pub false_rejected_hits: u64,
+    /// Scripts the class's buckets ran (decisions, claims, give-backs), per second.
+    pub store_calls_per_s: Calls,
     pub latency_ms: Latency,
     pub fallback_decisions: u64,
 }
@@ -299,29 +301,29 @@ pub struct Report {
 }
 
 impl Counts {
-    /// The report, with the store's scripts per node per second (`[node][second]`).
+    /// The report, with the store's scripts per second per node and per class
+    /// (`[node][second]`, `[class][second]`).
     pub(super) fn report(
         mut self,
         scenario: String,
         seed: u64,
         duration_s: u64,
         calls: &[Vec<u64>],
+        class_calls: &[Vec<u64>],
         speed: Speed,
     ) -> Report {
         let seconds = duration_s as usize;
         for (t, row) in self.rows.iter_mut().enumerate() {
             row.store_calls = calls.iter().map(|n| n.get(t).copied().unwrap_or(0)).sum();
         }
-        let per_node: Vec<Calls> = calls
-            .iter()
-            .map(|n| Calls {
-                mean: round(
-                    n.iter().take(seconds).sum::<u64>() as f64 / duration_s.max(1) as f64,
-                    1,
-                ),
-                max: n.iter().take(seconds).copied().max().unwrap_or(0),
-            })
-            .collect();
+        let per_second = |n: &[u64]| Calls {
+            mean: round(
+                n.iter().take(seconds).sum::<u64>() as f64 / duration_s.max(1) as f64,
+                1,
+            ),
+            max: n.iter().take(seconds).copied().max().unwrap_or(0),
+        };
+        let per_node: Vec<Calls> = calls.iter().map(|n| per_second(n)).collect();
         let all: Vec<&BucketCount> = self.buckets.iter().collect();
         let whole = errors(&all);
         let classes = self
@@ -342,6 +344,9 @@ impl Counts {
                     false_rejected_pct: e.under_pct,
                     over_admitted_hits: e.over,
                     false_rejected_hits: e.under,
+                    store_calls_per_s: per_second(
+                        class_calls.get(i).map(Vec::as_slice).unwrap_or_default(),
+                    ),
                     latency_ms: latency(&c.latency),
                     fallback_decisions: c.fallback,
                 }

@@ -67,6 +67,53 @@ struct Node {
     busy_until_us: Mutex<f64>,
 }
 
+/// Which limit class each bucket belongs to (the driver names each bucket as it first
+/// appears), and the scripts each class's buckets ran per virtual second: the report's
+/// per-class store calls. Heartbeats and probes belong to no class.
+#[derive(Debug, Default)]
+pub struct ClassCalls {
+    /// Bucket key (a sharded limit's without its shard part, `keys::bucket_id`) → class.
+    of: Mutex<HashMap<String, usize>>,
+    /// `[class][second]`.
+    calls: Mutex<Vec<Vec<u64>>>,
+    seconds: usize,
+}
+
+impl ClassCalls {
+    pub fn new(duration_s: u64) -> Self {
+        ClassCalls {
+            seconds: duration_s as usize + 2,
+            ..ClassCalls::default()
+        }
+    }
+
+    /// `bucket` is a bucket of class `class`.
+    pub fn name(&self, bucket: &str, class: usize) {
+        lock(&self.of).insert(bucket.to_string(), class);
+        let mut calls = lock(&self.calls);
+        while calls.len() <= class {
+            calls.push(vec![0; self.seconds]);
+        }
+    }
+
+    fn count(&self, key: &str, second: usize) {
+        let Some(&class) = lock(&self.of).get(crate::keys::bucket_id(key)) else {
+            return;
+        };
+        if let Some(n) = lock(&self.calls)
+            .get_mut(class)
+            .and_then(|c| c.get_mut(second))
+        {
+            *n += 1;
+        }
+    }
+
+    /// `[class][second]`.
+    pub fn per_second(&self) -> Vec<Vec<u64>> {
+        lock(&self.calls).clone()
+    }
+}
+
 /// A fault in virtual µs.
 #[derive(Clone, Debug)]
 struct Window {
@@ -91,6 +138,7 @@ pub struct SimStore {
     config: ClientConfig,
     /// The last slot of each node, as `redis-cli --cluster create` splits the 16,384.
     last_slots: Vec<u16>,
+    classes: Arc<ClassCalls>,
     /// Anything that happened (a script run, a reply): the driver runs the runtime until this
     /// stops moving.
     pub(super) activity: Arc<AtomicU64>,
@@ -123,6 +171,7 @@ impl SimStore {
         seed: u64,
         duration_s: u64,
         activity: Arc<AtomicU64>,
+        classes: Arc<ClassCalls>,
     ) -> Self {
         let to_us = |s: f64| (s * 1e6).round() as u64;
         SimStore {
@@ -150,6 +199,7 @@ impl SimStore {
             calls: Mutex::new(vec![vec![0; duration_s as usize + 2]; model.nodes as usize]),
             config,
             last_slots: last_slots(model.nodes),
+            classes,
             activity,
         }
     }
@@ -525,7 +575,13 @@ impl SimStore {
     fn run(&self, node: usize, work: Work) -> Reply {
         let n = &self.nodes[node];
         match work {
-            Work::Ops(ops) => Reply::Ops(ops.iter().map(|op| n.buckets.apply(op)).collect()),
+            Work::Ops(ops) => {
+                let second = (self.clock.mono_us() / 1_000_000) as usize;
+                for op in &ops {
+                    self.classes.count(&op.key, second);
+                }
+                Reply::Ops(ops.iter().map(|op| n.buckets.apply(op)).collect())
+            }
             Work::Heartbeat {
                 key,
                 replica,
@@ -669,7 +725,15 @@ mod tests {
             breaker_failures: 3,
             probe_every_us: 500_000,
         };
-        let s = SimStore::new(&model, config, clock.clone(), 1, 10, Arc::default());
+        let s = SimStore::new(
+            &model,
+            config,
+            clock.clone(),
+            1,
+            10,
+            Arc::default(),
+            Arc::default(),
+        );
         (clock, Arc::new(s))
     }
 
@@ -796,7 +860,15 @@ mod tests {
             breaker_failures: 3,
             probe_every_us: 500_000,
         };
-        let three = SimStore::new(&model, config, Clock::manual(0), 1, 1, Arc::default());
+        let three = SimStore::new(
+            &model,
+            config,
+            Clock::manual(0),
+            1,
+            1,
+            Arc::default(),
+            Arc::default(),
+        );
         // CLUSTER KEYSLOT: "foo" is 12182 (the third of 0..=5460, 5461..=10922, 10923..=16383),
         // "user1000" 3443 (the first); a key's shards, each its own tag, spread.
         assert_eq!(last_slots(3), [5460, 10922, 16383]);
