@@ -708,10 +708,12 @@ mod tests {
     use crate::quota::OpKind;
     use crate::sim::scenario::Fault;
 
-    fn store(faults: Vec<Fault>) -> (Clock, Arc<SimStore>) {
+    /// A store of `nodes` nodes on a manual clock: 1 ms round trips, 1,000 scripts a second,
+    /// a 10 ms timeout, 1 s connect timeout, breakers after 3 failures probed every 500 ms.
+    fn store_of(nodes: u32, faults: Vec<Fault>) -> (Clock, Arc<SimStore>) {
         let clock = Clock::manual(1_700_000_000_000);
         let model = StoreModel {
-            nodes: 1,
+            nodes,
             latency: Latency {
                 p50_ms: 1.0,
                 p99_ms: 1.0,
@@ -735,6 +737,10 @@ mod tests {
             Arc::default(),
         );
         (clock, Arc::new(s))
+    }
+
+    fn store(faults: Vec<Fault>) -> (Clock, Arc<SimStore>) {
+        store_of(1, faults)
     }
 
     fn take(key: &str) -> Op {
@@ -842,33 +848,10 @@ mod tests {
     }
 
     #[test]
-    fn keys_go_to_the_node_of_their_slot_in_equal_ranges() {
+    fn keys_go_to_the_node_of_their_slot_as_redis_cli_splits_them() {
         let (_, one) = store(Vec::new());
         assert_eq!(one.node_of("{anything}"), 0);
-        let model = StoreModel {
-            nodes: 3,
-            latency: Latency {
-                p50_ms: 1.0,
-                p99_ms: 1.0,
-            },
-            ops_per_s: 1_000.0,
-            faults: Vec::new(),
-        };
-        let config = ClientConfig {
-            timeout_us: 10_000,
-            max_wait_us: 1_000_000,
-            breaker_failures: 3,
-            probe_every_us: 500_000,
-        };
-        let three = SimStore::new(
-            &model,
-            config,
-            Clock::manual(0),
-            1,
-            1,
-            Arc::default(),
-            Arc::default(),
-        );
+        let (_, three) = store_of(3, Vec::new());
         // CLUSTER KEYSLOT: "foo" is 12182 (the third of 0..=5460, 5461..=10922, 10923..=16383),
         // "user1000" 3443 (the first); a key's shards, each its own tag, spread.
         assert_eq!(last_slots(3), [5460, 10922, 16383]);
