@@ -14,7 +14,9 @@
 -- so a nearly spent bucket is split between `share` replicas instead of hoarded by one. A
 -- refused claim changes nothing (unlike a fixed-window take, it is not counted).
 -- A give-back adds `need` tokens to a token bucket (capped at the capacity), or takes `need`
--- hits off a fixed window's count if that window is still the current one.
+-- hits off a fixed window's count if that window is still the current one. A fixed window's
+-- count past its limit is debt (charged usage), carried into the next windows as
+-- fixed_window.lua carries it: claims see it, and a give-back never erases it.
 --
 -- KEYS[1]  the bucket key
 -- ARGV[1]  algorithm: 1 = token bucket, 2 = fixed window
@@ -119,26 +121,39 @@ if algorithm == 1 then
   return {granted, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}
 end
 
--- Fixed window: as fixed_window.lua (epoch-aligned on TIME, the start stored in `w`).
+-- Fixed window: as fixed_window.lua (epoch-aligned on TIME, the start stored in `w`; a count
+-- past the limit is debt, carried into the next windows, one limit paid per window).
 local limit = capacity
 local start_ms = now_ms - now_ms % window_ms
 local state = redis.call('HMGET', KEYS[1], 'w', 'c')
-local current = state[1] and state[2] and tonumber(state[1]) == start_ms
+local stored_w = state[1] and state[2] and tonumber(state[1])
+local current = stored_w == start_ms
 local before = 0
 if current then
   before = tonumber(state[2])
+elseif stored_w and stored_w < start_ms then
+  local windows = (start_ms - stored_w) / window_ms
+  before = math.max(tonumber(state[2]) - windows * limit, 0)
 end
-local reset_ms = start_ms + window_ms - now_ms
+local window_left = start_ms + window_ms - now_ms
+-- fixed_window.rs's reset_of: until the count is back at 0.
+local function reset_of(count)
+  if limit > 0 and count > limit then
+    return window_left + (math.ceil(count / limit) - 1) * window_ms
+  end
+  return window_left
+end
 
 if action ~= 1 then
-  local count = 0
+  -- A give-back: off this window's count (never below 0; a count past the limit stays past
+  -- it by what others charged). Tokens of another window are gone with it.
+  local count = before
   if current then
-    -- Refused takes count past the limit; the hits actually admitted are at most the limit.
-    count = math.max(math.min(before, limit) - need, 0)
+    count = math.max(before - need, 0)
     redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
-    redis.call('PEXPIRE', KEYS[1], reset_ms)
+    redis.call('PEXPIRE', KEYS[1], reset_of(count))
   end
-  return {0, math.max(limit - count, 0), reset_ms, 0}
+  return {0, math.max(limit - count, 0), reset_of(count), 0}
 end
 
 need = math.max(need, 1)
@@ -147,11 +162,12 @@ if need <= available then
   local granted = grant(available)
   local count = before + granted
   redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
-  redis.call('PEXPIRE', KEYS[1], reset_ms)
-  return {granted, math.max(limit - count, 0), reset_ms, 0}
+  redis.call('PEXPIRE', KEYS[1], reset_of(count))
+  return {granted, math.max(limit - count, 0), reset_of(count), 0}
 end
-local retry_ms = reset_ms
-if need > limit then
-  retry_ms = -1
+-- Refused: until `need` fits, windows paying the debt a limit each (retry_of).
+local retry_ms = -1
+if need <= limit and limit > 0 then
+  retry_ms = window_left + (math.ceil((before + need - limit) / limit) - 1) * window_ms
 end
-return {0, available, reset_ms, retry_ms}
+return {0, available, reset_of(before), retry_ms}

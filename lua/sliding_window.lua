@@ -8,7 +8,7 @@
 -- started), as if the previous window's hits had been spread evenly over it. A take of `cost`
 -- is allowed when estimate + max(cost, 1) <= limit and adds `cost` to the current count. Unlike
 -- fixed_window.lua (and the reference), a refused take counts nothing, unless overdraft is
--- on: then it is counted anyway (the current count capped at twice the limit). A cost of 0
+-- on: then it is counted anyway (until the estimate reaches twice the limit: one limit of debt). A cost of 0
 -- checks without counting (allowed while at least one unit is left).
 --
 -- State: KEYS[1] is a hash of three fields, `w` (the current window's start, epoch ms), `p`
@@ -78,7 +78,9 @@ if allowed then
     changed = true
   end
 elseif overdraft and cost > 0 then
-  local charged = math.max(math.min(curr + cost, 2 * limit), curr)
+  -- At most one limit of debt: the estimate after the charge stays within 2 x limit.
+  local room = math.max(math.floor(2 * limit - estimate), 0)
+  local charged = curr + math.min(cost, room)
   estimate = estimate + (charged - curr)
   if charged ~= curr then
     changed = true

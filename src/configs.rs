@@ -26,6 +26,7 @@ pub fn limiter_config(
         shadow_mode: s.shadow_mode,
         quota_mode: s.quota_mode,
         default_algorithm: s.default_algorithm,
+        sliding_log_max_limit: s.sliding_log_max_limit,
         fallback: s.fallback,
         replicas,
         closed_retry_ms: s.breaker_probe_ms,

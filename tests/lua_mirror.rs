@@ -590,6 +590,9 @@ fn lua_sliding_log_mirrors_take_log_exactly() {
 #[derive(Clone, Copy, Debug)]
 enum LeaseStep {
     Take(Cost),
+    /// A take charged even when it does not fit (overdraft, an RLQS Envoy's usage beyond its
+    /// assignment): a fixed window's count goes past the limit, into debt.
+    Charge(Cost),
     /// need (as a [`Cost`] of the limit), extra wanted beyond it, share.
     Claim(Cost, u64, u64),
     GiveBack(u64),
@@ -598,6 +601,7 @@ enum LeaseStep {
 fn lease_step() -> impl Strategy<Value = LeaseStep> {
     prop_oneof![
         2 => cost().prop_map(LeaseStep::Take),
+        1 => cost().prop_map(LeaseStep::Charge),
         4 => (cost(), prop_oneof![Just(0u64), 0..50u64, Just(u64::from(u32::MAX))], prop_oneof![Just(1u64), 1..5u64])
             .prop_map(|(need, extra, share)| LeaseStep::Claim(need, extra, share)),
         1 => prop_oneof![Just(1u64), 0..100u64, Just(u64::from(u32::MAX))].prop_map(LeaseStep::GiveBack),
@@ -606,7 +610,8 @@ fn lease_step() -> impl Strategy<Value = LeaseStep> {
 
 /// `lease.lua` mirrors `claim_token` / `return_token` / `claim_window` / `return_window`, and
 /// it shares its state with `token_bucket.lua` / `fixed_window.lua`: random interleavings of
-/// takes, claims and give-backs give the same outcomes, and the same stored state, as the Rust.
+/// takes, charges, claims and give-backs give the same outcomes, and the same stored state
+/// (a fixed window's debt included), as the Rust.
 #[test]
 fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
     let redis = TestRedis::start();
@@ -634,6 +639,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
     );
     let (cases, granted_extra, returned) = (Cell::new(0), Cell::new(0), Cell::new(0));
     let ttls_checked = Cell::new(0);
+    let debts = Cell::new(0);
     check(
         (params, steps),
         |((token_bucket, cap, refill, window_ms), (start, steps))| {
@@ -663,6 +669,16 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         },
                         if token_bucket { &token } else { &window },
                     ),
+                    LeaseStep::Charge(c) => (
+                        charged(
+                            Op {
+                                cost: c.of(cap),
+                                ..base
+                            },
+                            true,
+                        ),
+                        if token_bucket { &token } else { &window },
+                    ),
                     LeaseStep::Claim(need, extra, share) => {
                         let need = need.of(cap).clamp(1, u64::from(u32::MAX));
                         (claim(base, need, need + extra, share), &lease)
@@ -671,9 +687,13 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                 };
                 let mut want = if token_bucket {
                     let (next, o) = match op.action {
-                        Action::Take | Action::Charge => {
-                            bucket::take_token(tb_state, now, p, op.cost, false)
-                        }
+                        Action::Take | Action::Charge => bucket::take_token(
+                            tb_state,
+                            now,
+                            p,
+                            op.cost,
+                            op.action == Action::Charge,
+                        ),
                         Action::Claim(ask) => bucket::claim_token(tb_state, now, p, ask),
                         Action::Return => bucket::return_token(tb_state, now, p, op.cost),
                     };
@@ -681,9 +701,14 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                     o
                 } else {
                     let (next, o) = match op.action {
-                        Action::Take | Action::Charge => {
-                            bucket::take_window(fw_state, now, cap, window_ms, op.cost, false)
-                        }
+                        Action::Take | Action::Charge => bucket::take_window(
+                            fw_state,
+                            now,
+                            cap,
+                            window_ms,
+                            op.cost,
+                            op.action == Action::Charge,
+                        ),
                         Action::Claim(ask) => {
                             bucket::claim_window(fw_state, now, cap, window_ms, ask)
                         }
@@ -741,30 +766,37 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         }
                     }
                 } else {
-                    // The count in the current window, as the script and the Rust hold it (a
-                    // missing key or another window's state count 0), and a call that wrote
-                    // the window set it to expire when the window ends.
+                    // The count the current window starts from, as the script and the Rust
+                    // hold it (this window's count; an earlier window's debt less a limit per
+                    // window since; else 0), and a call that wrote the window set it to expire
+                    // when the count is back at 0 (its `reset_ms`).
                     let start = now - now % window_ms;
-                    let stored_count = match (&stored[2], &stored[3]) {
-                        (Some(w), Some(c)) if w.parse::<u64>().unwrap() == start => {
-                            c.parse::<u64>().unwrap()
+                    let carried = |w: u64, c: u64| {
+                        if w == start {
+                            c
+                        } else if w < start {
+                            c.saturating_sub((start - w) / window_ms * cap)
+                        } else {
+                            0
                         }
+                    };
+                    let stored_count = match (&stored[2], &stored[3]) {
+                        (Some(w), Some(c)) => carried(w.parse().unwrap(), c.parse().unwrap()),
                         _ => 0,
                     };
-                    // The script caps a count past the limit at limit + 1 (the Rust
-                    // saturates): every reader treats any count past the limit alike.
-                    let rust_count = fw_state
-                        .filter(|w| w.start_ms == start)
-                        .map_or(0, |w| w.count.min(cap.saturating_add(1)));
+                    let rust_count = fw_state.map_or(0, |w| carried(w.start_ms, w.count));
                     prop_assert_eq!(stored_count, rust_count, "{}: the window's count", at);
                     prop_assert!(!wrote || ttl.is_some(), "{}: stored without a TTL", at);
                     if let Some(ttl) = ttl {
                         prop_assert_eq!(
-                            ttl,
-                            start + window_ms - now,
-                            "{}: expires at the window's end",
+                            ttl.min(MAX_WAIT),
+                            want.reset_ms,
+                            "{}: expires when the count is back at 0",
                             at
                         );
+                    }
+                    if rust_count > cap {
+                        debts.set(debts.get() + 1);
                     }
                 }
                 if ttl.is_some() {
@@ -782,12 +814,14 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
         },
     );
     eprintln!(
-        "lease: {} cases, {} claims granted beyond their need, {} give-backs, {} TTLs compared",
+        "lease: {} cases, {} claims granted beyond their need, {} give-backs, {} TTLs compared, {} steps with a fixed window in debt",
         cases.get(),
         granted_extra.get(),
         returned.get(),
-        ttls_checked.get()
+        ttls_checked.get(),
+        debts.get()
     );
+    assert!(debts.get() > 5, "{} steps in debt", debts.get());
     assert!(
         ttls_checked.get() > 200,
         "{} TTLs compared",

@@ -216,3 +216,65 @@ async fn a_sliding_log_grows_with_the_hits_it_keeps() {
         );
     }
 }
+
+/// Issue 45: with `default_algorithm: sliding_log`, an Envoy `limit` override is held to
+/// `sliding_log_max_limit` like the rules' own limits. One request overriding 50,000,000 an
+/// hour with `hits_addend` 300,000 used to write 300,000 members in one script (660 ms of
+/// Redis, blocked); past the cap the override is served as a sliding window: two numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_past_the_sliding_log_cap_is_a_sliding_window() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let redis = TestRedis::start();
+    let prefix = common::redis::unique_prefix("log-cap");
+    let url = redis.url();
+    let tollgate = common::InProcess::start(
+        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n",
+        {
+            let prefix = prefix.clone();
+            move |s| {
+                s.store = url;
+                s.key_prefix = prefix;
+                s.default_algorithm = Algorithm::SlidingLog;
+            }
+        },
+    );
+    let mut client = common::client_of(tollgate.grpc).await;
+    let overridden = |per_hour: u32, hits: u64| {
+        let mut r = common::request("edge", &[&[("tenant", "big")]]);
+        r.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: per_hour,
+            unit: 3, // HOUR
+        });
+        r.descriptors[0].hits_addend =
+            Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });
+        r
+    };
+    let started = std::time::Instant::now();
+    let r = client
+        .should_rate_limit(overridden(50_000_000, 300_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 1, "{r:?}");
+    // Within the cap it is a sliding log, as before.
+    let r = client
+        .should_rate_limit(overridden(1_000, 10))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 1, "{r:?}");
+    eprintln!("both requests in {:?}", started.elapsed());
+    // No key holds more than the cap's worth of members: the big override is a hash (a
+    // sliding window's two counts), the small one a log of 10 hits.
+    let keys: Vec<String> = redis.cmd(&["KEYS", &format!("{prefix}*big*")]);
+    let mut logs = 0;
+    for k in &keys {
+        let kind: String = redis.cmd(&["TYPE", k]);
+        if kind == "zset" {
+            let members: i64 = redis.cmd(&["ZCARD", k]);
+            assert_eq!(members, 10, "{k}");
+            logs += 1;
+        }
+    }
+    assert_eq!((keys.len(), logs), (2, 1), "{keys:?}");
+}

@@ -396,6 +396,88 @@ fn actions(r: &RateLimitQuotaResponse) -> Vec<(String, &'static str)> {
         .collect()
 }
 
+/// The tokens of each token-bucket action.
+fn granted(r: &RateLimitQuotaResponse) -> Vec<u32> {
+    r.bucket_action
+        .iter()
+        .filter_map(|a| match &a.bucket_action {
+            Some(Kind::QuotaAssignmentAction(q)) => match q
+                .rate_limit_strategy
+                .as_ref()
+                .and_then(|s| s.strategy.as_ref())
+            {
+                Some(Strategy::TokenBucket(tb)) => Some(tb.max_tokens),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 45's first case, through a real Redis and raw RLQS streams: on a fixed window of 100,
+/// stream A holds 50, stream B reports 150 admitted outside any assignment (charged: the count
+/// 200), A reports 10 used. The give-back of 40 leaves the count at 160, past the limit: A is
+/// refused, and the window admits no more. (Capped at the limit before subtracting, the count
+/// fell to 60 and A was granted 40 more: 200 admitted of 100.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_never_erases_debt_on_a_fixed_window() {
+    // An hour's window: the run must not straddle its end.
+    let hour_left = 3_600
+        - std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 3_600;
+    if hour_left < 60 {
+        tokio::time::sleep(Duration::from_secs(hour_left + 1)).await;
+    }
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("rlqs-debt");
+    let tollgate = server(
+        "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}\n",
+        &redis,
+        &prefix,
+    );
+    let (mut a, mut b) = (
+        Stream::open(tollgate.grpc).await,
+        Stream::open(tollgate.grpc).await,
+    );
+    let t = [("tenant", "debtor")];
+    a.send("quota", vec![usage(&t, 0)]).await;
+    assert_eq!(
+        granted(&a.next().await.unwrap()),
+        [50],
+        "the first claim's floor"
+    );
+    b.send("quota", vec![usage(&t, 150)]).await;
+    assert_eq!(
+        actions(&b.next().await.unwrap()),
+        [("debtor".into(), "deny_all")]
+    );
+    a.send("", vec![usage(&t, 10)]).await;
+    assert_eq!(
+        actions(&a.next().await.unwrap()),
+        [("debtor".into(), "deny_all")]
+    );
+    // Nothing more in this window, from either stream or RLS.
+    a.send("", vec![usage(&t, 0)]).await;
+    assert_eq!(
+        actions(&a.next().await.unwrap()),
+        [("debtor".into(), "deny_all")]
+    );
+    let mut client = common::client_of(tollgate.grpc).await;
+    let r = client
+        .should_rate_limit(request("quota", &[&t]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, 2, "RLS is over the limit too: {r:?}");
+    assert_eq!(
+        metric_sum(tollgate.admin, "tollgate_rlqs_tokens_total", &["assigned"]),
+        50.0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_removed_by_a_reload_abandons_its_buckets() {
     let tollgate = InProcess::start(

@@ -149,6 +149,9 @@ pub struct LimiterConfig {
     pub quota_mode: bool,
     /// The algorithm of Envoy-supplied limit overrides.
     pub default_algorithm: Algorithm,
+    /// `sliding_log_max_limit`: an override past it is not served as a sliding log (whose
+    /// memory and script time grow with the limit) but as a sliding window.
+    pub sliding_log_max_limit: u64,
     /// What an op falls back to when the store cannot answer, unless its limit says otherwise.
     pub fallback: FallbackMode,
     /// Live replicas, for the local fallback's share (kept current by the membership task).
@@ -175,6 +178,7 @@ impl LimiterConfig {
             shadow_mode: false,
             quota_mode: false,
             default_algorithm: Algorithm::TokenBucket,
+            sliding_log_max_limit: crate::rules::model::SLIDING_LOG_MAX_LIMIT,
             fallback: FallbackMode::Local,
             replicas: Arc::new(Replicas::new(0, 1)),
             closed_retry_ms: 500,

@@ -104,7 +104,7 @@ pub(super) fn plan(
         .map(|(d, m)| match (d.limit_override, m) {
             (Some(o), _) => vec![override_limit(
                 o,
-                config.default_algorithm,
+                override_algorithm(o, config),
                 override_class.clone(),
             )],
             (None, Some(m)) => m
@@ -188,6 +188,20 @@ pub(super) fn plan(
         planned,
         ops,
         metric_values,
+    }
+}
+
+/// The algorithm of an Envoy override: `default_algorithm`, but a sliding log only within
+/// `sliding_log_max_limit`, the cap the rules hold their own limits to (a log keeps every hit
+/// of its window: one override of 50,000,000 an hour with a large `hits_addend` would write
+/// that many members in one script). Past it, the sliding window: the same edges-smoothed
+/// count in two numbers.
+fn override_algorithm(o: LimitOverride, config: &LimiterConfig) -> Algorithm {
+    match config.default_algorithm {
+        Algorithm::SlidingLog if u64::from(o.requests_per_unit) > config.sliding_log_max_limit => {
+            Algorithm::SlidingWindow
+        }
+        a => a,
     }
 }
 

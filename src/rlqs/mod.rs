@@ -15,7 +15,9 @@
 //!    shared bucket before it spent any); it reports `allowed`. Unused tokens (`held - allowed`)
 //!    are given back; requests admitted beyond `held` (before its first assignment, under its
 //!    fallback, or from the previous assignment while this one was on its way) are charged to
-//!    the bucket, into debt if need be (`overdraft`'s charge, at most one limit deep).
+//!    the bucket, into debt if need be (`overdraft`'s charge, at most one limit deep). A fixed
+//!    window carries its debt into the next windows, and a give-back never erases what others
+//!    were charged (`quota/bucket/fixed_window.rs`).
 //! 3. **Claim** the next assignment: [`size::want`] tokens, the Envoy's demand-weighted share
 //!    of what the bucket can give over one interval, with a floor, never more than its
 //!    demand; a claim of at least 1 and up to `want` (`lease.lua`'s claim). The weights are
@@ -24,6 +26,10 @@
 //!    used). Refused: `DENY_ALL`, and the bucket is claimed again
 //!    when the store says tokens exist again ([`Session::wake`]), pushed without waiting for
 //!    the next report.
+//!
+//! A fixed window's assignment ends with its window: its TTL is rounded down to the whole
+//! seconds left (Envoy reads whole seconds); in the window's last second none is made
+//! (`DENY_ALL` for 1 s, then claimed again when the next window starts, [`Session::wake`]).
 //!
 //! Settles, then claims, go to the store as one call each per report ([`Limiter::apply_quota_ops`]);
 //! what it cannot answer comes from the local fallback share, as RLS decisions do.
@@ -529,6 +535,8 @@ impl Session {
     ) -> Vec<Action> {
         let mut ops: Vec<(Op, Option<FallbackMode>)> = Vec::with_capacity(ids.len());
         let mut asked: Vec<BucketKey> = Vec::with_capacity(ids.len());
+        let mut actions = Vec::with_capacity(ids.len());
+        let mut window_ending: Vec<(BucketKey, u64)> = Vec::new();
         {
             let demand = self.shared.demand();
             for id in ids {
@@ -538,6 +546,16 @@ impl Session {
                 let Quota::Counted { limit, key, kind } = &t.quota else {
                     continue;
                 };
+                // A fixed window known to end within a second: an assignment could not end
+                // with it (Envoy reads whole seconds), so none is claimed (see below).
+                if let Some(end) = t.window_end_ms.filter(|&end| {
+                    matches!(kind, crate::store::OpKind::FixedWindow { .. })
+                        && end > now
+                        && end - now < 1_000
+                }) {
+                    window_ending.push((id, end));
+                    continue;
+                }
                 let me = self.demand_id(&id);
                 let (others, remaining) = match demand.get(key) {
                     Some(d) => (
@@ -579,9 +597,11 @@ impl Session {
                 asked.push(id);
             }
         }
+        for (id, end) in window_ending {
+            actions.push(self.window_ends(id, end));
+        }
         let outcomes = limiter.apply_quota_ops(&ops).await;
         let ttl_s = self.shared.ttl_s();
-        let mut actions = Vec::with_capacity(asked.len());
         for ((id, (op, _)), outcome) in asked.into_iter().zip(&ops).zip(outcomes) {
             let Some((outcome, from_fallback)) = outcome else {
                 // The limit's fallback is `error`: no assignment, so Envoy keeps its last one
@@ -593,14 +613,20 @@ impl Session {
                 }
                 continue;
             };
-            let window = matches!(op.kind, crate::store::OpKind::FixedWindow { .. });
+            // A fixed window's end: `reset_ms` is until its count is back at 0, which with
+            // debt is some whole windows past this one's end.
+            let window_left = match op.kind {
+                crate::store::OpKind::FixedWindow { window_ms, .. } => {
+                    Some(outcome.reset_ms.saturating_sub(1) % window_ms.max(1) + 1)
+                }
+                _ => None,
+            };
             if !from_fallback {
                 // A token bucket's remaining holds (the supply adds its refill); a fixed
                 // window's only until the window ends.
-                let until = if window {
-                    now.saturating_add(outcome.reset_ms)
-                } else {
-                    u64::MAX
+                let until = match window_left {
+                    Some(left) => now.saturating_add(left),
+                    None => u64::MAX,
                 };
                 let mut demand = self.shared.demand();
                 if let Some(d) = demand.get_mut(&op.key) {
@@ -611,9 +637,30 @@ impl Session {
                 continue;
             };
             t.held_from_fallback = from_fallback;
-            t.window_end_ms = window.then(|| now.saturating_add(outcome.reset_ms));
+            let window_end = window_left.map(|left| now.saturating_add(left));
+            // Only a granted assignment's window matters (settling, and the claim before the
+            // window's last second).
+            t.window_end_ms = window_end.filter(|_| outcome.granted > 0);
+            if let Some(end) = window_end.filter(|&end| outcome.granted > 0 && end < now + 1_000) {
+                // Granted in the window's last second: an assignment of whole seconds would
+                // outlive it. Its tokens end with the window (too close to give back: a
+                // give-back landing in the next window would take hits off that one).
+                self.shared.count_tokens("expired", outcome.granted);
+                actions.push(self.window_ends(id, end));
+                continue;
+            }
             let assignment = if outcome.granted > 0 {
                 t.held = outcome.granted;
+                // A fixed window's assignment ends with its window (Envoy reads whole
+                // seconds: rounded down, it never outlives it). Until the Envoy's next report
+                // it applies its expired_assignment_behavior; what that admits is charged to
+                // the new window then. (Pushing the new window's assignment at once would
+                // leave the old one's usage and the new one's in one count, which could only
+                // be charged twice or under-charged.)
+                let ttl_s = match window_left {
+                    Some(left) => ttl_s.min(left / 1_000),
+                    None => ttl_s,
+                };
                 t.wake_ms = None;
                 self.shared.count_tokens("assigned", outcome.granted);
                 Assignment::Tokens {
@@ -631,6 +678,16 @@ impl Session {
             actions.push(self.told(id, assignment));
         }
         actions
+    }
+
+    /// A fixed window ends within a second (at monotonic `end`): the bucket is denied until
+    /// then (1 s, the least Envoy reads) and claimed again when the next window starts.
+    fn window_ends(&mut self, id: BucketKey, end: u64) -> Action {
+        if let Some(t) = self.buckets.get_mut(&id) {
+            t.held = 0;
+            t.wake_ms = Some(end);
+        }
+        self.told(id, Assignment::DenyAll { ttl_s: 1 })
     }
 
     /// Whether a reported bucket id may be held: not empty, within the descriptor bounds,

@@ -278,6 +278,79 @@ async fn a_fixed_window_keeps_what_its_ended_window_held() {
     assert!(w.metrics.render().contains(r#"event="returned""#));
 }
 
+/// The fixed window under RLQS: a give-back never erases the debt others charged, the debt
+/// is paid by the next window, and the window is never outlived. (The manual clock starts 20 s
+/// into a minute: the 60-a-minute window ends in 40 s.)
+#[tokio::test]
+async fn a_fixed_window_keeps_its_debt_across_give_backs_and_windows() {
+    let w = world();
+    let id = [("endpoint", "/d"), ("tenant", "fw")];
+    let (mut a, mut b) = (
+        Session::open(&w.rlqs).unwrap(),
+        Session::open(&w.rlqs).unwrap(),
+    );
+    // A holds half of the window (the first claim's floor); B's Envoy admitted 90 on its
+    // fallback before its first assignment: charged, the count 120 of 60 (one limit of debt).
+    assert_eq!(
+        tokens(&w.report(&mut a, vec![usage(&id, 0, 0, 0)]).await),
+        [30]
+    );
+    let told = w.report(&mut b, vec![usage(&id, 90, 0, 0)]).await;
+    assert_eq!(tokens(&told), [0], "{told:?}");
+    // A used 6 of its 30: the 24 come off the count (120 → 96), which stays past the limit.
+    // (Capped at the limit first, the count fell to 36 and A was granted 24 more: 120 admitted
+    // in a window of 60.)
+    w.clock.advance_ms(5_000);
+    let told = w.report(&mut a, vec![usage(&id, 6, 0, 5_000)]).await;
+    assert!(
+        matches!(told[0].assignment, Assignment::DenyAll { .. }),
+        "{told:?}"
+    );
+    let rls = [("tenant", "fw"), ("endpoint", "/d")];
+    assert_eq!(
+        w.rls(&rls).await.0,
+        Code::OverLimit,
+        "RLS sees the debt too"
+    );
+    // The next window starts 96 − 60 = 36 in: 24 can be had, not 60.
+    w.clock.advance_ms(36_000);
+    let told = w.report(&mut a, vec![usage(&id, 0, 0, 36_000)]).await;
+    let got = tokens(&told)[0];
+    assert!((1..=24).contains(&got), "{told:?}");
+    let told = w.report(&mut b, vec![usage(&id, 0, 0, 41_000)]).await;
+    assert!(tokens(&told)[0] <= 24 - got, "{told:?}");
+}
+
+#[tokio::test]
+async fn a_fixed_window_assignment_never_outlives_its_window() {
+    let w = world();
+    let mut s = Session::open(&w.rlqs).unwrap();
+    let id = [("endpoint", "/t"), ("tenant", "ttl")];
+    let ttl = |a: &[Action]| match a[0].assignment {
+        Assignment::Tokens { ttl_s, .. } | Assignment::DenyAll { ttl_s } => ttl_s,
+        other => panic!("{other:?}"),
+    };
+    // 40 s left: the configured 15 s.
+    assert_eq!(ttl(&w.report(&mut s, vec![usage(&id, 0, 0, 0)]).await), 15);
+    // 9.5 s left: 9 s (Envoy reads whole seconds; rounded up it would outlive the window).
+    w.clock.advance_ms(30_500);
+    let told = w.report(&mut s, vec![usage(&id, 1, 0, 30_500)]).await;
+    assert_eq!((tokens(&told)[0] > 0, ttl(&told)), (true, 9), "{told:?}");
+    // 0.5 s left: no assignment of whole seconds can end with it. Denied for a second, and
+    // the next window's assignment is pushed when it starts.
+    w.clock.advance_ms(9_000);
+    let told = w.report(&mut s, vec![usage(&id, 1, 0, 9_000)]).await;
+    assert!(
+        matches!(told[0].assignment, Assignment::DenyAll { ttl_s: 1 }),
+        "{told:?}"
+    );
+    assert_eq!(s.next_wake_ms(), Some(w.clock.mono_ms() + 500));
+    w.clock.advance_ms(500);
+    let told = s.wake(&w.limiter).await;
+    assert!(tokens(&told)[0] > 0, "{told:?}");
+    assert_eq!(ttl(&told), 15);
+}
+
 #[tokio::test]
 async fn a_store_error_with_fallback_error_waits_before_trying_again() {
     let clock = Clock::manual(1_700_000_000_000);
@@ -596,6 +669,10 @@ fn an_rlqs_domain_refuses_at_load_what_rlqs_cannot_serve() {
         (
             "rate_limit: {unit: second, requests_per_unit: 100}",
             "refills 500 tokens per report interval (rlqs_report_interval_ms 5000) but holds only burst 100",
+        ),
+        (
+            "rate_limit: {unit: second, requests_per_unit: 10, algorithm: fixed_window}",
+            "its window (1000 ms) is shorter than the report interval (rlqs_report_interval_ms 5000)",
         ),
     ] {
         let e = refused(limit);

@@ -1,6 +1,17 @@
 //! The fixed window (`lua/fixed_window.lua`, and the window half of `lua/lease.lua`): a
-//! counter per epoch-aligned window; like envoyproxy/ratelimit, every hit is counted (also
-//! refused ones) and a hit is over when the count passes the limit.
+//! counter per epoch-aligned window; like envoyproxy/ratelimit, a refused hit is counted and
+//! a hit is over when the count passes the limit.
+//!
+//! # Debt
+//!
+//! A window's count past its limit is **debt**: hits charged after the fact (a rule's
+//! `overdraft`, an RLQS Envoy's usage beyond its assignment). Every operation carries it into
+//! the windows after it, which pay one limit each: `k` windows later the count starts at
+//! `count - k × limit` (0 once paid). Only charges put a count past the limit: a refused take
+//! counts up to the limit and no further (its answer, and every later one in the window, is
+//! the same as the reference's, whose counter runs on), so a count past the limit always
+//! means tokens that were really admitted, and a give-back takes its tokens off that count
+//! without erasing anyone's debt.
 
 use super::{ClaimAsk, Outcome};
 
@@ -12,26 +23,19 @@ pub struct WindowState {
     pub count: u64,
 }
 
-/// The fixed window at wall time `now_ms`: its start, the hits counted in it so far (0 when
-/// the stored window is another one) and the ms until it ends.
-fn window_at(state: Option<WindowState>, now_ms: u64, window_ms: u64) -> (u64, u64, u64) {
-    window_with_debt(state, now_ms, 0, window_ms, false)
-}
-
-/// As [`window_at`]; with `overdraft`, an earlier window's count past `limit` is debt that the
-/// windows after it pay, `limit` each: `k` windows later the count starts at
-/// `count - k × limit` (0 once paid).
-fn window_with_debt(
+/// The fixed window at wall time `now_ms`: its start, the count it starts from (this window's
+/// count when the stored window is this one; an earlier window's debt, less a limit per window
+/// since; else 0) and the ms until it ends.
+fn window_at(
     state: Option<WindowState>,
     now_ms: u64,
     limit: u64,
     window_ms: u64,
-    overdraft: bool,
 ) -> (u64, u64, u64) {
     let start_ms = now_ms - now_ms % window_ms;
     let before = match state {
         Some(s) if s.start_ms == start_ms => s.count,
-        Some(s) if overdraft && s.start_ms < start_ms => {
+        Some(s) if s.start_ms < start_ms => {
             let windows = (start_ms - s.start_ms) / window_ms;
             s.count.saturating_sub(windows.saturating_mul(limit))
         }
@@ -45,13 +49,42 @@ pub fn overdraft_cap(limit: u64) -> u64 {
     limit.saturating_mul(2)
 }
 
+/// The end of the window `n - 1` windows after the current one (`n` = 1: this one's end),
+/// from `window_left`, the ms until the current one ends.
+fn later(window_left: u64, window_ms: u64, n: u64) -> u64 {
+    window_left.saturating_add(n.saturating_sub(1).saturating_mul(window_ms))
+}
+
+/// Until the count is back at 0: this window's end, or with debt the end of the window that
+/// pays its last part (`ceil(count / limit)` windows, this one included).
+fn reset_of(count: u64, limit: u64, window_left: u64, window_ms: u64) -> u64 {
+    if limit > 0 && count > limit {
+        later(window_left, window_ms, count.div_ceil(limit))
+    } else {
+        window_left
+    }
+}
+
+/// Until a hit of `cost` fits after `count` (windows start `limit` lower each): 0 if it fits
+/// now, `None` if it never does.
+fn retry_of(count: u64, cost: u64, limit: u64, window_left: u64, window_ms: u64) -> Option<u64> {
+    if count.saturating_add(cost) <= limit {
+        return Some(0);
+    }
+    if cost > limit || limit == 0 {
+        return None;
+    }
+    // The first `k` with count - k × limit + cost <= limit.
+    let k = (count.saturating_add(cost) - limit).div_ceil(limit);
+    Some(later(window_left, window_ms, k))
+}
+
 /// One fixed-window hit of `cost` at wall time `now_ms`, with `limit` hits per `window_ms`.
 ///
-/// Every hit is counted, refused ones too (as the reference counts them). With `overdraft`
-/// the count past the limit is also debt carried into the next windows (see
-/// [`window_with_debt`]), at most one limit of it ([`overdraft_cap`]); a refused hit's
-/// `retry_ms` is then the start of the first window with room again, and `reset_ms` the end
-/// of the debt (when the count is back at 0).
+/// A refused hit is counted up to the limit (module doc). With `overdraft` a hit that does
+/// not fit is charged anyway, into debt (at most one limit of it, [`overdraft_cap`]); a
+/// refused hit's `retry_ms` is then the start of the first window with room for a hit of 1.
+/// `reset_ms` is until the count is back at 0 (the window's end, or the end of its debt).
 pub fn take_window(
     state: Option<WindowState>,
     now_ms: u64,
@@ -60,57 +93,46 @@ pub fn take_window(
     cost: u64,
     overdraft: bool,
 ) -> (WindowState, Outcome) {
-    let (start_ms, before, window_left) =
-        window_with_debt(state, now_ms, limit, window_ms, overdraft);
+    let (start_ms, before, window_left) = window_at(state, now_ms, limit, window_ms);
     let (count, allowed) = if cost == 0 {
         (before, before < limit)
     } else {
         let after = before.saturating_add(cost);
-        let count = if overdraft {
-            after.min(overdraft_cap(limit))
-        } else {
+        let count = if after <= limit {
             after
+        } else if overdraft {
+            after.min(overdraft_cap(limit)).max(before)
+        } else {
+            limit.max(before)
         };
         (count, after <= limit)
     };
-    // Windows after this one that the count still fills (overdraft debt): the balance has
-    // room again `full` windows on, and is empty after `ceil(count / limit) - 1`.
-    let later = |n: u64| window_left.saturating_add(n.saturating_sub(1).saturating_mul(window_ms));
     let retry_ms = if allowed {
         Some(0)
-    } else if limit == 0 {
-        None
     } else if overdraft {
-        Some(later(count / limit))
-    } else if cost > limit {
-        None
+        retry_of(count, 1, limit, window_left, window_ms)
     } else {
-        Some(window_left)
-    };
-    let reset_ms = if overdraft && limit > 0 && count > limit {
-        later(count.div_ceil(limit))
-    } else {
-        window_left
+        retry_of(count, cost.max(1), limit, window_left, window_ms)
     };
     let outcome = Outcome {
         allowed,
         remaining: limit.saturating_sub(count),
-        reset_ms,
+        reset_ms: reset_of(count, limit, window_left, window_ms),
         retry_ms,
         granted: if allowed { cost } else { 0 },
     };
     let next = match state {
-        // A check leaves an earlier window's debt as stored: what is left of it follows from
-        // the time (and `fixed_window.lua` leaves the key as it is too).
-        Some(s) if cost == 0 && overdraft && s.start_ms < start_ms => s,
+        // A check leaves an earlier window's debt as stored (what is left of it follows from
+        // the time; `fixed_window.lua` leaves the key as it is too).
+        Some(s) if cost == 0 && s.start_ms < start_ms && s.count > limit => s,
         _ => WindowState { start_ms, count },
     };
     (next, outcome)
 }
 
 /// A lease claim on a fixed window: all of `ask.need` and up to `ask.want` of what is left
-/// of the window's limit, or nothing. Unlike a take, a refused claim counts nothing (the
-/// window's count only ever holds granted tokens).
+/// of the window's limit after its count (debt included), or nothing. Unlike a take, a
+/// refused claim counts nothing.
 pub fn claim_window(
     state: Option<WindowState>,
     now_ms: u64,
@@ -118,7 +140,7 @@ pub fn claim_window(
     window_ms: u64,
     ask: ClaimAsk,
 ) -> (WindowState, Outcome) {
-    let (start_ms, before, reset_ms) = window_at(state, now_ms, window_ms);
+    let (start_ms, before, window_left) = window_at(state, now_ms, limit, window_ms);
     let ask = ClaimAsk {
         need: ask.need.max(1),
         ..ask
@@ -132,18 +154,15 @@ pub fn claim_window(
         0
     };
     let count = before + granted;
-    let retry_ms = if allowed {
-        Some(0)
-    } else if need > limit {
-        None
-    } else {
-        Some(reset_ms)
-    };
     let outcome = Outcome {
         allowed,
         remaining: limit.saturating_sub(count),
-        reset_ms,
-        retry_ms,
+        reset_ms: reset_of(count, limit, window_left, window_ms),
+        retry_ms: if allowed {
+            Some(0)
+        } else {
+            retry_of(before, need, limit, window_left, window_ms)
+        },
         granted,
     };
     // A refused claim changes nothing (`lease.lua` writes nothing either): a stored window that
@@ -156,7 +175,8 @@ pub fn claim_window(
 }
 
 /// Gives `n` unspent leased hits back to a fixed window, if it is still the window they were
-/// claimed in (a past window's tokens are gone with it).
+/// claimed in (a past window's tokens are gone with it). They come off the count, never below
+/// 0: a count past the limit is other holders' debt and stays past it by what they charged.
 pub fn return_window(
     state: Option<WindowState>,
     now_ms: u64,
@@ -165,20 +185,20 @@ pub fn return_window(
     n: u64,
 ) -> (WindowState, Outcome) {
     let start_ms = now_ms - now_ms % window_ms;
+    let window_left = start_ms + window_ms - now_ms;
     let (count, next) = match state {
-        // Refused takes count past the limit; the hits actually admitted are at most the limit.
         Some(s) if s.start_ms == start_ms => {
-            let count = s.count.min(limit).saturating_sub(n);
+            let count = s.count.saturating_sub(n);
             (count, WindowState { start_ms, count })
         }
         // Another window's count is left as it is (`lease.lua` writes nothing either).
-        Some(s) => (0, s),
+        Some(s) => (window_at(state, now_ms, limit, window_ms).1, s),
         None => (0, WindowState { start_ms, count: 0 }),
     };
     let outcome = Outcome {
         allowed: true,
         remaining: limit.saturating_sub(count),
-        reset_ms: start_ms + window_ms - now_ms,
+        reset_ms: reset_of(count, limit, window_left, window_ms),
         retry_ms: Some(0),
         granted: 0,
     };
@@ -198,7 +218,8 @@ mod tests {
         assert_eq!((o.remaining, o.reset_ms), (1, 59_000));
         let (s, o) = take_window(Some(s), t0 + 10, 3, w, 2, false);
         assert!(!o.allowed, "3 + 1 > 3");
-        assert_eq!((s.count, o.remaining, o.retry_ms), (4, 0, Some(58_990)));
+        // Counted up to the limit, no further: a count past it would be debt.
+        assert_eq!((s.count, o.remaining, o.retry_ms), (3, 0, Some(58_990)));
         let (_, o) = take_window(Some(s), t0, 3, w, 0, false);
         assert!(!o.allowed, "check-only after the limit");
         // The next window starts from zero.
@@ -210,6 +231,12 @@ mod tests {
         let (_, o) = take_window(None, t0, 0, w, 1, false);
         assert!(!o.allowed && o.retry_ms.is_none());
         let (s, _) = take_window(None, t0, 5, w, u64::MAX, false);
-        assert_eq!(s.count, u64::MAX, "saturates");
+        assert_eq!(s.count, 5, "a refused take counts up to the limit");
+        let (s, o) = take_window(None, t0, 5, w, u64::MAX, true);
+        assert_eq!(
+            (s.count, o.retry_ms),
+            (10, Some(119_000)),
+            "overdraft: one limit of debt, room for 1 two windows on"
+        );
     }
 }

@@ -201,12 +201,14 @@ proptest! {
     }
 
     /// Admitted ≤ limit per window (per stretch of takes in one window when the clock
-    /// steps back, since stepping into another window starts it afresh); every hit of
-    /// a non-zero cost is counted, allowed or not; a refusal waits until the window
+    /// steps back, since stepping into another window starts it afresh); a refused hit
+    /// counts up to the limit, and every answer is the reference's (whose counter counts
+    /// every hit); a refusal waits until the window
     /// ends, after which the cost fits, or is `None` when it never can.
     #[test]
     fn fixed_window_invariants((limit, w, offset, back, steps) in window_case()) {
         let mut state: Option<WindowState> = None;
+        let mut reference: Option<(u64, u64)> = None;
         let mut now = T0 + offset;
         let mut admitted = Admitted::new();
         for (dt, cost) in steps {
@@ -218,8 +220,26 @@ proptest! {
             prop_assert!(o.reset_ms > 0 && o.reset_ms <= w, "{:?}", o);
             prop_assert_eq!(o.remaining, limit.saturating_sub(next.count));
             prop_assert_eq!(o.allowed, o.retry_ms == Some(0), "{:?}", o);
-            // Every hit counts, also a refused one (like the reference); a check none.
-            prop_assert_eq!(next.count, check.count.saturating_add(cost));
+            // A refused hit counts up to the limit and no further (a count past the limit is
+            // debt, which only charges make); a check counts nothing.
+            // (A check leaves an earlier window's state as stored; with no debt it counts 0.)
+            let before = if check.start_ms == start_ms { check.count } else { 0 };
+            let want = if cost == 0 || o.allowed {
+                before.saturating_add(cost)
+            } else {
+                before.max(limit)
+            };
+            prop_assert_eq!(next.count, want);
+            prop_assert!(next.count <= limit);
+            // The answers are the reference's, whose counter counts every hit and runs on.
+            let ref_before = match reference {
+                Some((start, c)) if start == start_ms => c,
+                _ => 0u64,
+            };
+            let ref_after = ref_before.saturating_add(cost);
+            prop_assert_eq!(o.allowed, if cost == 0 { ref_before < limit } else { ref_after <= limit });
+            prop_assert_eq!(o.remaining, limit.saturating_sub(ref_after));
+            reference = Some((start_ms, ref_after));
 
             let in_stretch = admitted.record(start_ms, o.allowed, cost);
             prop_assert!(in_stretch <= u128::from(limit), "{}", in_stretch);
@@ -293,8 +313,8 @@ proptest! {
     }
 
     /// Overdraft, every algorithm: a take of a non-zero cost is always charged (in full, down
-    /// to the debt floor: a token bucket's `-capacity`, a window's count of twice the
-    /// limit), allowed or not; a check charges nothing; a refusal says when a take of 1 fits
+    /// to the debt floor: a token bucket's `-capacity`, a window's count of twice the limit, a
+    /// sliding window's estimate of twice the limit), allowed or not; a check charges nothing; a refusal says when a take of 1 fits
     /// again (`None` only when nothing ever refills, or the limit is 0), and it does then.
     #[test]
     fn overdraft_charges_every_take_and_says_when_the_debt_is_paid(
@@ -361,8 +381,20 @@ proptest! {
             let (check, _) = take_sliding(sliding, now, limit, w, 0, true);
             let (next, o) = take_sliding(sliding, now, limit, w, cost, true);
             prop_assert!(next.curr <= 2 * limit, "{:?}", next);
+            // One limit of debt at most: the estimate (the previous count weighted by what
+            // is left of its window, plus the current) stays within twice the limit, however
+            // deep the previous window went.
+            let start_ms = now - now % w;
+            let weight = (w - (now - start_ms)) as f64 / w as f64;
+            let estimate = |s: &SlidingWindowState| {
+                if s.start_ms == start_ms { s.prev as f64 * weight + s.curr as f64 } else { 0.0 }
+            };
+            if cost > 0 {
+                prop_assert!(estimate(&next) <= (2 * limit) as f64 + 1e-6, "{:?} {}", next, estimate(&next));
+            }
             if !o.allowed && cost > 0 {
-                prop_assert_eq!(next.curr, check.curr.saturating_add(cost).min(2 * limit).max(check.curr));
+                let room = (2.0 * limit as f64 - estimate(&check)).max(0.0).floor() as u64;
+                prop_assert_eq!(next.curr, check.curr.saturating_add(cost.min(room)));
             }
             if !o.allowed {
                 match o.retry_ms {

@@ -37,8 +37,8 @@ impl SlidingWindowState {
 /// long ago, or (a clock that stepped back into an earlier window) it is ahead of `now_ms`,
 /// which, like the fixed window, starts the window again rather than guessing.
 ///
-/// With `overdraft` a take that does not fit is counted anyway (the current count is capped
-/// at twice the limit: one limit of debt) and refused; its `retry_ms` is when a take of 1
+/// With `overdraft` a take that does not fit is counted anyway (up to the estimate reaching
+/// twice the limit: one limit of debt) and refused; its `retry_ms` is when a take of 1
 /// fits again. The debt decays with the window, as every count does.
 pub fn take_sliding(
     state: Option<SlidingWindowState>,
@@ -67,10 +67,11 @@ pub fn take_sliding(
         curr = curr.saturating_add(cost);
         estimate += cost as f64;
     } else if overdraft && cost > 0 {
-        let charged = curr
-            .saturating_add(cost)
-            .min(limit.saturating_mul(2))
-            .max(curr);
+        // At most one limit of debt: the estimate after the charge stays within twice the
+        // limit (capping only the current count let the previous window's debt add to it:
+        // up to three limits deep at a window's start).
+        let room = (2.0 * lim - estimate).max(0.0).floor() as u64;
+        let charged = curr.saturating_add(cost.min(room));
         estimate += (charged - curr) as f64;
         curr = charged;
     }

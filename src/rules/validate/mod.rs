@@ -205,11 +205,26 @@ impl FileWalk<'_> {
                     // `burst` per report interval.
                     let per_interval = u128::from(rate.requests_per_unit) * u128::from(interval_ms)
                         / u128::from(rate.window_ms().max(1));
-                    (rate.algorithm == Algorithm::TokenBucket && per_interval > u128::from(rate.burst))
-                        .then(|| format!(
+                    if rate.algorithm == Algorithm::TokenBucket
+                        && per_interval > u128::from(rate.burst)
+                    {
+                        Some(format!(
                             "it refills {per_interval} tokens per report interval (rlqs_report_interval_ms {interval_ms}) but holds only burst {}: Envoys would be held to {} per interval; set burst to at least {per_interval}",
                             rate.burst, rate.burst
                         ))
+                    } else if rate.algorithm == Algorithm::FixedWindow
+                        && rate.window_ms() < interval_ms
+                    {
+                        // An assignment ends with its window, and the next is claimed at the
+                        // Envoy's next report: windows shorter than the interval would be
+                        // served only in part.
+                        Some(format!(
+                            "its window ({} ms) is shorter than the report interval (rlqs_report_interval_ms {interval_ms}): an assignment ends with its window and the next comes only at the next report, so most of each window would go unserved; use a window of at least the interval, or token_bucket",
+                            rate.window_ms()
+                        ))
+                    } else {
+                        None
+                    }
                 };
                 if let Some(why) = why {
                     self.error(
