@@ -308,6 +308,114 @@ fn a_restarted_tollgate_sends_envoy_to_its_fallback_and_back() {
     );
 }
 
+/// Issue 45, case 2: Envoy 1.40 forgets what it admits while tollgate is away (its usage is
+/// reset every report tick and the report dropped), so only the last interval of an outage is
+/// ever charged: the bound during an outage is what the Envoy's own fallback admits. The
+/// example holds each Envoy to a local bucket of 10 a second while its assignment is expired,
+/// for a year (`expired_assignment_behavior_timeout`; after it Envoy 1.40 would go back to
+/// `no_assignment_behavior`, and going back to a token bucket there crashes it), and a new
+/// bucket to the same bucket before its first assignment: never `ALLOW_ALL`. tollgate is
+/// killed (no graceful expiry: the last assignment runs out its TTL) and stays away for 37 s,
+/// seven report intervals.
+#[test]
+fn an_outage_of_several_intervals_holds_each_envoy_to_its_fallback_bucket() {
+    let example =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(EXAMPLE))
+            .unwrap();
+    assert!(
+        !example.contains("blanket_rule: ALLOW_ALL"),
+        "the example lets a bucket go unlimited"
+    );
+    assert!(example.contains("expired_assignment_behavior_timeout: 31536000s"));
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("rlqs-outage");
+    let tollgate = common::TestServer::builder(SMALL_RULES)
+        .arg("store", &redis.url())
+        .arg("key-prefix", &prefix)
+        .start();
+    let envoy = TestEnvoy::start_example(EXAMPLE, tollgate.grpc, &[]);
+    let front = envoy.front;
+    let (rate, secs) = (30u32, 45u64);
+    let load = std::thread::spawn(move || drive_log(front, "acme", rate, secs));
+    std::thread::sleep(Duration::from_secs(8));
+    let killed_at = 8.0;
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &tollgate.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let log = load.join().unwrap_or_else(|_| {
+        let l = envoy.log();
+        panic!(
+            "the load failed; envoy's log ends:\n{}",
+            &l[l.len().saturating_sub(6_000)..]
+        )
+    });
+    let admitted = |from: f64, to: f64| {
+        log.iter()
+            .filter(|(t, ok)| *ok && *t >= from && *t < to)
+            .count() as f64
+    };
+    let asked = log.len();
+    let outage = secs as f64 - killed_at;
+    let (assigned, down) = (admitted(0.0, killed_at), admitted(killed_at, secs as f64));
+    // The last assignment (TTL 15 s from a report before the kill) has run out by 23 s: from
+    // 25 s on, only the expired behaviour decides.
+    let late = admitted(25.0, secs as f64);
+    eprintln!(
+        "{asked} asked at {rate}/s; admitted: {assigned} in {killed_at} s assigned, {down} in {outage} s with tollgate away, {late} of them in the last 20 s"
+    );
+    // The bound (README, RLQS): with tollgate away, an Envoy admits at most its last
+    // assignment's tokens (claimed: within the quota; here at most the burst of 5) plus what
+    // its fallback bucket admits: M when it starts full, and F per fill interval I.
+    let (m, f) = (10.0, 10.0);
+    assert!(
+        down <= 5.0 + m + f * outage + 2.0,
+        "{down} admitted in {outage} s away: past the bound"
+    );
+    assert!(
+        late <= m + f * 20.0 + 2.0,
+        "{late} admitted in 20 s on the expired behaviour: not held to the fallback bucket"
+    );
+    assert!(
+        late >= 100.0,
+        "{late}: the fallback bucket admits its share"
+    );
+}
+
+/// Envoy 1.40 segfaults when a bucket goes back to a token-bucket `no_assignment_behavior`
+/// after an assignment (an expired one, or one whose expired behaviour timed out: seen here),
+/// which is why the example's `expired_assignment_behavior_timeout` is a year. An abandoned
+/// bucket (idle for `rlqs_idle_ms`) starts again as a new one, on the default token bucket:
+/// that path is safe, and the Envoy keeps serving.
+#[test]
+fn an_abandoned_bucket_comes_back_on_the_example_without_harm() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("rlqs-abandon");
+    let tollgate = common::TestServer::builder(SMALL_RULES)
+        .arg("store", &redis.url())
+        .arg("key-prefix", &prefix)
+        .arg("rlqs-idle-ms", "1000")
+        .start();
+    let envoy = TestEnvoy::start_example(EXAMPLE, tollgate.grpc, &[]);
+    let first = drive(envoy.front, "idle", 5, 3);
+    poll(Duration::from_secs(20), || {
+        (metric_sum(
+            tollgate.admin,
+            "tollgate_rlqs_assignments_total",
+            &["abandon"],
+        ) >= 1.0)
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("the idle bucket was not abandoned:\n{}", tollgate.log()));
+    let again = drive(envoy.front, "idle", 5, 6);
+    eprintln!("before: {first:?}, after the abandon: {again:?}");
+    assert!(again.0 >= 1, "{again:?}");
+    // Back on an assignment: the reports go on.
+    let reports = metric_sum(tollgate.admin, "tollgate_rlqs_reports_total", &[]);
+    assert!(reports >= 3.0, "{reports}");
+}
+
 /// A raw RLQS stream: what a test sends and what tollgate answers.
 struct Stream {
     tx: mpsc::Sender<RateLimitQuotaUsageReports>,
