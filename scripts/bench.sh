@@ -205,6 +205,12 @@ echo "bench: RLQS against RLS on the release binary…" >&2
 TOLLGATE_TEST_BINARY="$PWD/$BIN" \
   cargo test -q --test rlqs -- --ignored --nocapture --test-threads 1 bench_rlqs_against_rls \
   > "$TMP/rlqs.txt" 2>&1 || echo "bench: the RLQS benchmark failed (see below)" >&2
+# RSS per tracked RLQS bucket id (short and 4 KB values) on the release binary; the exact live
+# bytes per id are a test (tests/rlqs_memory.rs).
+echo "bench: RLQS state memory on the release binary…" >&2
+TOLLGATE_TEST_BINARY="$PWD/$BIN" \
+  cargo test -q --test rlqs -- --ignored --nocapture --test-threads 1 bench_rlqs_state_memory \
+  > "$TMP/rlqs-state.txt" 2>&1 || echo "bench: the RLQS state benchmark failed (see below)" >&2
 
 # --- the simulator ------------------------------------------------------------------------
 # `tollgate simulate` on the README's worked example: 500 replicas × 2,000 req/s for 20 s of
@@ -344,5 +350,6 @@ echo "Hostile peers, release binary, legitimate p99 < 100 ms: $HOSTILE"
 grep -oE "(16 non-reading|WINDOW_UPDATE).*|panicked.*" "$TMP/hostile.txt" || true
 echo
 grep -E "^RLQS against RLS|panicked" "$TMP/rlqs.txt" || tail -20 "$TMP/rlqs.txt"
+grep -E "^RLQS state|panicked" "$TMP/rlqs-state.txt" || tail -20 "$TMP/rlqs-state.txt"
 echo
 cat "$TMP/simulate.txt"

@@ -59,6 +59,7 @@
 mod size;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -81,7 +82,11 @@ pub struct RlqsConfig {
     pub report_interval_ms: u64,
     pub assignment_ttl_ms: u64,
     pub max_streams: usize,
+    /// Streams one peer (a remote IP address) may hold of `max_streams`.
+    pub max_streams_per_peer: usize,
     pub max_buckets_per_stream: usize,
+    /// Bytes of bucket-id state all streams of this replica may hold ([`tracked_bytes`]).
+    pub max_state_bytes: u64,
     pub idle_ms: u64,
     /// The bounds of an RLS descriptor, for a bucket id's entries.
     pub max_entries: usize,
@@ -168,6 +173,10 @@ pub enum RlqsError {
     NotRlqs(String),
     #[error("this replica holds rlqs_max_streams ({0}) RLQS streams already")]
     TooManyStreams(usize),
+    #[error(
+        "peer {peer} holds rlqs_max_streams_per_peer ({max}) RLQS streams on this replica already"
+    )]
+    TooManyStreamsFromPeer { peer: IpAddr, max: usize },
 }
 
 /// The state all streams of this replica share: settings, metrics, and each bucket's demand
@@ -177,6 +186,10 @@ pub struct Rlqs {
     config: RlqsConfig,
     metrics: RlqsMetrics,
     streams: AtomicUsize,
+    /// Streams by peer address, for `max_streams_per_peer`.
+    peers: Mutex<HashMap<IpAddr, usize>>,
+    /// Bytes of bucket-id state held by all streams ([`tracked_bytes`]).
+    state_bytes: AtomicU64,
     next_stream: AtomicU64,
     /// Store key → its Envoys' demand and what the bucket held at its last claim.
     demand: Mutex<HashMap<String, KeyDemand>>,
@@ -198,6 +211,8 @@ impl Rlqs {
             config,
             metrics,
             streams: AtomicUsize::new(0),
+            peers: Mutex::new(HashMap::new()),
+            state_bytes: AtomicU64::new(0),
             next_stream: AtomicU64::new(1),
             demand: Mutex::new(HashMap::new()),
         })
@@ -251,6 +266,40 @@ struct Tracked {
     /// window are not given back (they would count against the next window), as leases do.
     window_end_ms: Option<u64>,
     last: Option<Assignment>,
+    /// What it counts against `max_state_bytes` ([`tracked_bytes`]).
+    bytes: u64,
+}
+
+/// What one tracked bucket id counts against `rlqs_max_state_bytes`: its text once (the
+/// session's key), each part up to [`keys::MAX_PART`](crate::keys::MAX_PART) bytes twice more
+/// (the store key, in its `Quota` and as the shared demand's key; longer parts are hashed
+/// there), and [`TRACKED_OVERHEAD`]. `tests/rlqs_memory.rs` counts the bytes an id really keeps
+/// live (with the memory store's bucket) and holds this to at least that.
+pub fn tracked_bytes(id: &[(String, String)]) -> u64 {
+    let text: usize = id.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let in_key: usize = id
+        .iter()
+        .map(|(k, v)| k.len().min(crate::keys::MAX_PART) + v.len().min(crate::keys::MAX_PART))
+        .sum();
+    (text + 2 * in_key + TRACKED_OVERHEAD) as u64
+}
+
+/// The fixed bytes of one tracked id: its `Tracked`, the entries of the session's, the demand's
+/// and the store's maps (at their emptiest just after they grow), and its bucket's state
+/// (measured: about 1,000 bytes).
+pub const TRACKED_OVERHEAD: usize = 1_280;
+
+/// Whether a reported id is held.
+enum Admit {
+    /// Held already.
+    Held,
+    /// New, and its bytes are reserved against `max_state_bytes`.
+    New(u64),
+    /// Not held, and told `DENY_ALL`: refused by a cap, tollgate never leaves its Envoy to an
+    /// unlimited `no_assignment_behavior`.
+    Denied,
+    /// Not held, not answered (an empty id: nothing to answer).
+    Skipped,
 }
 
 /// One RLQS stream's buckets. Dropping it forgets them (their demand stops counting).
@@ -260,13 +309,29 @@ pub struct Session {
     id: u64,
     domain: Option<String>,
     buckets: HashMap<BucketKey, Tracked>,
+    /// The remote address it counts against (`max_streams_per_peer`).
+    peer: Option<IpAddr>,
     warned_full: bool,
 }
 
 impl Session {
-    /// A new stream, within `rlqs_max_streams`.
-    pub fn open(shared: &Arc<Rlqs>) -> Result<Session, RlqsError> {
+    /// A new stream from `peer` (its remote address, when known), within `rlqs_max_streams`
+    /// and `rlqs_max_streams_per_peer`: one peer cannot take every stream of the replica.
+    pub fn open(shared: &Arc<Rlqs>, peer: Option<IpAddr>) -> Result<Session, RlqsError> {
         let max = shared.config.max_streams;
+        if let Some(ip) = peer {
+            let per_peer = shared.config.max_streams_per_peer;
+            let mut peers = shared.peers.lock().unwrap_or_else(|p| p.into_inner());
+            let n = peers.entry(ip).or_insert(0);
+            if *n >= per_peer {
+                shared.refused("too_many_streams_from_peer");
+                return Err(RlqsError::TooManyStreamsFromPeer {
+                    peer: ip,
+                    max: per_peer,
+                });
+            }
+            *n += 1;
+        }
         if shared
             .streams
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -274,6 +339,9 @@ impl Session {
             })
             .is_err()
         {
+            if let Some(ip) = peer {
+                release_peer(shared, ip);
+            }
             shared.refused("too_many_streams");
             return Err(RlqsError::TooManyStreams(max));
         }
@@ -283,6 +351,7 @@ impl Session {
             id: shared.next_stream.fetch_add(1, Ordering::Relaxed),
             domain: None,
             buckets: HashMap::new(),
+            peer,
             warned_full: false,
         })
     }
@@ -360,9 +429,16 @@ impl Session {
         let mut settles: Vec<(Op, Option<FallbackMode>)> = Vec::new();
         let mut actions: Vec<Action> = Vec::new();
         for usage in merge_repeats(usages) {
-            if !self.admit_id(&usage.id) {
-                continue;
-            }
+            let reserved = match self.admit_id(&usage.id) {
+                Admit::Held => 0,
+                Admit::New(bytes) => bytes,
+                Admit::Denied => {
+                    let ttl_s = self.shared.ttl_s();
+                    actions.push(self.told(usage.id, Assignment::DenyAll { ttl_s }));
+                    continue;
+                }
+                Admit::Skipped => continue,
+            };
             let quota = self.quota(limiter, rules, &usage.id);
             let shared = self.shared.clone();
             let tracked = self.buckets.entry(usage.id.clone()).or_insert_with(|| {
@@ -376,6 +452,7 @@ impl Session {
                     held_from_fallback: false,
                     window_end_ms: None,
                     last: None,
+                    bytes: reserved,
                 }
             });
             let requests = usage.allowed.saturating_add(usage.denied);
@@ -424,7 +501,9 @@ impl Session {
             }
             let rate = tracked.rate;
             if abandon {
-                self.buckets.remove(&usage.id);
+                if let Some(t) = self.buckets.remove(&usage.id) {
+                    shared.state_bytes.fetch_sub(t.bytes, Ordering::AcqRel);
+                }
                 shared.metrics.buckets.dec();
                 if let Some(key) = old_key {
                     self.forget_demand(&key, &usage.id);
@@ -690,13 +769,15 @@ impl Session {
         self.told(id, Assignment::DenyAll { ttl_s: 1 })
     }
 
-    /// Whether a reported bucket id may be held: not empty, within the descriptor bounds,
-    /// and within `rlqs_max_buckets_per_stream`.
-    fn admit_id(&mut self, id: &BucketKey) -> bool {
+    /// Whether a reported bucket id is held: not empty, within the descriptor bounds, within
+    /// `rlqs_max_buckets_per_stream`, and within `rlqs_max_state_bytes` for the replica. An id
+    /// refused by a bound is told `DENY_ALL` (counted): an Envoy whose ids tollgate cannot hold
+    /// is limited, not left to a `no_assignment_behavior` that may be `ALLOW_ALL`.
+    fn admit_id(&mut self, id: &BucketKey) -> Admit {
         let c = &self.shared.config;
         if id.is_empty() {
             self.shared.refused("empty_bucket_id");
-            return false;
+            return Admit::Skipped;
         }
         if id.len() > c.max_entries
             || id.iter().any(|(k, v)| {
@@ -704,21 +785,45 @@ impl Session {
             })
         {
             self.shared.refused("bucket_id_too_large");
-            return false;
+            return Admit::Denied;
         }
-        if !self.buckets.contains_key(id) && self.buckets.len() >= c.max_buckets_per_stream {
-            self.shared.refused("too_many_buckets");
-            if !self.warned_full {
-                self.warned_full = true;
-                tracing::warn!(
-                    domain = self.domain.as_deref().unwrap_or(""),
-                    max = c.max_buckets_per_stream,
-                    "an RLQS stream reports more bucket ids than rlqs_max_buckets_per_stream: the others get no assignment (Envoy applies its no_assignment_behavior)"
-                );
-            }
-            return false;
+        if self.buckets.contains_key(id) {
+            return Admit::Held;
         }
-        true
+        let bytes = tracked_bytes(id);
+        let (reason, why) = if self.buckets.len() >= c.max_buckets_per_stream {
+            (
+                "too_many_buckets",
+                "an RLQS stream reports more bucket ids than rlqs_max_buckets_per_stream: the others are told DENY_ALL",
+            )
+        } else if self
+            .shared
+            .state_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&n| n <= c.max_state_bytes)
+            })
+            .is_err()
+        {
+            (
+                "state_full",
+                "the RLQS bucket ids held on this replica reach rlqs_max_state_bytes: new ones are told DENY_ALL",
+            )
+        } else {
+            // Reserved (streams admit ids at once: a check, then an add, would let each
+            // of them past the bound).
+            return Admit::New(bytes);
+        };
+        self.shared.refused(reason);
+        if !self.warned_full {
+            self.warned_full = true;
+            tracing::warn!(
+                domain = self.domain.as_deref().unwrap_or(""),
+                max_buckets_per_stream = c.max_buckets_per_stream,
+                max_state_bytes = c.max_state_bytes,
+                "{why}"
+            );
+        }
+        Admit::Denied
     }
 
     /// What `id` draws from under `rules` now.
@@ -786,8 +891,24 @@ fn tracked_key(t: &Tracked) -> Option<String> {
     }
 }
 
+/// One stream of `ip` fewer.
+fn release_peer(shared: &Rlqs, ip: IpAddr) {
+    let mut peers = shared.peers.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = peers.get_mut(&ip) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            peers.remove(&ip);
+        }
+    }
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
+        let bytes: u64 = self.buckets.values().map(|t| t.bytes).sum();
+        self.shared.state_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        if let Some(ip) = self.peer {
+            release_peer(&self.shared, ip);
+        }
         let keys: Vec<(String, BucketKey)> = self
             .buckets
             .iter()

@@ -118,7 +118,9 @@ fn world_on(
         report_interval_ms: 5_000,
         assignment_ttl_ms: 15_000,
         max_streams: 4,
+        max_streams_per_peer: 4,
         max_buckets_per_stream: 100,
+        max_state_bytes: 64 << 20,
         idle_ms: 60_000,
         max_entries: 16,
         max_key_bytes: 256,
@@ -189,7 +191,7 @@ fn tokens(actions: &[Action]) -> Vec<u64> {
 #[tokio::test]
 async fn the_first_report_must_name_a_domain_served_over_rlqs() {
     let w = world();
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     async fn r(w: &World, s: &mut Session, d: &str) -> Result<(), RlqsError> {
         s.report(&w.limiter, &w.rules, d, vec![]).await.map(|_| ())
     }
@@ -219,7 +221,7 @@ async fn the_first_report_must_name_a_domain_served_over_rlqs() {
 #[tokio::test]
 async fn an_assignment_is_claimed_from_the_bucket_rls_decides_from() {
     let w = world();
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     // The bucket's first request, admitted by Envoy's no_assignment_behavior: charged. The
     // Envoy's demand is not known yet: it gets the floor, half of what the bucket can give
     // in an interval (100 + 8 refilled).
@@ -259,7 +261,7 @@ async fn an_assignment_is_claimed_from_the_bucket_rls_decides_from() {
 #[tokio::test]
 async fn a_fixed_window_keeps_what_its_ended_window_held() {
     let w = world();
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     let id = [("endpoint", "/a"), ("tenant", "fw")];
     // 20 s into a minute: half of the 60-a-minute window, which ends in 40 s.
     assert_eq!(
@@ -286,8 +288,8 @@ async fn a_fixed_window_keeps_its_debt_across_give_backs_and_windows() {
     let w = world();
     let id = [("endpoint", "/d"), ("tenant", "fw")];
     let (mut a, mut b) = (
-        Session::open(&w.rlqs).unwrap(),
-        Session::open(&w.rlqs).unwrap(),
+        Session::open(&w.rlqs, None).unwrap(),
+        Session::open(&w.rlqs, None).unwrap(),
     );
     // A holds half of the window (the first claim's floor); B's Envoy admitted 90 on its
     // fallback before its first assignment: charged, the count 120 of 60 (one limit of debt).
@@ -324,7 +326,7 @@ async fn a_fixed_window_keeps_its_debt_across_give_backs_and_windows() {
 #[tokio::test]
 async fn a_fixed_window_assignment_never_outlives_its_window() {
     let w = world();
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     let id = [("endpoint", "/t"), ("tenant", "ttl")];
     let ttl = |a: &[Action]| match a[0].assignment {
         Assignment::Tokens { ttl_s, .. } | Assignment::DenyAll { ttl_s } => ttl_s,
@@ -360,7 +362,7 @@ async fn a_store_error_with_fallback_error_waits_before_trying_again() {
         clock.clone(),
         |_| {},
     );
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     assert!(
         w.report(&mut s, vec![usage(&[("tenant", "e")], 1, 0, 0)])
             .await
@@ -379,7 +381,7 @@ async fn a_store_error_with_fallback_error_waits_before_trying_again() {
 #[tokio::test]
 async fn a_reload_that_drops_rlqs_true_ends_the_stream() {
     let mut w = world();
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     w.report(&mut s, vec![usage(&[("tenant", "r")], 1, 0, 0)])
         .await;
     w.rules = rules(&RULES.replace("rlqs: true\n", ""));
@@ -397,7 +399,7 @@ async fn a_reload_that_drops_rlqs_true_ends_the_stream() {
 #[tokio::test]
 async fn a_bucket_named_twice_in_one_report_is_settled_and_claimed_once() {
     let w = world();
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     let t = [("tenant", "twice")];
     let a = w
         .report(&mut s, vec![usage(&t, 1, 0, 0), usage(&t, 2, 0, 0)])
@@ -410,7 +412,7 @@ async fn a_bucket_named_twice_in_one_report_is_settled_and_claimed_once() {
 #[tokio::test]
 async fn admitted_beyond_the_assignment_is_charged_into_debt() {
     let w = world();
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     w.report(&mut s, vec![usage(&[("tenant", "d")], 0, 0, 0)])
         .await;
     // The Envoy ran on its fallback and admitted 150: the 50 it held and 100 more.
@@ -441,8 +443,8 @@ async fn admitted_beyond_the_assignment_is_charged_into_debt() {
 #[tokio::test]
 async fn two_envoys_share_by_demand_and_never_more_than_the_bucket() {
     let w = world();
-    let mut a = Session::open(&w.rlqs).unwrap();
-    let mut b = Session::open(&w.rlqs).unwrap();
+    let mut a = Session::open(&w.rlqs, None).unwrap();
+    let mut b = Session::open(&w.rlqs, None).unwrap();
     let t = [("tenant", "shared")];
     let mut given = 0;
     let mut used = 0;
@@ -486,7 +488,7 @@ async fn two_envoys_share_by_demand_and_never_more_than_the_bucket() {
 #[tokio::test]
 async fn no_rule_and_unlimited_allow_all_and_a_removed_rule_is_abandoned() {
     let mut w = world();
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     let a = w
         .report(
             &mut s,
@@ -519,7 +521,7 @@ async fn no_rule_and_unlimited_allow_all_and_a_removed_rule_is_abandoned() {
 #[tokio::test]
 async fn an_idle_bucket_is_abandoned_and_its_tokens_come_back() {
     let w = world_with(|c| c.idle_ms = 10_000);
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     let t = [("tenant", "idle")];
     assert_eq!(
         tokens(&w.report(&mut s, vec![usage(&t, 0, 0, 0)]).await),
@@ -538,12 +540,21 @@ async fn an_idle_bucket_is_abandoned_and_its_tokens_come_back() {
 #[tokio::test]
 async fn bucket_ids_past_the_cap_and_bad_ids_are_refused_and_counted() {
     let w = world_with(|c| c.max_buckets_per_stream = 50);
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     let many: Vec<Usage> = (0..10_000)
         .map(|i| usage(&[("tenant", &format!("t{i}"))], 1, 0, 0))
         .collect();
     let a = w.report(&mut s, many).await;
-    assert_eq!(a.len(), 50);
+    // 50 held and assigned; the other 9,950 told DENY_ALL (never left to Envoy's
+    // no_assignment_behavior, which may be ALLOW_ALL), and not held.
+    assert_eq!(a.len(), 10_000);
+    assert_eq!(tokens(&a).iter().filter(|&&t| t > 0).count(), 50);
+    assert_eq!(
+        a.iter()
+            .filter(|a| matches!(a.assignment, Assignment::DenyAll { .. }))
+            .count(),
+        9_950
+    );
     assert_eq!(s.buckets(), 50);
     let long = "x".repeat(5_000);
     let a = w
@@ -555,7 +566,9 @@ async fn bucket_ids_past_the_cap_and_bad_ids_are_refused_and_counted() {
             ],
         )
         .await;
-    assert!(a.is_empty());
+    // The empty id cannot be answered; the one past max_value_bytes is denied.
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert!(matches!(a[0].assignment, Assignment::DenyAll { .. }));
     let m = w.metrics.render();
     for line in [
         r#"tollgate_rlqs_refused_total{reason="too_many_buckets"} 9950"#,
@@ -565,9 +578,11 @@ async fn bucket_ids_past_the_cap_and_bad_ids_are_refused_and_counted() {
         assert!(m.contains(line), "{line}\n{m}");
     }
     // Streams are capped too, and a closed one frees its place and its buckets.
-    let more: Vec<Session> = (0..3).map(|_| Session::open(&w.rlqs).unwrap()).collect();
+    let more: Vec<Session> = (0..3)
+        .map(|_| Session::open(&w.rlqs, None).unwrap())
+        .collect();
     assert!(matches!(
-        Session::open(&w.rlqs),
+        Session::open(&w.rlqs, None),
         Err(RlqsError::TooManyStreams(4))
     ));
     drop(more);
@@ -575,13 +590,74 @@ async fn bucket_ids_past_the_cap_and_bad_ids_are_refused_and_counted() {
     let m = w.metrics.render();
     assert!(m.contains("tollgate_rlqs_buckets 0"), "{m}");
     assert!(m.contains("tollgate_rlqs_streams 0"), "{m}");
-    assert!(Session::open(&w.rlqs).is_ok());
+    assert!(Session::open(&w.rlqs, None).is_ok());
+}
+
+#[tokio::test]
+async fn one_peer_cannot_take_every_stream() {
+    let w = world_with(|c| c.max_streams_per_peer = 2);
+    let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+    let held: Vec<Session> = (0..2)
+        .map(|_| Session::open(&w.rlqs, Some(a)).unwrap())
+        .collect();
+    assert_eq!(
+        Session::open(&w.rlqs, Some(a)).unwrap_err(),
+        RlqsError::TooManyStreamsFromPeer { peer: a, max: 2 }
+    );
+    // Another peer still gets one; the total cap (4) still holds.
+    let other: Vec<Session> = (0..2)
+        .map(|_| Session::open(&w.rlqs, Some(b)).unwrap())
+        .collect();
+    assert!(matches!(
+        Session::open(&w.rlqs, None),
+        Err(RlqsError::TooManyStreams(4))
+    ));
+    drop(held);
+    assert!(
+        Session::open(&w.rlqs, Some(a)).is_ok(),
+        "closed streams free the peer's places"
+    );
+    drop(other);
+    assert!(w.rlqs.peers.lock().unwrap().len() <= 1);
+}
+
+#[tokio::test]
+async fn bucket_ids_past_the_state_bytes_are_denied_and_freed_with_their_stream() {
+    let one = tracked_bytes(&id(&[("tenant", "t0000")]));
+    let w = world_with(|c| c.max_state_bytes = 10 * one);
+    let mut s = Session::open(&w.rlqs, None).unwrap();
+    let ids: Vec<Usage> = (0..30)
+        .map(|i| usage(&[("tenant", &format!("t{i:04}"))], 1, 0, 0))
+        .collect();
+    let a = w.report(&mut s, ids).await;
+    assert_eq!(s.buckets(), 10);
+    assert_eq!(
+        a.iter()
+            .filter(|a| matches!(a.assignment, Assignment::DenyAll { .. }))
+            .count(),
+        20
+    );
+    assert!(
+        w.metrics
+            .render()
+            .contains(r#"tollgate_rlqs_refused_total{reason="state_full"} 20"#)
+    );
+    // Another stream cannot hold any either, until the first goes.
+    let mut t = Session::open(&w.rlqs, None).unwrap();
+    w.report(&mut t, vec![usage(&[("tenant", "t9999")], 1, 0, 0)])
+        .await;
+    assert_eq!(t.buckets(), 0);
+    drop(s);
+    assert_eq!(w.rlqs.state_bytes.load(Ordering::Acquire), 0);
+    w.report(&mut t, vec![usage(&[("tenant", "t9999")], 1, 0, 0)])
+        .await;
+    assert_eq!(t.buckets(), 1);
 }
 
 #[tokio::test]
 async fn closing_expires_every_assignment_now() {
     let w = world();
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     let sent = w
         .report(
             &mut s,
@@ -617,14 +693,14 @@ async fn with_the_store_down_assignments_come_from_the_fallback() {
     // `local`: claimed from this replica's share of the quota (100 ÷ 2 replicas), as from
     // the store: the floor asks 54 (half of 100 + 8), the share holds 50.
     let w = world_on(down(), FallbackMode::Local, clock.clone(), |_| {});
-    let mut s = Session::open(&w.rlqs).unwrap();
+    let mut s = Session::open(&w.rlqs, None).unwrap();
     let t = [("tenant", "f")];
     assert_eq!(
         tokens(&w.report(&mut s, vec![usage(&t, 0, 0, 0)]).await),
         [50]
     );
     // The share is spent by what it assigned: a second Envoy is refused, not given a new share.
-    let mut s2 = Session::open(&w.rlqs).unwrap();
+    let mut s2 = Session::open(&w.rlqs, None).unwrap();
     let a = w.report(&mut s2, vec![usage(&t, 0, 0, 0)]).await;
     assert_eq!(a[0].assignment.strategy(), "deny_all");
     // `closed`: nothing; `open`: all it asks; `error`: no assignment (Envoy's own behaviour).
@@ -634,7 +710,7 @@ async fn with_the_store_down_assignments_come_from_the_fallback() {
         (FallbackMode::Error, None),
     ] {
         let w = world_on(down(), mode, clock.clone(), |_| {});
-        let mut s = Session::open(&w.rlqs).unwrap();
+        let mut s = Session::open(&w.rlqs, None).unwrap();
         let a = w.report(&mut s, vec![usage(&t, 0, 0, 0)]).await;
         assert_eq!(a.first().map(|a| a.assignment.strategy()), want, "{mode:?}");
     }

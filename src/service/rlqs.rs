@@ -8,7 +8,6 @@
 //! bucket is told its assignment again with a TTL of 0, so each Envoy moves to its
 //! `expired_assignment_behavior` before the listener closes, and the stream ends.
 
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,7 +51,8 @@ impl RateLimitQuotaService for RlqsService {
         &self,
         request: tonic::Request<tonic::Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<tonic::Response<Responses>, tonic::Status> {
-        let session = Session::open(&self.rlqs).map_err(|e| status(&e))?;
+        let peer = request.remote_addr().map(|a| a.ip());
+        let session = Session::open(&self.rlqs, peer).map_err(|e| status(&e))?;
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(run(
             session,
@@ -75,7 +75,9 @@ fn status(e: &RlqsError) -> tonic::Status {
         RlqsError::NoDomain | RlqsError::DomainChanged { .. } => tonic::Status::invalid_argument(m),
         RlqsError::UnknownDomain(_) => tonic::Status::not_found(m),
         RlqsError::NotRlqs(_) => tonic::Status::failed_precondition(m),
-        RlqsError::TooManyStreams(_) => tonic::Status::resource_exhausted(m),
+        RlqsError::TooManyStreams(_) | RlqsError::TooManyStreamsFromPeer { .. } => {
+            tonic::Status::resource_exhausted(m)
+        }
     }
 }
 
@@ -90,9 +92,9 @@ async fn run(
     let config = session.config().clone();
     let clock = config.clock.clone();
     let silent = Duration::from_millis(config.report_interval_ms.saturating_mul(3).max(10_000));
-    // The ids as Envoy sent them, to answer with the same maps.
-    let mut ids: HashMap<Vec<(String, String)>, BucketId> = HashMap::new();
-    // Silence is counted from the last message, whatever wake-ups happen meanwhile.
+    // Silence is counted from the last report after which the stream held a bucket, whatever
+    // wake-ups happen meanwhile: a stream that only sends empty reports (or ids that are all
+    // refused) holds a place in rlqs_max_streams for nothing, and is ended like a silent one.
     let mut heard_ms = clock.mono_ms();
     loop {
         let quiet = Duration::from_millis(clock.mono_ms().saturating_sub(heard_ms));
@@ -105,7 +107,7 @@ async fn run(
                 // Bounded, so an Envoy that stopped reading cannot hold shutdown up.
                 let actions = session.closing();
                 let _ = clock
-                    .timeout(Duration::from_secs(1), tx.send(Ok(response(&actions, &ids))))
+                    .timeout(Duration::from_secs(1), tx.send(Ok(response(&actions))))
                     .await;
                 return;
             }
@@ -121,14 +123,18 @@ async fn run(
                 // Envoy closed its side, or the stream broke: nothing more to say.
                 Ok(Ok(None)) | Ok(Err(_)) => return,
                 Ok(Ok(Some(report))) => {
-                    heard_ms = clock.mono_ms();
-                    let usages = usages(report.bucket_quota_usages, &mut ids);
+                    let usages = usages(report.bucket_quota_usages);
                     let rules = handler.rules.load();
                     match session
                         .report(&handler.limiter, &rules, &report.domain, usages)
                         .await
                     {
-                        Ok(actions) => actions,
+                        Ok(actions) => {
+                            if session.buckets() > 0 {
+                                heard_ms = clock.mono_ms();
+                            }
+                            actions
+                        }
                         Err(e) => {
                             tracing::debug!(error = %e, "RLQS stream refused");
                             let _ = tx.send(Err(status(&e))).await;
@@ -139,17 +145,8 @@ async fn run(
             },
             () = sleep_or_never(&clock, wake_in) => session.wake(&handler.limiter).await,
         };
-        for a in &actions {
-            if a.assignment == Assignment::Abandon {
-                ids.remove(&a.id);
-            }
-        }
-        if !actions.is_empty() && tx.send(Ok(response(&actions, &ids))).await.is_err() {
+        if !actions.is_empty() && tx.send(Ok(response(&actions))).await.is_err() {
             return; // Envoy went away.
-        }
-        // Ids that were refused (past the cap, too large) are not kept.
-        if ids.len() > session.buckets() {
-            ids.retain(|k, _| session.holds(k));
         }
     }
 }
@@ -166,31 +163,24 @@ async fn sleep_or_never(clock: &crate::clock::Clock, d: Option<Duration>) {
     }
 }
 
-/// A report's usages as the session takes them; each id's map is kept to answer with.
+/// A report's usages as the session takes them: each id's map as its pairs, sorted (an
+/// answer rebuilds the same map from them, so no copy of Envoy's map is kept).
 fn usages(
     reported: Vec<
         envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage,
     >,
-    ids: &mut HashMap<Vec<(String, String)>, BucketId>,
 ) -> Vec<Usage> {
     reported
         .into_iter()
         .map(|u| {
             let bucket = u.bucket_id.unwrap_or_default();
-            let mut key: Vec<(String, String)> = bucket
-                .bucket
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let mut key: Vec<(String, String)> = bucket.bucket.into_iter().collect();
             key.sort();
             let elapsed_ms = u.time_elapsed.map_or(0, |d| {
                 (d.seconds.max(0) as u64)
                     .saturating_mul(1000)
                     .saturating_add((d.nanos.max(0) / 1_000_000) as u64)
             });
-            if !key.is_empty() {
-                ids.entry(key.clone()).or_insert(bucket);
-            }
             Usage {
                 id: key,
                 allowed: u.num_requests_allowed,
@@ -206,15 +196,12 @@ fn usages(
 /// the old one's fill ratio (its leftover carries over), but one that replaces a blanket rule
 /// full, and it applies a response's actions in order before its workers see any of them.
 /// So each assignment holds exactly what was claimed for it.
-fn response(
-    actions: &[Action],
-    ids: &HashMap<Vec<(String, String)>, BucketId>,
-) -> RateLimitQuotaResponse {
+fn response(actions: &[Action]) -> RateLimitQuotaResponse {
     let mut bucket_action = Vec::with_capacity(actions.len());
     for a in actions {
-        let id = ids.get(&a.id).cloned().unwrap_or_else(|| BucketId {
+        let id = BucketId {
             bucket: a.id.iter().cloned().collect(),
-        });
+        };
         // (Not for an expiry at shutdown: that one should carry the leftover into Envoy's
         // fallback, not a full bucket.)
         if let Assignment::Tokens { ttl_s, .. } = a.assignment

@@ -196,9 +196,13 @@ settings! {
     rlqs_assignment_ttl_ms: u64 = 15_000,
         "how long an RLQS assignment holds in Envoy without a newer one (whole seconds, at least 1 s and above rlqs_report_interval_ms); then Envoy applies its expired_assignment_behavior";
     rlqs_max_streams: usize = 1_024,
-        "RLQS streams open at once on this replica (one per Envoy worker set); past it a new stream ends with RESOURCE_EXHAUSTED";
+        "RLQS streams open at once on this replica (an Envoy opens one per rate_limit_quota filter config); past it a new stream ends with RESOURCE_EXHAUSTED; a stream that holds no bucket for three report intervals is ended";
+    rlqs_max_streams_per_peer: usize = 16,
+        "RLQS streams one peer (remote IP address) may hold of rlqs_max_streams (an Envoy opens one per rate_limit_quota filter config); past it its new stream ends with RESOURCE_EXHAUSTED, so one client cannot take every stream";
     rlqs_max_buckets_per_stream: usize = 2_000,
-        "RLQS bucket ids one stream may hold; reports for more get no assignment (Envoy applies its no_assignment_behavior) and are counted in tollgate_rlqs_refused_total";
+        "RLQS bucket ids one stream may hold; reports for more are told DENY_ALL (never left to Envoy's no_assignment_behavior) and counted in tollgate_rlqs_refused_total";
+    rlqs_max_state_bytes: u64 = 67_108_864,
+        "bytes of RLQS bucket-id state this replica holds at most, over all streams (an id counts its keys and values, twice more their first 64 bytes each, and 1,280 bytes: ~1.35 KB for {tenant: acme}, ~49,000 such ids in 64 MiB, which fits the chart's 256Mi limit); new ids past it are told DENY_ALL and counted";
     rlqs_idle_ms: u64 = 60_000,
         "an RLQS bucket with no requests for this long is abandoned (abandon_action): Envoy forgets it, and it costs nothing until its next request";
     detailed_metric_max_series: usize = 1_000,

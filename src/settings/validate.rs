@@ -191,6 +191,11 @@ impl Settings {
             ("rlqs_report_interval_ms", self.rlqs_report_interval_ms),
             ("rlqs_max_streams", self.rlqs_max_streams as u64),
             (
+                "rlqs_max_streams_per_peer",
+                self.rlqs_max_streams_per_peer as u64,
+            ),
+            ("rlqs_max_state_bytes", self.rlqs_max_state_bytes),
+            (
                 "rlqs_max_buckets_per_stream",
                 self.rlqs_max_buckets_per_stream as u64,
             ),
