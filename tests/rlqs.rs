@@ -504,6 +504,65 @@ fn actions(r: &RateLimitQuotaResponse) -> Vec<(String, &'static str)> {
         .collect()
 }
 
+/// Issue 45, case 4: a new bucket's first claim was half of what the bucket could give (the
+/// floor 1/(2n) with n = 1), and a stream that ended before its next report kept it: on
+/// `1000/day`, two streams that each reported one request left 0.006 tokens (a day to refill).
+/// Now a first claim is what the limit refills in one report interval (1 token here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_reports_once_and_leaves_takes_little_with_it() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("rlqs-first");
+    let tollgate = server(
+        "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: day, requests_per_unit: 1000}\n",
+        &redis,
+        &prefix,
+    );
+    let t = [("tenant", "daily")];
+    for _ in 0..2 {
+        let mut s = Stream::open(tollgate.grpc).await;
+        s.send("quota", vec![usage(&t, 1)]).await;
+        assert_eq!(granted(&s.next().await.unwrap()), [1]);
+    }
+    let mut client = common::client_of(tollgate.grpc).await;
+    let r = client
+        .should_rate_limit(request("quota", &[&t]))
+        .await
+        .unwrap()
+        .into_inner();
+    let left = r.statuses[0].limit_remaining;
+    eprintln!("after two streams that reported one request each and left: {left} of 1000 left");
+    // 2 admitted and charged, 2 assigned and gone with their streams, this request's 1.
+    assert!(left >= 994, "{left} left");
+}
+
+/// Issue 45, case 4: a tenant stepping from 1 to 15 a second on a 600-a-minute bucket that is
+/// almost full was refused 61 of its first 241 requests (its assignment was 1.25 × its last
+/// demand). Demand may now grow at once by what the limit refills in an interval (50 here),
+/// where the bucket can spare it: at most one interval's excess over 10 a second is refused.
+#[test]
+fn a_tenant_ramping_up_on_a_full_bucket_is_served() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("rlqs-ramp");
+    let tollgate = server(
+        "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 600}\n",
+        &redis,
+        &prefix,
+    );
+    let envoy = TestEnvoy::start_example(EXAMPLE, tollgate.grpc, &[]);
+    let quiet = drive(envoy.front, "ramp", 1, 11);
+    let log = drive_log(envoy.front, "ramp", 15, 16);
+    let refused = log.iter().take(241).filter(|(_, ok)| !ok).count();
+    eprintln!(
+        "1 a second for 11 s ({quiet:?}), then 15 a second: {refused} of the first {} refused",
+        log.len().min(241)
+    );
+    assert_eq!(quiet.1, 0, "{quiet:?}");
+    assert!(
+        refused <= 30,
+        "{refused} refused of the first 241 on a full bucket"
+    );
+}
+
 /// The tokens of each token-bucket action.
 fn granted(r: &RateLimitQuotaResponse) -> Vec<u32> {
     r.bucket_action
@@ -529,20 +588,18 @@ fn granted(r: &RateLimitQuotaResponse) -> Vec<u32> {
 /// fell to 60 and A was granted 40 more: 200 admitted of 100.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_back_never_erases_debt_on_a_fixed_window() {
-    // An hour's window: the run must not straddle its end.
-    let hour_left = 3_600
-        - std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs()
-            % 3_600;
-    if hour_left < 60 {
-        tokio::time::sleep(Duration::from_secs(hour_left + 1)).await;
-    }
+    // A window of 10 s (its refill over a 5 s interval, 50, is a new stream's first claim):
+    // the run starts just after one begins and ends well within it.
+    let into = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        % 10_000;
+    tokio::time::sleep(Duration::from_millis((10_100 - into) as u64 % 10_000)).await;
     let redis = TestRedis::start();
     let prefix = unique_prefix("rlqs-debt");
     let tollgate = server(
-        "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}\n",
+        "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 100, algorithm: fixed_window}\n",
         &redis,
         &prefix,
     );

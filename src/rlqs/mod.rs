@@ -20,7 +20,10 @@
 //!    were charged (`quota/bucket/fixed_window.rs`).
 //! 3. **Claim** the next assignment: [`size::want`] tokens, the Envoy's demand-weighted share
 //!    of what the bucket can give over one interval, with a floor, never more than its
-//!    demand; a claim of at least 1 and up to `want` (`lease.lua`'s claim). The weights are
+//!    demand (× 1.25) or, where the bucket can spare it beyond the other Envoys' demand, the
+//!    limit's refill over one interval (so demand can grow at once; also a new stream's first
+//!    claim, before its demand is known); a claim of at least 1 and up to `want`
+//!    (`lease.lua`'s claim). The weights are
 //!    over the Envoys this replica serves; Envoys on other replicas share by when they
 //!    report (each claim takes what has refilled since the last). Granted: a token bucket holding those tokens (with a slow refill, charged when
 //!    used). Refused: `DENY_ALL`, and the bucket is claimed again
@@ -656,8 +659,10 @@ impl Session {
                     | crate::store::OpKind::SlidingLog { limit, .. } => limit,
                 };
                 let supply = size::supply(*kind, remaining.unwrap_or(capacity), interval);
+                let ramp = size::refill_per_interval(*kind, interval);
                 // Envoy's max_tokens is a u32.
-                let want = size::want(t.rate, &others, supply, interval).min(u64::from(u32::MAX));
+                let want =
+                    size::want(t.rate, &others, supply, interval, ramp).min(u64::from(u32::MAX));
                 ops.push((
                     Op {
                         key: key.clone(),

@@ -223,32 +223,32 @@ async fn an_assignment_is_claimed_from_the_bucket_rls_decides_from() {
     let w = world();
     let mut s = Session::open(&w.rlqs, None).unwrap();
     // The bucket's first request, admitted by Envoy's no_assignment_behavior: charged. The
-    // Envoy's demand is not known yet: it gets the floor, half of what the bucket can give
-    // in an interval (100 + 8 refilled).
+    // Envoy's demand is not known yet: it gets what the limit refills in an interval (8.3,
+    // rounded up), not the floor (half of what the bucket can give: 54).
     let a = w
         .report(&mut s, vec![usage(&[("tenant", "a")], 1, 0, 0)])
         .await;
-    assert_eq!(tokens(&a), [54]);
+    assert_eq!(tokens(&a), [9]);
     assert!(matches!(
         a[0].assignment,
         Assignment::Tokens { ttl_s: 15, .. }
     ));
-    // RLS sees the same bucket: 100 - 1 charged - 54 assigned, then its own take.
-    assert_eq!(w.rls(&[("tenant", "a")]).await, (Code::Ok, 44));
+    // RLS sees the same bucket: 100 - 1 charged - 9 assigned, then its own take.
+    assert_eq!(w.rls(&[("tenant", "a")]).await, (Code::Ok, 89));
 
-    // 5 s later the Envoy used 20 of its 54 and was asked for 4 more than it had: 34 come
-    // back, and its demand (24 in 5 s) sizes the next assignment: 24 × 1.25 = 30.
+    // 5 s later the Envoy used 6 of its 9 and was asked for 14 more than it had: 3 come
+    // back, and its demand (20 in 5 s) sizes the next assignment: 20 × 1.25 = 25.
     w.clock.advance_ms(5_000);
     let a = w
-        .report(&mut s, vec![usage(&[("tenant", "a")], 20, 4, 5_000)])
+        .report(&mut s, vec![usage(&[("tenant", "a")], 6, 14, 5_000)])
         .await;
-    assert_eq!(tokens(&a), [30]);
-    // 44 + 8 refilled + 34 returned - 30 assigned - 1 RLS = 55 (floored).
-    assert_eq!(w.rls(&[("tenant", "a")]).await, (Code::Ok, 55));
+    assert_eq!(tokens(&a), [25]);
+    // 89 + 8.3 refilled + 3 returned (capped at 100) - 25 assigned - 1 RLS = 74.
+    assert_eq!(w.rls(&[("tenant", "a")]).await, (Code::Ok, 74));
     let m = w.metrics.render();
     for line in [
-        r#"tollgate_rlqs_tokens_total{event="assigned"} 84"#,
-        r#"tollgate_rlqs_tokens_total{event="returned"} 34"#,
+        r#"tollgate_rlqs_tokens_total{event="assigned"} 34"#,
+        r#"tollgate_rlqs_tokens_total{event="returned"} 3"#,
         r#"tollgate_rlqs_tokens_total{event="charged"} 1"#,
         r#"tollgate_rlqs_assignments_total{strategy="token_bucket"} 2"#,
         "tollgate_rlqs_streams 1",
@@ -263,14 +263,14 @@ async fn a_fixed_window_keeps_what_its_ended_window_held() {
     let w = world();
     let mut s = Session::open(&w.rlqs, None).unwrap();
     let id = [("endpoint", "/a"), ("tenant", "fw")];
-    // 20 s into a minute: half of the 60-a-minute window, which ends in 40 s.
+    // 20 s into a minute: the 60-a-minute window's refill over an interval; it ends in 40 s.
     assert_eq!(
         tokens(&w.report(&mut s, vec![usage(&id, 0, 0, 0)]).await),
-        [30]
+        [5]
     );
     w.clock.advance_ms(45_000);
-    w.report(&mut s, vec![usage(&id, 5, 0, 45_000)]).await;
-    // The 25 unused were of the ended window: given back, they would count against this one.
+    w.report(&mut s, vec![usage(&id, 2, 0, 45_000)]).await;
+    // The 3 unused were of the ended window: given back, they would count against this one.
     let m = w.metrics.render();
     assert!(!m.contains(r#"event="returned""#), "{m}");
     // Within a window they do come back.
@@ -291,19 +291,19 @@ async fn a_fixed_window_keeps_its_debt_across_give_backs_and_windows() {
         Session::open(&w.rlqs, None).unwrap(),
         Session::open(&w.rlqs, None).unwrap(),
     );
-    // A holds half of the window (the first claim's floor); B's Envoy admitted 90 on its
-    // fallback before its first assignment: charged, the count 120 of 60 (one limit of debt).
+    // A holds 5 (a first claim: the window's refill over an interval); B's Envoy admitted 90
+    // on its fallback before its first assignment: charged, the count 95 of 60.
     assert_eq!(
         tokens(&w.report(&mut a, vec![usage(&id, 0, 0, 0)]).await),
-        [30]
+        [5]
     );
     let told = w.report(&mut b, vec![usage(&id, 90, 0, 0)]).await;
     assert_eq!(tokens(&told), [0], "{told:?}");
-    // A used 6 of its 30: the 24 come off the count (120 → 96), which stays past the limit.
-    // (Capped at the limit first, the count fell to 36 and A was granted 24 more: 120 admitted
+    // A used 1 of its 5: the 4 come off the count (95 → 91), which stays past the limit.
+    // (Capped at the limit first, the count fell to 56 and A was granted 4 more: 99 admitted
     // in a window of 60.)
     w.clock.advance_ms(5_000);
-    let told = w.report(&mut a, vec![usage(&id, 6, 0, 5_000)]).await;
+    let told = w.report(&mut a, vec![usage(&id, 1, 0, 5_000)]).await;
     assert!(
         matches!(told[0].assignment, Assignment::DenyAll { .. }),
         "{told:?}"
@@ -314,13 +314,13 @@ async fn a_fixed_window_keeps_its_debt_across_give_backs_and_windows() {
         Code::OverLimit,
         "RLS sees the debt too"
     );
-    // The next window starts 96 − 60 = 36 in: 24 can be had, not 60.
+    // The next window starts 91 − 60 = 31 in: 29 can be had, not 60.
     w.clock.advance_ms(36_000);
     let told = w.report(&mut a, vec![usage(&id, 0, 0, 36_000)]).await;
     let got = tokens(&told)[0];
-    assert!((1..=24).contains(&got), "{told:?}");
+    assert!((1..=29).contains(&got), "{told:?}");
     let told = w.report(&mut b, vec![usage(&id, 0, 0, 41_000)]).await;
-    assert!(tokens(&told)[0] <= 24 - got, "{told:?}");
+    assert!(tokens(&told)[0] <= 29 - got, "{told:?}");
 }
 
 #[tokio::test]
@@ -404,9 +404,9 @@ async fn a_bucket_named_twice_in_one_report_is_settled_and_claimed_once() {
     let a = w
         .report(&mut s, vec![usage(&t, 1, 0, 0), usage(&t, 2, 0, 0)])
         .await;
-    assert_eq!(tokens(&a), [54], "one assignment");
-    // 3 charged once, 54 assigned once: 100 - 57, then RLS's own take.
-    assert_eq!(w.rls(&t).await, (Code::Ok, 42));
+    assert_eq!(tokens(&a), [9], "one assignment");
+    // 3 charged once, 9 assigned once: 100 - 12, then RLS's own take.
+    assert_eq!(w.rls(&t).await, (Code::Ok, 87));
 }
 
 #[tokio::test]
@@ -428,10 +428,10 @@ async fn admitted_beyond_the_assignment_is_charged_into_debt() {
     assert_eq!(w.rls(&[("tenant", "d")]).await.0, Code::OverLimit);
     // Refused, it is claimed again once tokens exist (not sooner than a quarter interval).
     let wake = s.next_wake_ms().unwrap();
-    // 54 held, 150 admitted: 96 charged to the 54.3 there (46 + 8.3 refilled), the bucket
+    // 9 held, 150 admitted: 141 charged to the 99.3 there (91 + 8.3 refilled), the bucket
     // 41.7 deep in debt, so the wake is when 1 token exists again (42.7 tokens at 100 a
-    // minute: 25.6 s).
-    assert_eq!(wake - w.clock.mono_ms(), 25_600);
+    // minute: 25.6 s, rounded up to the ms).
+    assert_eq!(wake - w.clock.mono_ms(), 25_601);
     w.clock.advance_ms(wake - w.clock.mono_ms());
     assert_eq!(s.next_wake_ms(), Some(wake));
     let a = s.wake(&w.limiter).await;
@@ -503,7 +503,11 @@ async fn no_rule_and_unlimited_allow_all_and_a_removed_rule_is_abandoned() {
     let got: Vec<&'static str> = a.iter().map(|a| a.assignment.strategy()).collect();
     assert_eq!(got, ["allow_all", "allow_all", "token_bucket", "deny_all"]);
     // The fixed window under tenant was found through the tree, whatever the map's order.
-    assert_eq!(tokens(&a[2..3]), [30], "half of the 60-a-minute window");
+    assert_eq!(
+        tokens(&a[2..3]),
+        [5],
+        "the 60-a-minute window's refill over an interval"
+    );
 
     // A reload drops the endpoint rule: the bucket is abandoned once, then, as a new bucket,
     // it matches no rule.
@@ -525,7 +529,7 @@ async fn an_idle_bucket_is_abandoned_and_its_tokens_come_back() {
     let t = [("tenant", "idle")];
     assert_eq!(
         tokens(&w.report(&mut s, vec![usage(&t, 0, 0, 0)]).await),
-        [54]
+        [9]
     );
     w.clock.advance_ms(5_000);
     w.report(&mut s, vec![usage(&t, 0, 0, 5_000)]).await;
@@ -691,14 +695,18 @@ async fn with_the_store_down_assignments_come_from_the_fallback() {
     let down = || Store::Custom(Arc::new(Down));
     let clock = Clock::manual(1_700_000_000_000);
     // `local`: claimed from this replica's share of the quota (100 ÷ 2 replicas), as from
-    // the store: the floor asks 54 (half of 100 + 8), the share holds 50.
+    // the store: a first claim of 9 (the refill over an interval), then, at a demand of 40 a
+    // second, all the share has left.
     let w = world_on(down(), FallbackMode::Local, clock.clone(), |_| {});
     let mut s = Session::open(&w.rlqs, None).unwrap();
     let t = [("tenant", "f")];
     assert_eq!(
         tokens(&w.report(&mut s, vec![usage(&t, 0, 0, 0)]).await),
-        [50]
+        [9]
     );
+    clock.advance_ms(5_000);
+    let rest = tokens(&w.report(&mut s, vec![usage(&t, 9, 191, 5_000)]).await)[0];
+    assert!((41..=46).contains(&rest), "{rest}");
     // The share is spent by what it assigned: a second Envoy is refused, not given a new share.
     let mut s2 = Session::open(&w.rlqs, None).unwrap();
     let a = w.report(&mut s2, vec![usage(&t, 0, 0, 0)]).await;
