@@ -29,7 +29,8 @@
 -- ARGV[8]  share: the extra beyond `need` is split this many ways (>= 1; live replicas)
 --
 -- Returns {granted (0 = refused or a give-back), remaining (whole tokens left in the shared
---          bucket, floored), reset_ms (until full again / the window ends),
+--          bucket, floored), reset_ms (until full again / until the window's count is back
+--          at 0: its end, or with debt the end of the window that pays its last part),
 --          retry_ms (until `need` would fit; 0 if granted; -1 = never)}.
 
 local algorithm = tonumber(ARGV[1])

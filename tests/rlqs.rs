@@ -839,7 +839,7 @@ impl Stream {
 /// Issue 45, case 3: with `rlqs_max_streams` counted over all peers, two idle raw-client
 /// streams held a cap of 2 and the example Envoy, refused, admitted 900 of 900 asked for a
 /// quota of 420. Now one peer holds at most `rlqs_max_streams_per_peer` of them, and a stream
-/// that holds no bucket is ended after three report intervals: the Envoy gets its stream and
+/// that names no bucket is ended after three report intervals: the Envoy gets its stream and
 /// its quota.
 #[test]
 fn one_peer_cannot_switch_rlqs_off_for_another() {

@@ -698,9 +698,11 @@ impl Session {
                 continue;
             };
             // A fixed window's end: `reset_ms` is until its count is back at 0, which with
-            // debt is some whole windows past this one's end.
+            // debt is some whole windows past this one's end. Not for the fallback's answer:
+            // its `reset_ms` is its own (`closed_retry_ms` for `open`, a stretched window for
+            // a small limit's `local` share), not the store's window.
             let window_left = match op.kind {
-                crate::store::OpKind::FixedWindow { window_ms, .. } => {
+                crate::store::OpKind::FixedWindow { window_ms, .. } if !from_fallback => {
                     Some(outcome.reset_ms.saturating_sub(1) % window_ms.max(1) + 1)
                 }
                 _ => None,

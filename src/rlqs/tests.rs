@@ -722,6 +722,19 @@ async fn with_the_store_down_assignments_come_from_the_fallback() {
         let a = w.report(&mut s, vec![usage(&t, 0, 0, 0)]).await;
         assert_eq!(a.first().map(|a| a.assignment.strategy()), want, "{mode:?}");
     }
+    // A fixed window on the fallback: the fallback's `reset_ms` is not the store's window
+    // (`open` answers with the breaker's probe interval, 500 ms), so the assignment is not
+    // cut to a window end it does not know (it was DENY_ALL, "in the window's last second").
+    for mode in [FallbackMode::Open, FallbackMode::Local] {
+        let w = world_on(down(), mode, clock.clone(), |_| {});
+        let mut s = Session::open(&w.rlqs, None).unwrap();
+        let fw = [("endpoint", "/f"), ("tenant", "f")];
+        let a = w.report(&mut s, vec![usage(&fw, 0, 0, 0)]).await;
+        assert!(
+            matches!(a[0].assignment, Assignment::Tokens { ttl_s: 15, .. }),
+            "{mode:?}: {a:?}"
+        );
+    }
 }
 
 #[test]

@@ -92,9 +92,9 @@ async fn run(
     let config = session.config().clone();
     let clock = config.clock.clone();
     let silent = Duration::from_millis(config.report_interval_ms.saturating_mul(3).max(10_000));
-    // Silence is counted from the last report after which the stream held a bucket, whatever
-    // wake-ups happen meanwhile: a stream that only sends empty reports (or ids that are all
-    // refused) holds a place in rlqs_max_streams for nothing, and is ended like a silent one.
+    // Silence is counted from the last report that named a bucket (held, or told DENY_ALL past
+    // a cap), whatever wake-ups happen meanwhile: a stream that only sends empty reports holds
+    // a place in rlqs_max_streams for nothing, and is ended like a silent one.
     let mut heard_ms = clock.mono_ms();
     loop {
         let quiet = Duration::from_millis(clock.mono_ms().saturating_sub(heard_ms));
@@ -115,7 +115,7 @@ async fn run(
                 Err(_) => {
                     session.refused("idle_stream");
                     let _ = tx.send(Err(tonic::Status::deadline_exceeded(format!(
-                        "no RLQS report for {} s: Envoy reports every interval",
+                        "no RLQS report naming a bucket for {} s: Envoy reports its buckets every interval",
                         silent.as_secs()
                     )))).await;
                     return;
@@ -130,7 +130,9 @@ async fn run(
                         .await
                     {
                         Ok(actions) => {
-                            if session.buckets() > 0 {
+                            // Held a bucket, or was told something (ids refused by a cap are
+                            // told DENY_ALL, and such a stream is an Envoy to keep denying).
+                            if session.buckets() > 0 || !actions.is_empty() {
                                 heard_ms = clock.mono_ms();
                             }
                             actions

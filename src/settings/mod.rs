@@ -196,7 +196,7 @@ settings! {
     rlqs_assignment_ttl_ms: u64 = 15_000,
         "how long an RLQS assignment holds in Envoy without a newer one (whole seconds, at least 1 s and above rlqs_report_interval_ms); then Envoy applies its expired_assignment_behavior";
     rlqs_max_streams: usize = 1_024,
-        "RLQS streams open at once on this replica (an Envoy opens one per rate_limit_quota filter config); past it a new stream ends with RESOURCE_EXHAUSTED; a stream that holds no bucket for three report intervals is ended";
+        "RLQS streams open at once on this replica (an Envoy opens one per rate_limit_quota filter config); past it a new stream ends with RESOURCE_EXHAUSTED; a stream that names no bucket for three report intervals is ended";
     rlqs_max_streams_per_peer: usize = 16,
         "RLQS streams one peer (remote IP address) may hold of rlqs_max_streams (an Envoy opens one per rate_limit_quota filter config); past it its new stream ends with RESOURCE_EXHAUSTED, so one client cannot take every stream";
     rlqs_max_buckets_per_stream: usize = 2_000,

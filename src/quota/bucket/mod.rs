@@ -4,7 +4,8 @@
 //! Token bucket: `capacity` tokens, refilled continuously at `refill` tokens per `window_ms`;
 //! a take of `cost` succeeds when that many tokens are there and removes them. A refused take
 //! removes nothing. Fixed window: a counter per epoch-aligned window; like envoyproxy/ratelimit,
-//! every hit is counted (also refused ones) and a hit is over when the count passes the limit.
+//! a refused hit counts too (up to the limit) and a hit is over when the count passes the
+//! limit; a count past the limit is debt, carried into the next windows (`fixed_window.rs`).
 //!
 //! Sliding window counter ([`take_sliding`]): epoch-aligned windows like the fixed window, but a
 //! take looks back one window length. It keeps the count of the current window and of the one
