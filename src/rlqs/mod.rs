@@ -59,11 +59,14 @@
 //! until their TTL); its next stream's first report charges what it admitted meanwhile.
 //! At most `rlqs_max_streams` streams × `rlqs_max_buckets_per_stream` buckets are held.
 
+mod caps;
 mod size;
+
+pub use caps::{TRACKED_OVERHEAD, tracked_bytes};
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::clock::Clock;
@@ -188,11 +191,8 @@ pub enum RlqsError {
 pub struct Rlqs {
     config: RlqsConfig,
     metrics: RlqsMetrics,
-    streams: AtomicUsize,
-    /// Streams by peer address, for `max_streams_per_peer`.
-    peers: Mutex<HashMap<IpAddr, usize>>,
-    /// Bytes of bucket-id state held by all streams ([`tracked_bytes`]).
-    state_bytes: AtomicU64,
+    /// Stream places (in all and per peer) and bucket-id bytes taken (`caps.rs`).
+    caps: caps::Caps,
     next_stream: AtomicU64,
     /// Store key → its Envoys' demand and what the bucket held at its last claim.
     demand: Mutex<HashMap<String, KeyDemand>>,
@@ -213,9 +213,7 @@ impl Rlqs {
         Arc::new(Rlqs {
             config,
             metrics,
-            streams: AtomicUsize::new(0),
-            peers: Mutex::new(HashMap::new()),
-            state_bytes: AtomicU64::new(0),
+            caps: caps::Caps::default(),
             next_stream: AtomicU64::new(1),
             demand: Mutex::new(HashMap::new()),
         })
@@ -273,25 +271,6 @@ struct Tracked {
     bytes: u64,
 }
 
-/// What one tracked bucket id counts against `rlqs_max_state_bytes`: its text once (the
-/// session's key), each part up to [`keys::MAX_PART`](crate::keys::MAX_PART) bytes twice more
-/// (the store key, in its `Quota` and as the shared demand's key; longer parts are hashed
-/// there), and [`TRACKED_OVERHEAD`]. `tests/rlqs_memory.rs` counts the bytes an id really keeps
-/// live (with the memory store's bucket) and holds this to at least that.
-pub fn tracked_bytes(id: &[(String, String)]) -> u64 {
-    let text: usize = id.iter().map(|(k, v)| k.len() + v.len()).sum();
-    let in_key: usize = id
-        .iter()
-        .map(|(k, v)| k.len().min(crate::keys::MAX_PART) + v.len().min(crate::keys::MAX_PART))
-        .sum();
-    (text + 2 * in_key + TRACKED_OVERHEAD) as u64
-}
-
-/// The fixed bytes of one tracked id: its `Tracked`, the entries of the session's, the demand's
-/// and the store's maps (at their emptiest just after they grow), and its bucket's state
-/// (measured: about 1,000 bytes).
-pub const TRACKED_OVERHEAD: usize = 1_280;
-
 /// Whether a reported id is held.
 enum Admit {
     /// Held already.
@@ -321,32 +300,16 @@ impl Session {
     /// A new stream from `peer` (its remote address, when known), within `rlqs_max_streams`
     /// and `rlqs_max_streams_per_peer`: one peer cannot take every stream of the replica.
     pub fn open(shared: &Arc<Rlqs>, peer: Option<IpAddr>) -> Result<Session, RlqsError> {
-        let max = shared.config.max_streams;
-        if let Some(ip) = peer {
-            let per_peer = shared.config.max_streams_per_peer;
-            let mut peers = shared.peers.lock().unwrap_or_else(|p| p.into_inner());
-            let n = peers.entry(ip).or_insert(0);
-            if *n >= per_peer {
-                shared.refused("too_many_streams_from_peer");
-                return Err(RlqsError::TooManyStreamsFromPeer {
-                    peer: ip,
-                    max: per_peer,
-                });
-            }
-            *n += 1;
-        }
-        if shared
-            .streams
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_err()
+        let c = &shared.config;
+        if let Err(e) = shared
+            .caps
+            .open(peer, c.max_streams, c.max_streams_per_peer)
         {
-            if let Some(ip) = peer {
-                release_peer(shared, ip);
-            }
-            shared.refused("too_many_streams");
-            return Err(RlqsError::TooManyStreams(max));
+            shared.refused(match e {
+                RlqsError::TooManyStreamsFromPeer { .. } => "too_many_streams_from_peer",
+                _ => "too_many_streams",
+            });
+            return Err(e);
         }
         shared.metrics.streams.inc();
         Ok(Session {
@@ -505,7 +468,7 @@ impl Session {
             let rate = tracked.rate;
             if abandon {
                 if let Some(t) = self.buckets.remove(&usage.id) {
-                    shared.state_bytes.fetch_sub(t.bytes, Ordering::AcqRel);
+                    shared.caps.release(t.bytes);
                 }
                 shared.metrics.buckets.dec();
                 if let Some(key) = old_key {
@@ -803,21 +766,12 @@ impl Session {
                 "too_many_buckets",
                 "an RLQS stream reports more bucket ids than rlqs_max_buckets_per_stream: the others are told DENY_ALL",
             )
-        } else if self
-            .shared
-            .state_bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(bytes).filter(|&n| n <= c.max_state_bytes)
-            })
-            .is_err()
-        {
+        } else if !self.shared.caps.reserve(bytes, c.max_state_bytes) {
             (
                 "state_full",
                 "the RLQS bucket ids held on this replica reach rlqs_max_state_bytes: new ones are told DENY_ALL",
             )
         } else {
-            // Reserved (streams admit ids at once: a check, then an add, would let each
-            // of them past the bound).
             return Admit::New(bytes);
         };
         self.shared.refused(reason);
@@ -898,24 +852,10 @@ fn tracked_key(t: &Tracked) -> Option<String> {
     }
 }
 
-/// One stream of `ip` fewer.
-fn release_peer(shared: &Rlqs, ip: IpAddr) {
-    let mut peers = shared.peers.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(n) = peers.get_mut(&ip) {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            peers.remove(&ip);
-        }
-    }
-}
-
 impl Drop for Session {
     fn drop(&mut self) {
         let bytes: u64 = self.buckets.values().map(|t| t.bytes).sum();
-        self.shared.state_bytes.fetch_sub(bytes, Ordering::AcqRel);
-        if let Some(ip) = self.peer {
-            release_peer(&self.shared, ip);
-        }
+        self.shared.caps.close(self.peer, bytes);
         let keys: Vec<(String, BucketKey)> = self
             .buckets
             .iter()
@@ -929,7 +869,6 @@ impl Drop for Session {
             .buckets
             .dec_by(self.buckets.len() as i64);
         self.shared.metrics.streams.dec();
-        self.shared.streams.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

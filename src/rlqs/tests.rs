@@ -622,7 +622,7 @@ async fn one_peer_cannot_take_every_stream() {
         "closed streams free the peer's places"
     );
     drop(other);
-    assert!(w.rlqs.peers.lock().unwrap().len() <= 1);
+    assert!(w.rlqs.caps.peers_holding() <= 1);
 }
 
 #[tokio::test]
@@ -652,7 +652,7 @@ async fn bucket_ids_past_the_state_bytes_are_denied_and_freed_with_their_stream(
         .await;
     assert_eq!(t.buckets(), 0);
     drop(s);
-    assert_eq!(w.rlqs.state_bytes.load(Ordering::Acquire), 0);
+    assert_eq!(w.rlqs.caps.state_bytes(), 0);
     w.report(&mut t, vec![usage(&[("tenant", "t9999")], 1, 0, 0)])
         .await;
     assert_eq!(t.buckets(), 1);
