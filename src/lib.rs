@@ -42,7 +42,8 @@
 //!    shared buckets through the limiter, settled at the next report).
 //! 6. [`service`] (gRPC RLS and RLQS, the shared handler, request bounds, response; the
 //!    listeners' bounds), then [`configs`] (each part's typed config from the settings, so no
-//!    part below imports [`settings`]) and [`admin`], then [`app`] (wiring: `app::serve` on
+//!    part below imports [`settings`]), [`admin`] and [`fuzzing`] (the fuzz targets' bodies,
+//!    which `make test` replays on the committed seeds), then [`app`] (wiring: `app::serve` on
 //!    listeners the caller bound, tests bind port 0; `app::grpc` builds the gRPC server).
 //!    [`loadgen`] (`tollgate bench`) stands apart.
 //! 7. [`sim`] (`tollgate simulate`): many limiters, built as [`app`] builds one, on one
@@ -55,6 +56,7 @@ pub mod app;
 pub mod clock;
 pub mod configs;
 pub mod fleet;
+pub mod fuzzing;
 pub mod keys;
 pub mod limiter;
 pub mod loadgen;

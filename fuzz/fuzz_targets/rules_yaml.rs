@@ -1,17 +1,7 @@
-//! The rules loader on arbitrary bytes: any file is loaded or refused with an error, never a
-//! panic, a hang or unbounded memory.
+//! The rules loader on arbitrary bytes (the body: `tollgate::fuzzing::rules_yaml`).
+//! `tests/fuzz_replay.rs` runs the committed seeds through the same body in `make test`.
 #![no_main]
 
-use std::path::PathBuf;
-
 use libfuzzer_sys::fuzz_target;
-use tollgate::rules::LoadOptions;
-use tollgate::rules::load::load_sources;
 
-fuzz_target!(|data: &[u8]| {
-    let text = String::from_utf8_lossy(data).into_owned();
-    let _ = load_sources(
-        &[(PathBuf::from("fuzz.yaml"), text)],
-        LoadOptions::default(),
-    );
-});
+fuzz_target!(|data: &[u8]| tollgate::fuzzing::rules_yaml(data));
