@@ -40,21 +40,6 @@ static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// The largest message the default `max_message_bytes` (64 KiB) lets through.
 const MESSAGE: usize = 64 << 10;
 
-/// Resident memory of `pid` (kB), from /proc.
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("VmRSS:")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
-}
-
 fn should_rate_limit(addr: SocketAddr) -> http::Request<()> {
     http::Request::builder()
         .method("POST")
@@ -101,7 +86,7 @@ async fn unfinished_messages_are_bounded_by_the_request_bytes_budget() {
         .should_rate_limit(request("edge", &[&[("tenant", "warm")]]))
         .await
         .expect("warm-up");
-    let before = rss_kb(server.pid());
+    let before = common::rss_kb(server.pid());
     let mut held = Vec::new();
     for _ in 0..16 {
         held.push(unfinished_messages(server.grpc, 100).await);
@@ -116,7 +101,7 @@ async fn unfinished_messages_are_bounded_by_the_request_bytes_budget() {
     };
     let mut last = (-1.0, 0);
     let settled = poll_async(Duration::from_secs(20), || {
-        let now = (refused(), rss_kb(server.pid()));
+        let now = (refused(), common::rss_kb(server.pid()));
         let stable = now.0 > 0.0 && now.0 == last.0 && now.1.abs_diff(last.1) < 1024;
         last = now;
         async move {
@@ -125,7 +110,7 @@ async fn unfinished_messages_are_bounded_by_the_request_bytes_budget() {
         }
     })
     .await;
-    let (refused_streams, after) = (refused(), rss_kb(server.pid()));
+    let (refused_streams, after) = (refused(), common::rss_kb(server.pid()));
     let grown_mib = after.saturating_sub(before) as f64 / 1024.0;
     println!(
         "1,600 unfinished 64 KiB messages (100 MiB): {refused_streams} streams refused, RSS {} → {} MiB (+{grown_mib:.1} MiB)",
@@ -635,7 +620,7 @@ async fn peers_that_send_requests_and_never_read_are_bounded() {
         .should_rate_limit(request("edge", &[&[("tenant", "warm")]]))
         .await
         .expect("warm-up");
-    let before = rss_kb(server.pid());
+    let before = common::rss_kb(server.pid());
     let message = prost::Message::encode_to_vec(&request("edge", &[&[("tenant", "flood")]]));
     // 16 peers, each writing requests as fast as the server reads them and reading nothing
     // back; when the server closes its connection, it opens another and goes on, for as long
@@ -680,7 +665,7 @@ async fn peers_that_send_requests_and_never_read_are_bounded() {
     let (p99, slowest) = legitimate_latency(&server, 100).await;
     let cpu = (common::cpu_time(server.pid()) - cpu_before).as_secs_f64() * 100.0
         / started.elapsed().as_secs_f64();
-    let during = rss_kb(server.pid());
+    let during = common::rss_kb(server.pid());
     flooding.store(false, std::sync::atomic::Ordering::Relaxed);
     let (mut connections, mut sent) = (0, 0);
     for attacker in attackers {

@@ -96,6 +96,20 @@ fn server(rules: &str, redis: &TestRedis, prefix: &str) -> InProcess {
     })
 }
 
+/// The tollgate binary serving [`SMALL_RULES`] on a Redis of its own, with `args` (flag,
+/// value) beside the store and a key prefix named for `tag`.
+fn binary_on_redis(tag: &str, args: &[(&str, &str)]) -> (TestRedis, common::TestServer) {
+    let redis = TestRedis::start();
+    let mut b = common::TestServer::builder(SMALL_RULES)
+        .arg("store", &redis.url())
+        .arg("key-prefix", &unique_prefix(tag));
+    for (flag, value) in args {
+        b = b.arg(flag, value);
+    }
+    let tollgate = b.start();
+    (redis, tollgate)
+}
+
 /// 720 a minute (12 a second) per tenant, holding one report interval's refill.
 const FLEET_RULES: &str = "domain: quota
 rlqs: true
@@ -327,12 +341,7 @@ fn an_outage_of_several_intervals_holds_each_envoy_to_its_fallback_bucket() {
         "the example lets a bucket go unlimited"
     );
     assert!(example.contains("expired_assignment_behavior_timeout: 31536000s"));
-    let redis = TestRedis::start();
-    let prefix = unique_prefix("rlqs-outage");
-    let tollgate = common::TestServer::builder(SMALL_RULES)
-        .arg("store", &redis.url())
-        .arg("key-prefix", &prefix)
-        .start();
+    let (_redis, tollgate) = binary_on_redis("rlqs-outage", &[]);
     let envoy = TestEnvoy::start_example(EXAMPLE, tollgate.grpc, &[]);
     let front = envoy.front;
     let (rate, secs) = (30u32, 45u64);
@@ -390,13 +399,7 @@ fn an_outage_of_several_intervals_holds_each_envoy_to_its_fallback_bucket() {
 /// that path is safe, and the Envoy keeps serving.
 #[test]
 fn an_abandoned_bucket_comes_back_on_the_example_without_harm() {
-    let redis = TestRedis::start();
-    let prefix = unique_prefix("rlqs-abandon");
-    let tollgate = common::TestServer::builder(SMALL_RULES)
-        .arg("store", &redis.url())
-        .arg("key-prefix", &prefix)
-        .arg("rlqs-idle-ms", "1000")
-        .start();
+    let (_redis, tollgate) = binary_on_redis("rlqs-abandon", &[("rlqs-idle-ms", "1000")]);
     let envoy = TestEnvoy::start_example(EXAMPLE, tollgate.grpc, &[]);
     let first = drive(envoy.front, "idle", 5, 3);
     poll(Duration::from_secs(20), || {
@@ -424,9 +427,17 @@ struct Stream {
 
 impl Stream {
     async fn open(grpc: SocketAddr) -> Stream {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{grpc}"))
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
             .await
             .expect("connect");
+        Stream::on(channel).await.expect("stream")
+    }
+
+    /// A stream on `channel`, or the status that refused it.
+    async fn on(channel: tonic::transport::Channel) -> Result<Stream, tonic::Status> {
+        let mut client = RateLimitQuotaServiceClient::new(channel);
         let (tx, rx) = mpsc::channel(16);
         let outbound =
             futures_util::stream::unfold(
@@ -435,10 +446,9 @@ impl Stream {
             );
         let rx = client
             .stream_rate_limit_quotas(outbound)
-            .await
-            .expect("stream")
+            .await?
             .into_inner();
-        Stream { tx, rx }
+        Ok(Stream { tx, rx })
     }
 
     async fn send(&self, domain: &str, usages: Vec<BucketQuotaUsage>) {
@@ -821,18 +831,7 @@ impl Stream {
             .connect_with_connector(From127002)
             .await
             .expect("connect from 127.0.0.2");
-        let mut client = RateLimitQuotaServiceClient::new(channel);
-        let (tx, rx) = mpsc::channel(16);
-        let outbound =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
-            );
-        let rx = client
-            .stream_rate_limit_quotas(outbound)
-            .await?
-            .into_inner();
-        Ok(Stream { tx, rx })
+        Stream::on(channel).await
     }
 }
 
@@ -843,14 +842,13 @@ impl Stream {
 /// its quota.
 #[test]
 fn one_peer_cannot_switch_rlqs_off_for_another() {
-    let redis = TestRedis::start();
-    let prefix = unique_prefix("rlqs-peers");
-    let tollgate = common::TestServer::builder(SMALL_RULES)
-        .arg("store", &redis.url())
-        .arg("key-prefix", &prefix)
-        .arg("rlqs-max-streams", "3")
-        .arg("rlqs-max-streams-per-peer", "2")
-        .start();
+    let (_redis, tollgate) = binary_on_redis(
+        "rlqs-peers",
+        &[
+            ("rlqs-max-streams", "3"),
+            ("rlqs-max-streams-per-peer", "2"),
+        ],
+    );
     let grpc = tollgate.grpc;
     let rt = tokio::runtime::Runtime::new().unwrap();
     // The attacker: two streams that name the domain and hold nothing, and a third refused.
@@ -906,28 +904,13 @@ fn one_peer_cannot_switch_rlqs_off_for_another() {
 
 static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Resident memory of `pid` (kB), from /proc.
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("VmRSS:")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
-}
-
 /// 8 streams report `ids` bucket ids with `value`-byte values in all (as many to a report as
 /// fit a message of 64 KiB): (ids held, DENY_ALL actions, RSS growth in bytes). Each run's
 /// values differ from the last's.
 fn flood_ids(tollgate: &common::TestServer, ids: usize, value: usize) -> (f64, u64, u64) {
     let per_report = (60_000 / (value + 40)).clamp(1, 500);
     let tag = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let before = rss_kb(tollgate.pid());
+    let before = common::rss_kb(tollgate.pid());
     let grpc = tollgate.grpc;
     let rt = tokio::runtime::Runtime::new().unwrap();
     let denied = rt.block_on(async move {
@@ -967,7 +950,7 @@ fn flood_ids(tollgate: &common::TestServer, ids: usize, value: usize) -> (f64, u
         denied
     });
     let held = metric_sum(tollgate.admin, "tollgate_rlqs_buckets", &[]);
-    let after = rss_kb(tollgate.pid());
+    let after = common::rss_kb(tollgate.pid());
     (held, denied, after.saturating_sub(before) * 1024)
 }
 
