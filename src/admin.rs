@@ -5,7 +5,7 @@
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
 //! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded; with `unready_until_store_answers`, until the store first answered); a JSON body: status, rules (domains, limits, when loaded, the last failed reload's error), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
 //! | `GET /healthcheck` | envoyproxy/ratelimit's probe (Envoy Gateway's readiness probe): 200 `OK` when `/readyz` is 200, else 500 with the reason |
-//! | `GET /metrics` | Prometheus/OpenMetrics text of every family in `telemetry/mod.rs` |
+//! | `GET /metrics` | every family in `telemetry/mod.rs` and the `process_*` ones: OpenMetrics when the `Accept` header names it, else the Prometheus text format |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (the only route that changes state: it spends tokens) |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit; `?pretty`: indented |
 //!
@@ -25,7 +25,7 @@ use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use serde_json::json;
@@ -33,6 +33,7 @@ use serde_json::json;
 use crate::service::json::{JsonRequest, JsonResponse, RulesView};
 use crate::service::{Handler, RemoteParent};
 use crate::settings::Settings;
+use crate::telemetry::exposition;
 
 /// Shared by the routes.
 #[derive(Debug)]
@@ -208,13 +209,14 @@ fn rules_status(
     rules
 }
 
-async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+/// OpenMetrics when the scraper asks for it (Prometheus does), else the Prometheus text format
+/// (`curl`, `promtool check metrics`, older agents): `telemetry/exposition.rs`.
+async fn metrics(State(s): State<Arc<AdminState>>, headers: HeaderMap) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let format = exposition::Format::from_accept(accept);
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.handler.metrics.render(),
+        [(header::CONTENT_TYPE, format.content_type())],
+        exposition::render(&s.handler.metrics.render(), format),
     )
 }
 

@@ -117,10 +117,13 @@ async fn a_redis_that_wants_a_password_none_given_is_an_auth_failure_not_connect
     // Set after the start: the harness checks the server with a PING of its own.
     redis.cmd::<()>(&["CONFIG", "SET", "requirepass", "set-but-not-given"]);
     let prefix = unique_prefix("noauth");
-    let server = common::InProcess::start(RULES, |s| {
-        s.store = redis.url();
-        s.key_prefix = prefix.clone();
-    });
+    let server = common::InProcess::builder(RULES)
+        .settings(|s| {
+            s.store = redis.url();
+            s.key_prefix = prefix.clone();
+        })
+        .ready_status(503)
+        .start();
     let body = common::poll(Duration::from_secs(5), || {
         let (_, body) = readyz(server.admin);
         (body["store"]["error"]
@@ -165,11 +168,22 @@ fn a_wrong_password_is_a_clear_error_without_the_secret() {
         .arg("key-prefix", &prefix)
         .arg("store-username", "tollgate")
         .arg("store-password", "wrong-secret")
+        .ready_status(503)
         .start();
     let (status, body) = readyz(server.admin);
     assert_eq!(
-        status, 200,
-        "a Redis tollgate cannot use is an outage, not a crash: {body}"
+        (status, body["status"].as_str()),
+        (503, Some("store never answered")),
+        "a Redis tollgate cannot use is no crash, and the replica is not ready: {body}"
+    );
+    // One ERROR line with the cause, however many reconnect attempts.
+    let log = server.log();
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("ERROR") && l.contains("refused the credentials"))
+            .count(),
+        1,
+        "{log}"
     );
     assert_eq!(body["store"]["state"], "disconnected", "{body}");
     let error = body["store"]["error"]

@@ -265,6 +265,8 @@ async fn a_replica_that_starts_with_redis_down_uses_the_floor_and_says_so() {
         s.store = format!("redis://127.0.0.1:{port}");
         s.key_prefix = unique_prefix("fb-floor");
         s.fallback_min_replicas = 2;
+        // Ready before Redis first answered: the fallback decides from the start.
+        s.unready_until_store_answers = false;
     });
     let (_, body) = readyz(server.admin);
     assert_eq!(body["fallback"]["replicas"], 2, "{body}");

@@ -238,10 +238,22 @@ async fn an_unreachable_redis_at_startup_is_no_error_and_is_picked_up_later() {
         "fails fast: {:?}",
         started.elapsed()
     );
-    // tollgate starts and is ready: tollgate itself is fine; the body says the store is not.
-    let server = server(&url, REFUSED_TIMEOUT_MS);
+    // tollgate starts, unready until Redis first answers (the default); the body says why.
+    let server = InProcess::builder(RULES)
+        .settings(|s| {
+            s.store = url.clone();
+            s.key_prefix = unique_prefix("faults");
+            s.store_timeout_ms = REFUSED_TIMEOUT_MS;
+            s.fallback = tollgate::limiter::FallbackMode::Error;
+        })
+        .ready_status(503)
+        .start();
     let (code, ready) = readyz(server.admin);
-    assert_eq!(code, 200, "ready: tollgate itself is fine: {ready}");
+    assert_eq!(
+        (code, ready["status"].as_str()),
+        (503, Some("store never answered")),
+        "{ready}"
+    );
     assert_eq!(ready["store"]["state"], "disconnected", "{ready}");
     let mut client = server.client().await;
     let started = Instant::now();
@@ -358,6 +370,7 @@ fn the_store_password_is_redacted_on_config_and_in_logs() {
         .arg("store", &format!("redis://user:s3cret@127.0.0.1:{port}/0"))
         .arg("key-prefix", &unique_prefix("faults"))
         .arg("store-timeout-ms", "100")
+        .ready_status(503)
         .start();
     let (code, body) = get(server.admin, "/config");
     assert_eq!(code, 200);
@@ -369,17 +382,16 @@ fn the_store_password_is_redacted_on_config_and_in_logs() {
     assert!(!log.contains("s3cret"), "{log}");
 }
 
-/// `unready_until_store_answers`: a wrong Redis address keeps the replica unready (it would
+/// `unready_until_store_answers`, on by default: a wrong Redis address keeps the replica unready (it would
 /// otherwise roll out green and decide from its local share for ever); once Redis answers it
 /// is ready, and a later outage does not unready it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_gate_a_store_that_never_answered_keeps_the_replica_unready() {
+async fn by_default_a_store_that_never_answered_keeps_the_replica_unready() {
     let port = free_port();
     let server = InProcess::builder(RULES)
         .settings(|s| {
             s.store = format!("redis://127.0.0.1:{port}");
             s.key_prefix = unique_prefix("gate");
-            s.unready_until_store_answers = true;
         })
         .ready_status(503)
         .start();

@@ -21,13 +21,20 @@ fn check_fails_on_a_path_without_rules_files() {
     let rules = dir.path().join("rules");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(rules.join("edge.yaml"), RULES).unwrap();
-    // One level too high: the parent of the rules directory holds no *.yaml.
+    // One level up holds them in a subdirectory: loaded, as the reference walks the tree.
     let (code, out, err) = run_tollgate(&["check", dir.path().to_str().unwrap()], &[]);
-    assert_eq!(code, 1, "stdout: {out}\nstderr: {err}");
-    assert!(err.contains("no rules files"), "{err}");
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("1 domain(s) [edge]"), "{out}");
     let (code, out, err) = run_tollgate(&["check", rules.to_str().unwrap()], &[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("1 domain(s) [edge]"), "{out}");
+    // Rules under another extension are no rules files.
+    let json = dir.path().join("json");
+    std::fs::create_dir_all(&json).unwrap();
+    std::fs::write(json.join("edge.json"), "{}").unwrap();
+    let (code, out, err) = run_tollgate(&["check", json.to_str().unwrap()], &[]);
+    assert_eq!(code, 1, "stdout: {out}\nstderr: {err}");
+    assert!(err.contains("no rules files"), "{err}");
 }
 
 #[test]

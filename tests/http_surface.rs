@@ -238,13 +238,16 @@ async fn config_shows_rules_and_settings_with_secrets_redacted() {
     assert_eq!(p["rules"], v["rules"]);
 
     // A password given as a setting (nobody listens on the port: the store is down, and the
-    // server serves from its fallback) shows only as `***`.
+    // server is unready until it answers) shows only as `***`.
     let port = common::free_port();
     let secret = "hunter2-not-shown";
-    let server = InProcess::start(RULES, |s| {
-        s.store = format!("redis://127.0.0.1:{port}");
-        s.store_password = secret.into();
-    });
+    let server = InProcess::builder(RULES)
+        .settings(|s| {
+            s.store = format!("redis://127.0.0.1:{port}");
+            s.store_password = secret.into();
+        })
+        .ready_status(503)
+        .start();
     let (code, out) = get(server.admin, "/config");
     assert_eq!(code, 200);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -290,4 +293,79 @@ async fn a_limit_override_never_shares_the_rules_bucket() {
         .unwrap()
         .into_inner();
     assert_eq!(plain.statuses[0].limit_remaining, 2);
+}
+
+/// `/metrics` in both formats: OpenMetrics when the scraper asks for it (Prometheus does),
+/// else the Prometheus text format, which `promtool check metrics` (Prometheus's own linter,
+/// brought by `make deps`) accepts as it is; the `process_*` families are there in both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_serve_the_text_format_promtool_accepts_and_openmetrics_on_request() {
+    use std::io::Write;
+    let server = InProcess::start(RULES, |_| {});
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        client
+            .should_rate_limit(request("api", &[&[("tenant", "acme")]]))
+            .await
+            .unwrap();
+    }
+    let text = common::get_with(server.admin, "/metrics", &[]).unwrap();
+    assert_eq!(
+        text.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    assert!(!text.body.contains("# EOF"), "{}", text.body);
+    assert!(
+        text.body
+            .contains("# TYPE tollgate_decisions_total counter\n"),
+        "{}",
+        text.body
+    );
+    assert!(
+        text.body.contains("\nprocess_resident_memory_bytes "),
+        "{}",
+        text.body
+    );
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (make deps brings it: Debian's prometheus package)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.body.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let om = common::get_with(
+        server.admin,
+        "/metrics",
+        &[(
+            "Accept",
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        )],
+    )
+    .unwrap();
+    assert!(
+        om.header("content-type")
+            .is_some_and(|c| c.starts_with("application/openmetrics-text")),
+        "{:?}",
+        om.headers
+    );
+    assert!(om.body.ends_with("# EOF\n"), "{}", om.body);
+    assert!(
+        om.body.contains("# TYPE tollgate_decisions counter\n")
+            && om.body.contains("\nprocess_resident_memory_bytes "),
+        "{}",
+        om.body
+    );
 }

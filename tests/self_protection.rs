@@ -150,6 +150,7 @@ fn no_admin_page_and_no_log_line_shows_a_secret() {
                     &format!("redis+sentinel://u:url-secret-1@127.0.0.1:{closed}/primary"),
                 )
                 .env("TOLLGATE_STORE_SENTINEL_PASSWORD", "sentinel-secret-2")
+                .ready_status(503)
                 .start(),
             vec!["url-secret-1", "sentinel-secret-2"],
         ),
@@ -157,6 +158,7 @@ fn no_admin_page_and_no_log_line_shows_a_secret() {
             TestServer::builder(RULES)
                 .arg("store", &format!("redis://127.0.0.1:{closed}"))
                 .env("TOLLGATE_STORE_PASSWORD", "password-secret-3")
+                .ready_status(503)
                 .start(),
             vec!["password-secret-3"],
         ),
@@ -166,6 +168,7 @@ fn no_admin_page_and_no_log_line_shows_a_secret() {
                     "store",
                     &format!("rediss+cluster://u:url-secret-5@127.0.0.1:{closed}"),
                 )
+                .ready_status(503)
                 .start(),
             vec!["url-secret-5"],
         ),
@@ -173,6 +176,7 @@ fn no_admin_page_and_no_log_line_shows_a_secret() {
             TestServer::builder(RULES)
                 .arg("store", &format!("redis://127.0.0.1:{closed}"))
                 .arg("store-password-file", password_file.to_str().unwrap())
+                .ready_status(503)
                 .start(),
             vec!["file-secret-4"],
         ),

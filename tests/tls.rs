@@ -52,17 +52,29 @@ async fn mutual_tls_needs_the_client_certificate() {
 fn an_untrusted_server_certificate_is_a_clear_error_not_a_crash() {
     let certs = TestCerts::generate();
     let redis = TestRedis::start_tls(&certs, false);
-    // tollgate trusts another CA: it starts (a Redis it cannot use is an outage, not a
-    // configuration error), says why in its log and /readyz, and answers from the fallback.
+    // tollgate trusts another CA: it starts (a Redis it cannot use is no crash), unready
+    // until Redis answers, says why in one ERROR line and /readyz, and answers from the
+    // fallback.
     let server = TestServer::builder(
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
     )
     .arg("store", &redis.tls_url())
     .arg("store-tls-ca", &certs.file("wrong-ca.crt"))
     .arg("store-timeout-ms", "200")
+    .ready_status(503)
     .start();
     let (status, body) = readyz(server.admin);
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        server
+            .log()
+            .lines()
+            .filter(|l| l.contains("ERROR") && l.contains("TLS handshake with Redis failed"))
+            .count(),
+        1,
+        "{}",
+        server.log()
+    );
     assert_eq!(body["store"]["state"], "disconnected", "{body}");
     assert!(
         body["store"]["error"]

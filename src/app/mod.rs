@@ -57,6 +57,11 @@ pub enum AppError {
     Settings(#[from] SettingsError),
     #[error("{0}")]
     Telemetry(#[from] TelemetryError),
+    #[error(
+        "the store did not answer within store_startup_timeout_ms ({} ms) of the start: {error}",
+        .waited.as_millis()
+    )]
+    StoreNeverAnswered { waited: Duration, error: String },
 }
 
 /// The two listeners tollgate serves on, bound by the caller.
@@ -117,6 +122,20 @@ pub async fn run_with_env(sources: &Sources) -> bool {
             "envoyproxy/ratelimit variables that change nothing here: {}",
             sources.reference_ignored.join("; ")
         );
+    }
+    if sources.as_reference {
+        // One line that says whether this replica decides as the reference would.
+        let differences = settings::differences(&settings);
+        if differences.is_empty() {
+            tracing::info!("started as envoyproxy/ratelimit: decides as it does");
+        } else {
+            let list: Vec<String> = differences.iter().map(|d| d.to_string()).collect();
+            tracing::warn!(
+                "started as envoyproxy/ratelimit, decides otherwise in {} way(s): {}",
+                list.len(),
+                list.join("; ")
+            );
+        }
     }
     let format = settings.log_format;
     let result = run(settings, shutdown_signal()).await;
@@ -345,6 +364,9 @@ async fn serve_loaded(
     // path, and once more at shutdown.
     let statsd = (!settings.statsd_addr.is_empty()).then(|| {
         handler.metrics.statsd.enable();
+        if !from_xds {
+            handler.metrics.statsd.loaded_at_start();
+        }
         tracing::info!(statsd_addr = %settings.statsd_addr, flush_interval_ms = settings.statsd_flush_interval_ms, "sending the reference's counters to statsd");
         tokio::spawn(telemetry::statsd::run(
             handler.metrics.clone(),
@@ -409,19 +431,30 @@ async fn serve_loaded(
     );
 
     admin_state.set_ready(true);
-    // "ready" only when /readyz says so: with no rules and unready_without_rules it answers 503.
+    // "ready" only when /readyz says so: with no rules and unready_without_rules it answers 503,
+    // and until the store first answered with unready_until_store_answers.
     let store_name = handler.limiter.store().name();
+    let gated = settings.unready_until_store_answers && !handler.limiter.store().answered_once();
     if settings.unready_without_rules && handler.rules.load().counts().0 == 0 {
         tracing::warn!(%grpc_addr, %admin_addr, store = store_name, "tollgate listening, not ready: no rules loaded (unready_without_rules)");
+    } else if gated {
+        let error = handler.limiter.store().connect_error().unwrap_or_default();
+        tracing::warn!(%grpc_addr, %admin_addr, store = store_name, %error, "tollgate listening, not ready until the store answers (unready_until_store_answers)");
     } else {
         tracing::info!(%grpc_addr, %admin_addr, store = store_name, "tollgate ready");
     }
+    let first_answer = first_store_answer(
+        handler.clone(),
+        gated,
+        Duration::from_millis(settings.store_startup_timeout_ms),
+        stopped(stop_rx.clone()),
+    );
     // If either server fails, stop the other too: a half-alive replica would stay "ready".
     let grpc = async { grpc.await.map_err(AppError::Grpc) };
     let admin = async { admin.await.map_err(AppError::Admin) };
     // Graceful shutdown waits for clients to close their connections; one that never does
     // must not keep the process alive past a bound.
-    let servers = async { tokio::try_join!(grpc, admin).map(|_| ()) };
+    let servers = async { tokio::try_join!(grpc, admin, first_answer).map(|_| ()) };
     let deadline = async {
         stopped(stop_rx.clone()).await;
         tokio::time::sleep(CLOSE_DEADLINE).await;
@@ -450,6 +483,37 @@ async fn serve_loaded(
         let _ = tokio::time::timeout(Duration::from_secs(2), statsd).await;
     }
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Waits for the store's first answer: says when the replica becomes ready (`gated`: it was
+/// not, for want of one), or fails with the last connection error when `timeout` (not zero)
+/// passes first, which stops tollgate: a crash loop is what an operator sees, as the
+/// reference's `REDIS_STARTUP_MAX_ELAPSED_TIME` gives.
+async fn first_store_answer(
+    handler: Arc<Handler>,
+    gated: bool,
+    timeout: Duration,
+    stop: impl Future<Output = ()>,
+) -> Result<(), AppError> {
+    let started = tokio::time::Instant::now();
+    let store = handler.limiter.store();
+    tokio::pin!(stop);
+    while !store.answered_once() {
+        if !timeout.is_zero() && started.elapsed() >= timeout {
+            return Err(AppError::StoreNeverAnswered {
+                waited: timeout,
+                error: store.connect_error().unwrap_or_default(),
+            });
+        }
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+    if gated {
+        tracing::info!(store = store.name(), "the store answered: tollgate ready");
+    }
     Ok(())
 }
 

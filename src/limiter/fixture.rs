@@ -38,6 +38,13 @@ descriptors:
     value: "g-*"
     share_threshold: true
     rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: pool
+    value: "p-*"
+    share_threshold: true
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: ten
+    rate_limit: {unit: hour, requests_per_unit: 10}
   - key: window
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
   - key: slide

@@ -35,6 +35,10 @@ pub(super) struct Plan {
     /// Per descriptor, the entries whose request values join its limits' metrics class
     /// (`value_to_metric`); empty lists, which do not allocate, nearly always.
     pub(super) metric_values: Vec<Vec<usize>>,
+    /// Per descriptor, `(entry, declared pattern)` of the entries a `share_threshold` wildcard
+    /// folded into one bucket: its metrics name the pattern, not each value (one series, as
+    /// the reference's). Empty, without allocating, nearly always.
+    pub(super) shared: Vec<Vec<(usize, String)>>,
     pub(super) ops: Vec<Op>,
 }
 
@@ -174,6 +178,17 @@ pub(super) fn plan(
             });
         }
     }
+    let shared = matches
+        .iter()
+        .map(|m| {
+            m.as_ref().map_or_else(Vec::new, |m| {
+                m.shared
+                    .iter()
+                    .map(|(at, pattern)| (*at, pattern.to_string()))
+                    .collect()
+            })
+        })
+        .collect();
     // An Envoy override is counted in its own class, whatever the node says.
     let metric_values = matches
         .into_iter()
@@ -188,6 +203,7 @@ pub(super) fn plan(
         planned,
         ops,
         metric_values,
+        shared,
     }
 }
 

@@ -25,7 +25,7 @@ use super::plan::{Plan, Planned};
 use super::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Status};
 use crate::rules::{Limit, Unit};
 use crate::store::Outcome;
-use crate::telemetry::{self, DecisionLabels, Hit, Metrics};
+use crate::telemetry::{self, DecisionLabels, Hits, Metrics, Split};
 
 /// The metrics `domain` of requests for a domain no rules file declares (one series for all
 /// of them: request domains are caller input).
@@ -184,7 +184,9 @@ impl Tally {
     }
 
     /// Counts one limit's decision: in `tollgate_decisions_total` by its class, and, with
-    /// statsd on, its hits under the reference's path (`telemetry/statsd.rs`).
+    /// statsd on, its hits under the reference's path, split as the reference splits them
+    /// (`telemetry/statsd.rs`): `remaining` is what the store reported after the decision.
+    #[allow(clippy::too_many_arguments)]
     fn count_limit(
         &self,
         domain: &Arc<str>,
@@ -193,24 +195,38 @@ impl Tally {
         metric_values: &[usize],
         outcome: telemetry::Outcome,
         hits: u64,
+        remaining: u64,
     ) {
         let (class, overflow) = self.class_of(limit, req, metric_values);
         self.count(domain, &class, outcome);
         let statsd = &self.metrics.statsd;
-        let hit = match outcome {
+        let capacity = limit.rate.map_or(0, |r| r.burst);
+        let counts = |before: u64| Hits {
+            limit: capacity,
+            near_threshold: (capacity as f64 * self.near_limit_ratio).floor() as u64,
+            before,
+            hits,
+        };
+        let used = capacity.saturating_sub(remaining);
+        let split = match outcome {
             _ if !statsd.enabled() => return,
-            telemetry::Outcome::ok | telemetry::Outcome::fallback_ok => Hit::Within,
-            telemetry::Outcome::near_limit => Hit::Near,
-            telemetry::Outcome::over_limit | telemetry::Outcome::fallback_over_limit => Hit::Over,
-            telemetry::Outcome::shadow => Hit::Shadow,
+            telemetry::Outcome::ok | telemetry::Outcome::near_limit => {
+                Split::admitted(counts(used.saturating_sub(hits)))
+            }
+            // A refused take charged nothing: what is used is the count it found.
+            telemetry::Outcome::over_limit => Split::refused(counts(used), false),
+            telemetry::Outcome::shadow => Split::refused(counts(used), true),
+            // Decided without the store's count.
+            telemetry::Outcome::fallback_ok => Split::whole(hits, true),
+            telemetry::Outcome::fallback_over_limit => Split::whole(hits, false),
             // The reference keeps no counters for unlimited limits.
             telemetry::Outcome::unlimited | telemetry::Outcome::no_rule => return,
         };
         statsd.add(
             domain,
             &stat_path(limit, req, metric_values, overflow),
-            hit,
             hits,
+            split,
         );
     }
 
@@ -306,6 +322,26 @@ pub(super) fn fold(
         .zip(&plan.limits)
         .enumerate()
         .map(|(i, (desc, limits))| {
+            // Values a share_threshold wildcard folded are counted under its pattern.
+            let folded;
+            let desc = if plan.shared[i].is_empty() {
+                desc
+            } else {
+                folded = RequestDescriptor {
+                    entries: desc
+                        .entries
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &(k, v))| {
+                            let pattern = plan.shared[i].iter().find(|(at, _)| *at == j);
+                            (k, pattern.map_or(v, |(_, p)| p.as_str()))
+                        })
+                        .collect(),
+                    hits_addend: desc.hits_addend,
+                    limit_override: desc.limit_override,
+                };
+                &folded
+            };
             descriptor_status(
                 domain,
                 i,
@@ -393,6 +429,7 @@ fn descriptor_status(
                 metric_values,
                 telemetry::Outcome::unlimited,
                 0,
+                0,
             );
         }
         return Status::no_limit(u32::MAX);
@@ -424,7 +461,7 @@ fn descriptor_status(
             (false, false, false) => telemetry::Outcome::over_limit,
             (false, true, false) => telemetry::Outcome::shadow,
         };
-        tally.count_limit(domain, l, req, metric_values, outcome, cost);
+        tally.count_limit(domain, l, req, metric_values, outcome, cost, o.remaining);
     }
     let over = !outcome.allowed;
     // A shadow limit that is over reports OK; a non-shadow over limit elsewhere on the
@@ -665,6 +702,35 @@ mod tests {
         assert_eq!(at("shadowed", "shadow_mode"), Some(3));
         assert_eq!(at("shadowed", "over_limit"), Some(3));
         assert_eq!(got.get("rate_limit.nope.domain_not_found"), Some(&1));
+    }
+
+    /// The reference's statsd counts for hits that cross the near threshold and the limit
+    /// (`base_limiter.go`), and one series for a `share_threshold` wildcard with
+    /// `detailed_metric`, under its pattern.
+    #[test]
+    fn statsd_splits_hits_as_the_reference_and_names_a_shared_wildcard_once() {
+        let f = fixture(false);
+        f.metrics.statsd.enable();
+        // 10 an hour, near at 8: 4 within, 4 within, then 4 refused (2 near, 2 over).
+        let mut r = req("edge", &[&[("ten", "x")]]);
+        r.hits_addend = 4;
+        assert_eq!(f.codes(&r), [Code::Ok]);
+        assert_eq!(f.codes(&r), [Code::Ok]);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        for value in ["p-1", "p-2"] {
+            f.decide(&req("edge", &[&[("pool", value)]]));
+        }
+        let got: HashMap<String, u64> = f.metrics.statsd.snapshot(&f.metrics).into_iter().collect();
+        let at = |path: &str, n: &str| got.get(&format!("rate_limit.edge.{path}.{n}")).copied();
+        assert_eq!(at("ten", "total_hits"), Some(12), "{got:?}");
+        assert_eq!(at("ten", "within_limit"), Some(8), "{got:?}");
+        assert_eq!(at("ten", "near_limit"), Some(2), "{got:?}");
+        assert_eq!(at("ten", "over_limit"), Some(2), "{got:?}");
+        assert_eq!(at("pool_p-*", "total_hits"), Some(2), "{got:?}");
+        assert!(
+            !got.keys().any(|k| k.contains("pool_p-1")),
+            "one series for the wildcard: {got:?}"
+        );
     }
 
     #[test]

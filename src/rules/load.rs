@@ -1,8 +1,8 @@
 //! Loading the rules path: a file or a directory of files → one validated [`RuleSet`].
 //!
-//! The rules path is a `*.yaml`/`*.yml` file or a directory of them (not recursive; dotfiles
-//! and dot-directories are skipped, so the `..data` links of a Kubernetes ConfigMap mount
-//! work). [`load_path`] reads every file; [`load_sources`] walks each one (`validate/`),
+//! The rules path is a `*.yaml`/`*.yml` file or a directory tree of them, walked as the
+//! reference's runtime loader does (subdirectories too; dot entries and links to directories
+//! skipped, so a Kubernetes ConfigMap mount loads each file once). [`load_path`] reads every file; [`load_sources`] walks each one (`validate/`),
 //! refuses a domain declared in two files, and gathers every file's errors into one
 //! [`RulesError`] (each `file:line:col: field: message`, so one run of `tollgate check` lists
 //! them all) and their warnings into [`RuleSet::warnings`] (where a directory without any
@@ -86,24 +86,48 @@ fn subdirs_with_rules(dir: &Path) -> Vec<String> {
     found
 }
 
-/// The rules files in a directory: `*.yaml` and `*.yml` (in any case: `EDGE.YAML` too), no
-/// dotfiles, sorted by name.
-fn list_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+/// The rules files under a directory, as the reference's runtime loader walks it: every
+/// `*.yaml` and `*.yml` (in any case: `EDGE.YAML` too) in the directory and its
+/// subdirectories (`team-b/payments.yaml`), sorted by path. Dot entries are skipped (a
+/// Kubernetes ConfigMap's `..data` and `..2026_…` directories: its files are the links beside
+/// them), and so are links to directories, which are not followed (a loop, or the same files
+/// twice); a link to a file is read (ConfigMap files are links into `..data/`).
+pub(super) fn list_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
+    walk(dir, &mut files, 0)?;
+    files.sort();
+    Ok(files)
+}
+
+/// Directories deeper than this are not walked (a rules tree is a few levels deep).
+const MAX_DEPTH: usize = 16;
+
+fn walk(dir: &Path, files: &mut Vec<PathBuf>, depth: usize) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
+        let entry = entry?;
+        let path = entry.path();
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
+        if name.starts_with('.') {
+            continue;
+        }
+        // The entry itself, not what a link points at.
+        let own = entry.file_type()?;
+        if own.is_dir() {
+            if depth < MAX_DEPTH {
+                walk(&path, files, depth + 1)?;
+            }
+            continue;
+        }
         let lower = name.to_ascii_lowercase();
         let yaml = lower.ends_with(".yaml") || lower.ends_with(".yml");
-        // is_file follows symlinks: ConfigMap files are links into `..data/`.
-        if !name.starts_with('.') && yaml && path.is_file() {
+        // is_file follows a link: a link to a file is read, one to a directory is not.
+        if yaml && path.is_file() {
             files.push(path);
         }
     }
-    files.sort();
-    Ok(files)
+    Ok(())
 }
 
 /// Loads rules from `(file name, text)` pairs: the core of [`load_path`], usable in tests.
@@ -186,6 +210,48 @@ mod tests {
         );
     }
 
+    /// The reference's runtime loader walks the tree: `team-b/payments.yaml` is loaded. A
+    /// ConfigMap mount (files linked into `..data`, itself a link to a dot directory) loads
+    /// each file once, and a link to a directory is not followed (here: a loop).
+    #[test]
+    fn loads_subdirectories_as_the_reference_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::write(dir.join("edge.yaml"), "domain: edge\n").unwrap();
+        std::fs::create_dir_all(dir.join("team-b").join("deep")).unwrap();
+        std::fs::write(
+            dir.join("team-b").join("payments.yaml"),
+            "domain: payments\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("team-b").join("deep").join("search.yml"),
+            "domain: search\n",
+        )
+        .unwrap();
+        // A ConfigMap mount below: team-c/..2026_12_05/x.yaml, ..data -> ..2026_12_05,
+        // x.yaml -> ..data/x.yaml.
+        let cm = dir.join("team-c");
+        std::fs::create_dir_all(cm.join("..2026_12_05")).unwrap();
+        std::fs::write(cm.join("..2026_12_05").join("x.yaml"), "domain: x\n").unwrap();
+        std::os::unix::fs::symlink("..2026_12_05", cm.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/x.yaml", cm.join("x.yaml")).unwrap();
+        std::os::unix::fs::symlink(dir, dir.join("team-b").join("loop")).unwrap();
+        let set = load_path(dir, LoadOptions::default()).unwrap();
+        let mut names: Vec<_> = set.domains.keys().cloned().collect();
+        names.sort();
+        assert_eq!(names, ["edge", "payments", "search", "x"]);
+        assert_eq!(set.files.len(), 4, "{:?}", set.files);
+        // Reload sees a change below too.
+        let before = crate::rules::reload::fingerprint(dir);
+        std::fs::write(
+            dir.join("team-b").join("payments.yaml"),
+            "domain: payments\n# changed\n",
+        )
+        .unwrap();
+        assert_ne!(before, crate::rules::reload::fingerprint(dir));
+    }
+
     #[test]
     fn warns_about_a_directory_without_rules_files() {
         let tmp = tempfile::tempdir().unwrap();
@@ -202,15 +268,20 @@ mod tests {
                 dir.display()
             )]
         );
-        // The rules one level down: the warning says where they are.
-        std::fs::create_dir(dir.join("rules")).unwrap();
-        std::fs::write(dir.join("rules").join("edge.yaml"), "domain: edge\n").unwrap();
+        // The rules behind a link to a directory (not followed): the warning says where.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let rules = elsewhere.path().join("rules");
+        std::fs::create_dir(&rules).unwrap();
+        std::fs::write(rules.join("edge.yaml"), "domain: edge\n").unwrap();
+        std::os::unix::fs::symlink(&rules, dir.join("linked")).unwrap();
         let set = load_path(dir, LoadOptions::default()).unwrap();
+        assert!(set.domains.is_empty(), "{:?}", set.domains.keys());
         assert!(
             set.warnings[0].ends_with("; rules files are in rules/ (point the rules path there)"),
             "{:?}",
             set.warnings
         );
+        std::fs::remove_file(dir.join("linked")).unwrap();
         // One rules file, even one without descriptors, is not "no rules files"; the
         // extension's case does not matter.
         std::fs::write(dir.join("EDGE.YAML"), "domain: edge\n").unwrap();

@@ -76,12 +76,8 @@ pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, Option<u64>)>;
 /// What identifies the current content of the rules path, cheaply.
 pub fn fingerprint(path: &Path) -> Fingerprint {
     let files = match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => std::fs::read_dir(path)
-            .map(|it| {
-                it.filter_map(|e| e.ok().map(|e| e.path()))
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default(),
+        // The files a load reads, subdirectories included.
+        Ok(m) if m.is_dir() => super::load::list_dir(path).unwrap_or_default(),
         _ => vec![path.to_path_buf()],
     };
     let mut out: Vec<_> = files

@@ -191,7 +191,14 @@ impl MarkedEventReceiver for Builder {
                             std::mem::take(flat).into_iter().map(|(k, _)| k).collect();
                         let mut it = items.into_iter();
                         while let Some(k) = it.next() {
-                            let v = it.next().unwrap_or_else(placeholder);
+                            let mut v = it.next().unwrap_or_else(placeholder);
+                            // An empty value (`unit:` and nothing) is marked where the next
+                            // token starts, often the next line: an error about it belongs
+                            // on the key's line.
+                            if matches!(&v.value, Value::Scalar { text, quoted: false } if text.is_empty())
+                            {
+                                v.pos = k.pos;
+                            }
                             flat.push((k, v));
                         }
                     }

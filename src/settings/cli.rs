@@ -24,11 +24,12 @@ impl ServeArgs {
     /// envoyproxy/ratelimit's variables too, under the `TOLLGATE_*` ones (which win).
     pub fn sources(self, get: impl Fn(&str) -> Option<String>) -> Sources {
         let (mut reference_ignored, mut reference_refused) = (Vec::new(), None);
-        let mut env = Vec::new();
+        let (mut env, mut defaults) = (Vec::new(), Vec::new());
         if self.reference_env {
             match from_reference_env(&get) {
                 Ok(mapped) => {
                     env = mapped.env;
+                    defaults = mapped.defaults;
                     reference_ignored = mapped.ignored;
                 }
                 Err(refused) => {
@@ -46,6 +47,8 @@ impl ServeArgs {
             file: self.config.or(env_file),
             env,
             flags: self.flags,
+            defaults,
+            as_reference: self.reference_env,
             reference_ignored,
             reference_refused,
         }

@@ -225,8 +225,10 @@ settings! {
         "largest gRPC request message (a real RLS request is a few hundred bytes)";
     unready_without_rules: bool = false,
         "/readyz answers 503 while no domain is loaded (a wrong rules path keeps the replica out of service)";
-    unready_until_store_answers: bool = false,
-        "/readyz answers 503 until the store has answered once since start (a wrong Redis address keeps the replica out of service); later outages do not unready it";
+    unready_until_store_answers: bool = true,
+        "/readyz and /healthcheck answer 503 until the store has answered once since start (a wrong Redis address or password keeps the replica out of service instead of every replica deciding from its local share); later outages do not unready it";
+    store_startup_timeout_ms: u64 = 0,
+        "tollgate exits with the store's last connection error when it has not answered within this long of the start (0: keeps trying, unready; the reference's REDIS_STARTUP_MAX_ELAPSED_TIME)";
     reload_interval_ms: u64 = 2_000,
         "how often to look for changed rules files (0: never)";
     log_level: String = "info".to_string(),
@@ -263,11 +265,16 @@ pub struct Sources {
     pub env: Vec<(&'static str, String)>,
     /// `(key, value)` from command-line flags.
     pub flags: Vec<(&'static str, String)>,
+    /// `(key, value)` defaults under every other source: the reference's choices when started
+    /// as envoyproxy/ratelimit (`reference/mod.rs`).
+    pub defaults: Vec<(&'static str, String)>,
     /// Started as envoyproxy/ratelimit (`reference.rs`): its variables that are set and change
     /// nothing here, for the one startup warning that names them.
     pub reference_ignored: Vec<String>,
     /// …or the reason its environment cannot be served, which stops startup.
     pub reference_refused: Option<String>,
+    /// Started as envoyproxy/ratelimit: say at startup where it decides otherwise.
+    pub as_reference: bool,
 }
 
 mod cli;
@@ -277,7 +284,7 @@ mod validate;
 
 pub use cli::ServeArgs;
 pub use env::{from_env, unknown_env_warnings};
-pub use reference::{Mapped, Refused, from_reference_env};
+pub use reference::{Mapped, REFERENCE_DEFAULTS, Refused, differences, from_reference_env};
 
 impl Settings {
     /// Layers the sources (file < env < flags) over the defaults and validates the result.
@@ -286,6 +293,9 @@ impl Settings {
             return Err(SettingsError::Reference(refused.clone()));
         }
         let mut b = config::Config::builder();
+        for (key, value) in &sources.defaults {
+            b = b.set_default(*key, value.as_str())?;
+        }
         if let Some(file) = &sources.file {
             b = b.add_source(
                 config::File::from(file.as_path())

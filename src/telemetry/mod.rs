@@ -1,7 +1,8 @@
 //! Metrics and logs: every metric family is declared here, once, with its name and help.
 //!
 //! The limiter and the servers record into a shared [`Metrics`]; the admin port's `/metrics`
-//! renders it in the Prometheus text format. Decisions are labelled by `domain`, `class` and
+//! renders it, with the `process_*` families, as OpenMetrics or the Prometheus text format,
+//! whichever the scraper asks for (`exposition.rs`). Decisions are labelled by `domain`, `class` and
 //! `outcome`: `class` is the rule's `class`, else its `name`, else its key path, never a raw
 //! request value, so the number of series stays bounded by the rules, not by traffic.
 //!
@@ -20,10 +21,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub mod exposition;
 pub mod statsd;
 mod traces;
 
-pub use statsd::{Hit, Statsd};
+pub use statsd::{Hits, Split, Statsd};
 pub use traces::{LogFormat, REQUEST_SPAN_TARGET, Telemetry, TelemetryError, init, init_logging};
 
 pub const DECISIONS: &str = "tollgate_decisions";

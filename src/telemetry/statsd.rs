@@ -16,7 +16,11 @@
 //! - `ratelimit.service.config_load_success`, `config_load_error`, `global_shadow_mode`.
 //!
 //! Counts are hits (the descriptor's `hits_addend`), as the reference counts them, not
-//! decisions. Sending happens off the request path; counting on it costs one map read and
+//! decisions, split as it splits them ([`Split`]: a request that crosses the limit counts its
+//! hits past the limit as `over_limit` and the rest of the near band as `near_limit`; an
+//! admitted one that crosses ⌊limit × near_limit_ratio⌋ counts only the part past it as
+//! `near_limit`); names are sanitized as its `SanitizeStatName` does (`:`, `|` and an IPv4
+//! address's dots become `_`), and the startup load counts as a `config_load_success`. Sending happens off the request path; counting on it costs one map read and
 //! one atomic add per limit, and nothing while statsd is off.
 
 use std::collections::HashMap;
@@ -33,18 +37,81 @@ use super::{Metrics, ResultLabels};
 /// Every name starts with this, as the reference's do.
 const PREFIX: &str = "ratelimit.service";
 
-/// How one limit's hits went (the reference's counters besides `total_hits`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Hit {
-    /// Admitted.
-    Within,
-    /// Admitted, past `near_limit_ratio` of the limit: counted in `within_limit` too.
-    Near,
-    /// Refused.
-    Over,
-    /// Over, but the limit is in shadow mode: counted in `over_limit` too, as the reference
-    /// does.
-    Shadow,
+/// How one limit's hits went, split as the reference splits them (`base_limiter.go`): the
+/// counters besides `total_hits`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Split {
+    pub within: u64,
+    pub near: u64,
+    pub over: u64,
+    pub shadow: u64,
+}
+
+/// What a decided limit's counters are made from.
+#[derive(Clone, Copy, Debug)]
+pub struct Hits {
+    /// The limit (its capacity) and ⌊limit × near_limit_ratio⌋.
+    pub limit: u64,
+    pub near_threshold: u64,
+    /// The count before this request's hits (`limit − remaining` as the store reported it:
+    /// for a refused hit that charged nothing, the count it found).
+    pub before: u64,
+    pub hits: u64,
+}
+
+impl Split {
+    /// Admitted: every hit is within, and the part past the near threshold is near too.
+    pub fn admitted(h: Hits) -> Split {
+        let after = h.before.saturating_add(h.hits);
+        let near = if after <= h.near_threshold {
+            0
+        } else if h.before >= h.near_threshold {
+            h.hits
+        } else {
+            after - h.near_threshold
+        };
+        Split {
+            within: h.hits,
+            near,
+            ..Split::default()
+        }
+    }
+
+    /// Refused (`shadow`: over, but its limit is in shadow mode): the part past the limit is
+    /// over and the part between the near threshold and the limit is near, when the count was
+    /// below the limit; all of it is over when it already was at the limit.
+    pub fn refused(h: Hits, shadow: bool) -> Split {
+        let after = h.before.saturating_add(h.hits);
+        let (over, near) = if h.before >= h.limit {
+            (h.hits, 0)
+        } else {
+            (
+                after.saturating_sub(h.limit),
+                h.limit - h.near_threshold.max(h.before),
+            )
+        };
+        Split {
+            over,
+            near,
+            shadow: if shadow { h.hits } else { 0 },
+            ..Split::default()
+        }
+    }
+
+    /// Decided without the store's count (the fallback, the over-limit cache): whole.
+    pub fn whole(hits: u64, admitted: bool) -> Split {
+        if admitted {
+            Split {
+                within: hits,
+                ..Split::default()
+            }
+        } else {
+            Split {
+                over: hits,
+                ..Split::default()
+            }
+        }
+    }
 }
 
 /// One limit's counters (since start; [`run`] sends the growth).
@@ -80,6 +147,9 @@ pub struct Statsd {
     rules: RwLock<RuleMap>,
     /// `domain_not_found`, by the bounded unknown-domain label.
     unknown_domains: RwLock<HashMap<Arc<str>, Arc<AtomicU64>>>,
+    /// The rules files loaded at startup: a `config_load_success` in the reference, which
+    /// counts every load; `tollgate_rules_reloads_total` counts reloads only.
+    loaded_at_start: AtomicU64,
 }
 
 impl Statsd {
@@ -92,8 +162,8 @@ impl Statsd {
         self.enabled.load(Ordering::Relaxed)
     }
 
-    /// Adds `hits` of one limit at `path` in `domain`.
-    pub fn add(&self, domain: &Arc<str>, path: &Arc<[String]>, hit: Hit, hits: u64) {
+    /// Adds `hits` of one limit at `path` in `domain`, split as `split` says.
+    pub fn add(&self, domain: &Arc<str>, path: &Arc<[String]>, hits: u64, split: Split) {
         if !self.enabled() {
             return;
         }
@@ -103,23 +173,22 @@ impl Statsd {
             Some(c) => c,
             None => write(&self.rules).entry(key).or_default().clone(),
         };
-        c.total_hits.fetch_add(hits, Ordering::Relaxed);
-        match hit {
-            Hit::Within => {
-                c.within_limit.fetch_add(hits, Ordering::Relaxed);
-            }
-            Hit::Near => {
-                c.within_limit.fetch_add(hits, Ordering::Relaxed);
-                c.near_limit.fetch_add(hits, Ordering::Relaxed);
-            }
-            Hit::Over => {
-                c.over_limit.fetch_add(hits, Ordering::Relaxed);
-            }
-            Hit::Shadow => {
-                c.over_limit.fetch_add(hits, Ordering::Relaxed);
-                c.shadow_mode.fetch_add(hits, Ordering::Relaxed);
+        for (counter, n) in [
+            (&c.total_hits, hits),
+            (&c.within_limit, split.within),
+            (&c.near_limit, split.near),
+            (&c.over_limit, split.over),
+            (&c.shadow_mode, split.shadow),
+        ] {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Counts the startup load of the rules files as the reference does.
+    pub fn loaded_at_start(&self) {
+        self.loaded_at_start.store(1, Ordering::Relaxed);
     }
 
     /// Counts a request for a domain no rules declare (`domain` is already the bounded label).
@@ -159,7 +228,10 @@ impl Statsd {
                 .get_or_create(&ResultLabels { result })
                 .get()
         };
-        out.push(("config_load_success".to_string(), reloads("ok")));
+        out.push((
+            "config_load_success".to_string(),
+            reloads("ok") + self.loaded_at_start.load(Ordering::Relaxed),
+        ));
         out.push(("config_load_error".to_string(), reloads("error")));
         out.push((
             "global_shadow_mode".to_string(),
@@ -172,9 +244,49 @@ impl Statsd {
     }
 }
 
-/// The reference's stat-name sanitizing: `:` and `|` would end a statsd line's name.
+/// The reference's `SanitizeStatName`: `:` and `|` (they would end a statsd line's name)
+/// become `_`, then so do the dots of anything shaped like an IPv4 address
+/// (`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`, matched leftmost and greedy as Go's regexp does),
+/// so `remote_address_10.0.0.1` stays one level.
 fn sanitize(name: &str) -> String {
-    name.replace([':', '|'], "_")
+    let name = name.replace([':', '|'], "_");
+    let b = name.as_bytes();
+    let mut out = String::with_capacity(name.len());
+    let mut i = 0;
+    while i < b.len() {
+        match ipv4_at(b, i, 0) {
+            Some(end) => {
+                out.push_str(&name[i..end].replace('.', "_"));
+                i = end;
+            }
+            None => {
+                // Ascii or not, copy one char.
+                let c = name[i..].chars().next().unwrap_or('?');
+                out.push(c);
+                i += c.len_utf8();
+            }
+        }
+    }
+    out
+}
+
+/// The end of an IPv4-shaped match of groups `group..4` starting at `i`: 1 to 3 digits (the
+/// longest first, backing off as a regexp does), joined by dots.
+fn ipv4_at(b: &[u8], i: usize, group: usize) -> Option<usize> {
+    let digits = b[i..]
+        .iter()
+        .take(3)
+        .take_while(|c| c.is_ascii_digit())
+        .count();
+    (1..=digits).rev().find_map(|n| {
+        let end = i + n;
+        if group == 3 {
+            return Some(end);
+        }
+        (b.get(end) == Some(&b'.') && end + 1 < b.len())
+            .then(|| ipv4_at(b, end + 1, group + 1))
+            .flatten()
+    })
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -329,7 +441,7 @@ mod tests {
         let metrics = Metrics::new();
         let d: Arc<str> = "edge".into();
         let p: Arc<[String]> = vec!["tenant_acme".to_string(), "endpoint".to_string()].into();
-        metrics.statsd.add(&d, &p, Hit::Within, 1);
+        metrics.statsd.add(&d, &p, 1, Split::whole(1, true));
         assert!(
             metrics
                 .statsd
@@ -338,10 +450,20 @@ mod tests {
                 .all(|(n, _)| !n.starts_with("rate_limit"))
         );
         metrics.statsd.enable();
-        metrics.statsd.add(&d, &p, Hit::Within, 2);
-        metrics.statsd.add(&d, &p, Hit::Near, 1);
-        metrics.statsd.add(&d, &p, Hit::Over, 3);
-        metrics.statsd.add(&d, &p, Hit::Shadow, 4);
+        metrics.statsd.add(&d, &p, 2, Split::whole(2, true));
+        let near = Split {
+            within: 1,
+            near: 1,
+            ..Split::default()
+        };
+        metrics.statsd.add(&d, &p, 1, near);
+        metrics.statsd.add(&d, &p, 3, Split::whole(3, false));
+        let shadow = Split {
+            over: 4,
+            shadow: 4,
+            ..Split::default()
+        };
+        metrics.statsd.add(&d, &p, 4, shadow);
         metrics.statsd.domain_not_found(&"a:b|c".into());
         let got: HashMap<String, u64> = metrics.statsd.snapshot(&metrics).into_iter().collect();
         let at = |n: &str| {
@@ -357,6 +479,49 @@ mod tests {
         assert_eq!(got.get("config_load_success"), Some(&0));
     }
 
+    /// The reference's split (`base_limiter.go`), limit 10, near threshold 8.
+    #[test]
+    fn hits_split_as_the_reference_splits_them() {
+        let h = |before, hits| Hits {
+            limit: 10,
+            near_threshold: 8,
+            before,
+            hits,
+        };
+        let split = |within, near, over, shadow| Split {
+            within,
+            near,
+            over,
+            shadow,
+        };
+        // Admitted below the threshold, crossing it, past it.
+        assert_eq!(Split::admitted(h(0, 5)), split(5, 0, 0, 0));
+        assert_eq!(Split::admitted(h(6, 3)), split(3, 1, 0, 0));
+        assert_eq!(Split::admitted(h(8, 2)), split(2, 2, 0, 0));
+        // Refused from below the limit: the part past it over, the near band's rest near.
+        assert_eq!(Split::refused(h(7, 5), false), split(0, 2, 2, 0));
+        assert_eq!(Split::refused(h(9, 3), false), split(0, 1, 2, 0));
+        // Refused at the limit: all over; in shadow mode, shadow too.
+        assert_eq!(Split::refused(h(10, 3), false), split(0, 0, 3, 0));
+        assert_eq!(Split::refused(h(10, 3), true), split(0, 0, 3, 3));
+    }
+
+    /// `SanitizeStatName`: `:` and `|` end a statsd name, and an IPv4 address's dots would
+    /// split it into levels.
+    #[test]
+    fn names_are_sanitized_as_the_reference_does() {
+        assert_eq!(
+            sanitize("rate_limit.edge.remote_address_10.0.0.1.total_hits"),
+            "rate_limit.edge.remote_address_10_0_0_1.total_hits"
+        );
+        assert_eq!(sanitize("a:b|c.1.2.3"), "a_b_c.1.2.3");
+        assert_eq!(sanitize("v_1234.1.1.1.5"), "v_1234_1_1_1.5");
+        assert_eq!(
+            sanitize("x_192.168.1.10.near_limit"),
+            "x_192_168_1_10.near_limit"
+        );
+    }
+
     #[tokio::test]
     async fn run_sends_the_growth_as_statsd_counter_lines_and_flushes_at_stop() {
         let listener = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -368,7 +533,7 @@ mod tests {
         metrics.statsd.enable();
         let d: Arc<str> = "edge".into();
         let p: Arc<[String]> = vec!["tenant".to_string()].into();
-        metrics.statsd.add(&d, &p, Hit::Within, 5);
+        metrics.statsd.add(&d, &p, 5, Split::whole(5, true));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(run(
             metrics.clone(),
@@ -403,7 +568,7 @@ mod tests {
         metrics.statsd.enable();
         let d: Arc<str> = "edge".into();
         let p: Arc<[String]> = vec!["tenant_a".to_string()].into();
-        metrics.statsd.add(&d, &p, Hit::Over, 2);
+        metrics.statsd.add(&d, &p, 2, Split::whole(2, false));
         let reader = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
             let mut text = String::new();

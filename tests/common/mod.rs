@@ -263,6 +263,9 @@ pub struct TestServerBuilder {
     /// The gRPC address to bind (a free port when `None`): a restarted server keeps its
     /// predecessor's, so the Envoy in front of it reconnects.
     grpc_addr: Option<SocketAddr>,
+    /// The `/readyz` status `start` waits for (200 unless the test expects otherwise, e.g.
+    /// 503 for a Redis that never answers).
+    ready_status: u16,
 }
 
 impl TestServer {
@@ -273,6 +276,7 @@ impl TestServer {
             args: Vec::new(),
             env: Vec::new(),
             grpc_addr: None,
+            ready_status: 200,
         }
     }
 
@@ -341,6 +345,12 @@ impl TestServerBuilder {
         self
     }
 
+    /// Waits at the start for `/readyz` to answer `status` instead of 200.
+    pub fn ready_status(mut self, status: u16) -> Self {
+        self.ready_status = status;
+        self
+    }
+
     /// Starts the binary on port 0, reads the addresses it bound from its "tollgate ready"
     /// log line and waits for `/readyz`; panics with its log if it never gets ready.
     pub fn start(self) -> TestServer {
@@ -399,7 +409,7 @@ impl TestServerBuilder {
             if let Ok(Some(status)) = server.child.try_wait() {
                 panic!("tollgate exited early ({status}):\n{}", server.log());
             }
-            (get(server.admin, "/readyz").0 == 200).then_some(())
+            (get(server.admin, "/readyz").0 == self.ready_status).then_some(())
         });
         if ready.is_none() {
             panic!(

@@ -41,7 +41,10 @@ impl FileWalk<'_> {
     ) -> Option<Vec<Arc<Limit>>> {
         let mut limits = Vec::new();
         let mut ok = true;
-        match (f.get("rate_limit"), f.get("rate_limits")) {
+        // An empty `rate_limit:` is no limit, as in the reference (its YAML reads a null
+        // pointer): the descriptor matches and limits nothing, like one without the field.
+        let given = |name| f.get(name).copied().filter(|n: &&Node| !n.is_null());
+        match (given("rate_limit"), given("rate_limits")) {
             (Some(_), Some(n)) => {
                 self.error(
                     n.pos,
@@ -547,6 +550,30 @@ mod tests {
                 .unwrap()
                 .algorithm,
             Algorithm::FixedWindow
+        );
+    }
+
+    /// The reference reads an empty `rate_limit:` as no limit; an empty field inside a limit is
+    /// refused at its own line, not the next one.
+    #[test]
+    fn an_empty_rate_limit_is_no_limit_and_empty_fields_are_refused_at_their_line() {
+        for empty in ["", " ~", " null"] {
+            let set = load(&format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:{empty}\n  - key: j\n    rate_limits:{empty}\n    descriptors:\n      - key: c\n        rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+            ))
+            .unwrap();
+            let root = &set.domains["d"].root.bare;
+            assert!(root["k"].limits.is_empty(), "{empty:?}");
+            assert!(root["j"].limits.is_empty(), "{empty:?}");
+            assert_eq!(root["j"].children.bare["c"].limits.len(), 1);
+        }
+        let (line, field, msg) = refused(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit:\n      requests_per_unit: 1\n",
+        );
+        assert_eq!(
+            (line, field.as_str()),
+            (5, "descriptors[0].rate_limit.unit"),
+            "{msg}"
         );
     }
 

@@ -175,7 +175,27 @@ pub(super) const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        "a store outage never fails readiness (README, Readiness); unready_until_store_answers gates the start",
+        "a replica is unready until Redis first answers; a later outage never fails readiness (the fallback decides)",
+    ),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        "Redis is retried every 50 ms doubling to 2 s, at startup and after an outage, while unready",
+    ),
+    (
+        "REDIS_STARTUP_MAX_INTERVAL",
+        "Redis is retried every 50 ms doubling to 2 s, at startup and after an outage, while unready",
+    ),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        "connections are multiplexed: a call never waits for a free one",
+    ),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        "each cluster node's calls are pipelined on its own connections, all nodes at once",
+    ),
+    (
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "tollgate's request durations are tollgate_request_duration_seconds, in seconds",
     ),
     ("MEMCACHE_HOST_PORT", "the store is Redis"),
     ("MEMCACHE_MAX_IDLE_CONNS", "the store is Redis"),

@@ -13,8 +13,10 @@
 
 use std::time::Duration;
 
+mod differences;
 mod ignored;
 
+pub use differences::differences;
 use ignored::IGNORED;
 
 /// The reference's variables, as tollgate settings.
@@ -26,7 +28,20 @@ pub struct Mapped {
     pub ignored: Vec<String>,
     /// The reference variables that were set and went into `env`.
     pub read: Vec<String>,
+    /// `(setting, value)` that make tollgate decide as the reference does where their own
+    /// defaults differ ([`REFERENCE_DEFAULTS`]): under the settings file, so any source wins.
+    pub defaults: Vec<(&'static str, String)>,
 }
+
+/// Where tollgate's defaults decide otherwise than the reference, the reference's choice:
+/// started as `ratelimit`, these are the defaults (a settings file, a `TOLLGATE_*` variable
+/// or a flag still changes them; [`differences`] names the ones that do).
+pub const REFERENCE_DEFAULTS: &[(&str, &str)] = &[
+    // The reference's only algorithm: a counter per window of the unit, reset at its end.
+    ("default_algorithm", "fixed_window"),
+    // The reference answers an error when Redis fails; Envoy's failure_mode_deny decides.
+    ("fallback", "error"),
+];
 
 /// A reference variable whose value tollgate cannot honour safely.
 #[derive(Debug, PartialEq, thiserror::Error)]
@@ -247,6 +262,19 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
             ));
         }
     };
+    // The reference retries Redis at startup with back-off and opens no port until it
+    // answers (since May 2026; it panicked before): tollgate listens, unready, until then
+    // (unready_until_store_answers), and gives up, as the reference does, only when told to.
+    if let Some(max) = var("REDIS_STARTUP_MAX_ELAPSED_TIME") {
+        let ms = go_duration(&max).ok_or_else(|| {
+            refuse(
+                "REDIS_STARTUP_MAX_ELAPSED_TIME",
+                &max,
+                "not a duration such as 5m or 0 (for ever)",
+            )
+        })?;
+        set("store_startup_timeout_ms", ms.as_millis().to_string());
+    }
     let tls = flag("REDIS_TLS")?.unwrap_or(false);
     let redis_type = var("REDIS_TYPE").unwrap_or_else(|| "SINGLE".to_string());
     let scheme = match redis_type.to_ascii_lowercase().as_str() {
@@ -404,7 +432,16 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
     let mut read = read.into_inner();
     read.sort();
     read.dedup();
-    Ok(Mapped { env, ignored, read })
+    let defaults = REFERENCE_DEFAULTS
+        .iter()
+        .map(|(k, v)| (*k, v.to_string()))
+        .collect();
+    Ok(Mapped {
+        env,
+        ignored,
+        read,
+        defaults,
+    })
 }
 
 /// `host:port` from the reference's pair (either may be unset).
@@ -547,6 +584,73 @@ mod tests {
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
         ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
     ];
+
+    /// The reference's choices are the defaults of this mode, under every source: a settings
+    /// file still changes them. `REDIS_STARTUP_MAX_ELAPSED_TIME` is the startup give-up time,
+    /// and the startup variables tollgate does not map are named.
+    #[test]
+    fn the_references_choices_are_defaults_any_source_changes() {
+        let mapped = from_reference_env(env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "r:6379"),
+            ("REDIS_STARTUP_MAX_ELAPSED_TIME", "5m"),
+            ("REDIS_STARTUP_INITIAL_INTERVAL", "1s"),
+            ("REDIS_POOL_ON_EMPTY_BEHAVIOR", "WAIT"),
+            ("REDIS_CLUSTER_PIPELINE_PARALLELISM", "4"),
+            ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true"),
+        ]))
+        .unwrap();
+        for name in [
+            "REDIS_STARTUP_INITIAL_INTERVAL",
+            "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+            "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+            "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        ] {
+            assert!(
+                mapped
+                    .ignored
+                    .iter()
+                    .any(|w| w.starts_with(&format!("{name} ("))),
+                "{name}: {:?}",
+                mapped.ignored
+            );
+        }
+        let s = Settings::load(&Sources {
+            env: mapped.env.clone(),
+            defaults: mapped.defaults.clone(),
+            ..Sources::default()
+        })
+        .unwrap();
+        assert_eq!(s.default_algorithm, crate::rules::Algorithm::FixedWindow);
+        assert_eq!(s.fallback, crate::rules::FallbackMode::Error);
+        assert_eq!(s.store_startup_timeout_ms, 300_000);
+        assert!(s.unready_until_store_answers);
+        assert!(differences(&s).is_empty(), "{:?}", differences(&s));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.yaml");
+        std::fs::write(&file, "fallback: local\n").unwrap();
+        let s = Settings::load(&Sources {
+            file: Some(file),
+            env: mapped.env,
+            defaults: mapped.defaults,
+            ..Sources::default()
+        })
+        .unwrap();
+        assert_eq!(s.fallback, crate::rules::FallbackMode::Local);
+        assert_eq!(
+            differences(&s)
+                .iter()
+                .map(|d| d.setting)
+                .collect::<Vec<_>>(),
+            ["fallback"]
+        );
+        assert!(
+            from_reference_env(env(&[("REDIS_STARTUP_MAX_ELAPSED_TIME", "soon")]))
+                .unwrap_err()
+                .to_string()
+                .contains("REDIS_STARTUP_MAX_ELAPSED_TIME=soon")
+        );
+    }
 
     #[test]
     fn every_variable_envoy_gateway_sets_is_read_or_named() {

@@ -69,12 +69,40 @@ impl Pool {
                 // answers nothing: the handshake times out with no hint of why.
                 text.push_str(" (over TLS: a port that speaks plain-text Redis never answers the TLS handshake; is this Redis's TLS port, or should the URL be redis://?)");
             }
+            if kind == "auth" || kind == "tls" {
+                self.log_refusal(kind, &text);
+            }
             *self
                 .last_connect_error
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = text;
+        } else {
+            *self
+                .refusal_logged
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
         }
         result
+    }
+
+    /// A Redis that refuses the credentials or the TLS handshake will not heal by itself:
+    /// one ERROR with the cause (again only when the cause changes, or after a connection
+    /// was made), not a WARN among the reconnect attempts.
+    fn log_refusal(&self, kind: &str, cause: &str) {
+        let mut logged = self
+            .refusal_logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if logged.as_deref() == Some(cause) {
+            return;
+        }
+        let what = if kind == "auth" {
+            "Redis refused the credentials (store_username/store_password, REDIS_AUTH): check them; retrying"
+        } else {
+            "the TLS handshake with Redis failed (store_tls_ca/_cert/_key/_server_name, REDIS_TLS_*): check them; retrying"
+        };
+        tracing::error!(url = %self.display_url, error = %cause, "{what}");
+        *logged = Some(cause.to_string());
     }
 
     /// Reads Redis's eviction policy on a new connection; logs a policy that evicts live

@@ -65,6 +65,9 @@ pub(super) struct Pool {
     answered: AtomicBool,
     /// Why the last connection attempt failed, for the "not connected" error.
     last_connect_error: Mutex<String>,
+    /// The credentials or TLS refusal last logged as an ERROR (cleared when a connection is
+    /// made), so a Redis that refuses the password says so once, not every back-off.
+    refusal_logged: Mutex<Option<String>>,
     /// Redis's eviction policies as of the last new connection (`eviction.rs`), if readable.
     eviction_policies: Mutex<Option<Vec<String>>>,
     started: Instant,
@@ -105,6 +108,7 @@ impl Pool {
             healthy: AtomicBool::new(false),
             answered: AtomicBool::new(false),
             last_connect_error: Mutex::new("not connected yet".to_string()),
+            refusal_logged: Mutex::new(None),
             eviction_policies: Mutex::new(None),
             started: Instant::now(),
             metrics,
