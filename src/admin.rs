@@ -33,7 +33,7 @@ use serde_json::json;
 use crate::service::json::{JsonRequest, JsonResponse, RulesView};
 use crate::service::{Handler, RemoteParent};
 use crate::settings::Settings;
-use crate::telemetry::exposition;
+use crate::telemetry::{exposition, reference_metrics};
 
 /// Shared by the routes.
 #[derive(Debug)]
@@ -207,6 +207,30 @@ fn rules_status(
         rules["reload_error"] = json!(error);
     }
     rules
+}
+
+/// The reference's Prometheus port (`prometheus_addr`): its metrics at `path`, mapped by
+/// `mapper` (`telemetry/reference_metrics.rs`), in the text format its statsd exporter serves.
+pub fn reference_metrics_router(
+    metrics: Arc<crate::telemetry::Metrics>,
+    mapper: Arc<reference_metrics::Mapper>,
+    path: &str,
+) -> Router {
+    Router::new().route(
+        path,
+        get(move || {
+            let text = reference_metrics::render(&metrics, &mapper);
+            async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        exposition::Format::Text.content_type(),
+                    )],
+                    text,
+                )
+            }
+        }),
+    )
 }
 
 /// OpenMetrics when the scraper asks for it (Prometheus does), else the Prometheus text format

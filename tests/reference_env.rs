@@ -223,6 +223,8 @@ async fn statsd_gets_the_references_counters_under_its_names() {
         ("rate_limit.edge.tenant_acme.near_limit", 1),
         ("rate_limit.edge.tenant_acme.over_limit", 5),
         ("rate_limit.nowhere.domain_not_found", 1),
+        // The startup load counts, as every load does in the reference.
+        ("config_load_success", 1),
     ];
     let arrived = poll(Duration::from_secs(10), || {
         want.iter().all(|(n, v)| sum(n) == *v).then_some(())
@@ -235,6 +237,112 @@ async fn statsd_gets_the_references_counters_under_its_names() {
     );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A statsd exporter mapping as Envoy Gateway's rate-limit Deployment mounts it (its
+/// `statsd_conf.yaml`: the reference's default mapping, response times unscaled).
+const ENVOY_GATEWAY_MAPPING: &str = r#"mappings:
+  - match: "ratelimit.service.rate_limit.*.*.total_hits"
+    name: "ratelimit_service_rate_limit_total_hits"
+    timer_type: "histogram"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit.service.rate_limit.*.*.within_limit"
+    name: "ratelimit_service_rate_limit_within_limit"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit.service.rate_limit.*.*.near_limit"
+    name: "ratelimit_service_rate_limit_near_limit"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit.service.rate_limit.*.*.over_limit"
+    name: "ratelimit_service_rate_limit_over_limit"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.total_hits"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_total_hits"
+    labels: {domain: "$1", key1: "$2", key2: "$3"}
+  - match: "ratelimit.service.call.should_rate_limit.*"
+    name: "ratelimit_service_should_rate_limit_error"
+    match_metric_type: counter
+    labels: {err_type: "$1"}
+  - match: "ratelimit_server.*.total_requests"
+    name: "ratelimit_service_total_requests"
+    match_metric_type: counter
+    labels: {grpc_method: "$1"}
+  - match: "ratelimit_server.*.response_time"
+    name: "ratelimit_service_response_time_seconds"
+    timer_type: histogram
+    labels: {grpc_method: "$1"}
+  - match: "ratelimit.service.config_load_success"
+    name: "ratelimit_service_config_load_success"
+    match_metric_type: counter
+"#;
+
+/// Envoy Gateway's telemetry: `USE_STATSD=false`, `USE_PROMETHEUS=true`, `PROMETHEUS_ADDR` and
+/// its mapping file. The series its dashboard queries are served on that port, with the
+/// reference's names, labels and counts; tollgate's own stay on the admin port.
+#[tokio::test]
+async fn envoy_gateways_prometheus_port_serves_the_references_series() {
+    let redis = TestRedis::start();
+    let (dir, _) = runtime_root(
+        "reference-prometheus",
+        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 2}\n    descriptors:\n      - key: path\n        rate_limit: {unit: hour, requests_per_unit: 10}\n",
+    );
+    let mapping = dir.path().join("conf.yaml");
+    std::fs::write(&mapping, ENVOY_GATEWAY_MAPPING).unwrap();
+    let (grpc_port, http_port, prom_port) = (free_port(), free_port(), free_port());
+    let mut vars = envoy_gateway_env(redis.port(), &dir.path().join("data"), grpc_port, http_port);
+    vars.extend([
+        ("USE_PROMETHEUS", "true".to_string()),
+        ("PROMETHEUS_ADDR", format!("127.0.0.1:{prom_port}")),
+        ("PROMETHEUS_MAPPER_YAML", mapping.display().to_string()),
+    ]);
+    let log = dir.path().join("tollgate.log");
+    let mut child = start_clean(&ratelimit_link(dir.path()), &vars, &log);
+    let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let healthy = poll(Duration::from_secs(20), || {
+        (get(admin, "/healthcheck") == (200, "OK".to_string())).then_some(())
+    });
+    assert!(healthy.is_some(), "no /healthcheck OK; log:\n{}", text());
+    let grpc: SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
+    let mut client = client_of(grpc).await;
+    for _ in 0..3 {
+        client
+            .should_rate_limit(request("edge", &[&[("tenant", "acme")]]))
+            .await
+            .unwrap();
+    }
+    client
+        .should_rate_limit(request("edge", &[&[("tenant", "acme"), ("path", "/a")]]))
+        .await
+        .unwrap();
+    let prom: SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();
+    let (code, scraped) = get(prom, "/metrics");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(code, 200, "log:\n{}", text());
+    for line in [
+        // 2 an hour: 3 hits, 2 within, the second one near (⌊2 × 0.8⌋ = 1), 1 over.
+        r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="tenant"} 3"#,
+        r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="tenant"} 2"#,
+        r#"ratelimit_service_rate_limit_near_limit{domain="edge",key1="tenant"} 1"#,
+        r#"ratelimit_service_rate_limit_over_limit{domain="edge",key1="tenant"} 1"#,
+        // Two levels: the regex mapping's key2.
+        r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="tenant",key2="path"} 1"#,
+        r#"ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 4"#,
+        r#"ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"} 4"#,
+        "ratelimit_service_config_load_success 1",
+        "# TYPE ratelimit_service_rate_limit_total_hits counter",
+    ] {
+        assert!(scraped.contains(line), "{line} not scraped:\n{scraped}");
+    }
+    assert!(
+        scraped.contains("\nprocess_resident_memory_bytes "),
+        "{scraped}"
+    );
+    assert!(
+        !scraped.contains("tollgate_"),
+        "tollgate's own stay on /metrics of the admin port"
+    );
 }
 
 #[test]

@@ -57,6 +57,8 @@ pub enum AppError {
     Settings(#[from] SettingsError),
     #[error("{0}")]
     Telemetry(#[from] TelemetryError),
+    #[error("prometheus_mapper {path}: {error}")]
+    PrometheusMapper { path: String, error: String },
     #[error(
         "the store did not answer within store_startup_timeout_ms ({} ms) of the start: {error}",
         .waited.as_millis()
@@ -216,7 +218,24 @@ pub async fn serve(
 fn check_files(settings: &Settings) -> Result<(), AppError> {
     crate::service::tls::server_config(&configs::grpc_tls_files(settings))?;
     Store::check(&configs::store_config(settings))?;
+    reference_mapper(settings)?;
     Ok(())
+}
+
+/// The statsd exporter mapping of the reference's Prometheus port: the file `prometheus_mapper`
+/// names, else the reference's default.
+fn reference_mapper(settings: &Settings) -> Result<telemetry::reference_metrics::Mapper, AppError> {
+    use telemetry::reference_metrics::Mapper;
+    let path = &settings.prometheus_mapper;
+    if path.is_empty() {
+        return Ok(Mapper::reference_default());
+    }
+    let fail = |error: String| AppError::PrometheusMapper {
+        path: path.clone(),
+        error,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    Mapper::from_yaml(&text).map_err(fail)
 }
 
 /// The rules at startup, and the fingerprint taken just before reading them (see `reload.rs`).
@@ -362,11 +381,59 @@ async fn serve_loaded(
 
     // The reference's per-rule counters to statsd: counted from now on, sent off the request
     // path, and once more at shutdown.
-    let statsd = (!settings.statsd_addr.is_empty()).then(|| {
+    // Both the statsd sink and the reference's Prometheus port read the statsd counters.
+    if !settings.statsd_addr.is_empty() || !settings.prometheus_addr.is_empty() {
         handler.metrics.statsd.enable();
         if !from_xds {
             handler.metrics.statsd.loaded_at_start();
         }
+    }
+    let reference_prometheus = if settings.prometheus_addr.is_empty() {
+        None
+    } else {
+        let addr: SocketAddr = settings
+            .prometheus_addr
+            .parse()
+            .map_err(|_| AppError::Bind {
+                what: "prometheus",
+                addr: settings.admin_addr,
+                source: std::io::Error::other("prometheus_addr is not ip:port"),
+            })?;
+        let mapper = reference_mapper(&settings)?;
+        handler
+            .metrics
+            .statsd
+            .response_times
+            .set_scale(mapper.response_time_scale());
+        let listener = bind("prometheus", addr).await?;
+        tracing::info!(prometheus_addr = %addr, path = %settings.prometheus_path, "serving the reference's Prometheus metrics");
+        let router = admin::reference_metrics_router(
+            handler.metrics.clone(),
+            Arc::new(mapper),
+            &settings.prometheus_path,
+        );
+        Some(tokio::spawn(admin::serve(
+            crate::service::listener::Accept::new(
+                listener,
+                crate::service::listener::Limits {
+                    port: "prometheus",
+                    max_connections: settings.admin_max_connections,
+                    handshake_timeout: None,
+                    refused: handler
+                        .metrics
+                        .refused
+                        .get_or_create(&crate::telemetry::RefusedLabels {
+                            what: "prometheus_connections",
+                        })
+                        .clone(),
+                },
+            ),
+            router,
+            Duration::from_millis(settings.admin_header_timeout_ms),
+            stopped(stop_rx.clone()),
+        )))
+    };
+    let statsd = (!settings.statsd_addr.is_empty()).then(|| {
         tracing::info!(statsd_addr = %settings.statsd_addr, flush_interval_ms = settings.statsd_flush_interval_ms, "sending the reference's counters to statsd");
         tokio::spawn(telemetry::statsd::run(
             handler.metrics.clone(),
@@ -478,6 +545,9 @@ async fn serve_loaded(
     // Leave the membership set, so the others' share grows at once (bounded: the store may
     // be down).
     let _ = tokio::time::timeout(Duration::from_secs(2), membership).await;
+    if let Some(server) = reference_prometheus {
+        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    }
     // The last statsd send: what was counted since the previous one.
     if let Some(statsd) = statsd {
         let _ = tokio::time::timeout(Duration::from_secs(2), statsd).await;

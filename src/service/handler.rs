@@ -16,7 +16,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use super::{Bounds, RemoteParent, request, response};
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
-use crate::telemetry::{Metrics, RequestLabels};
+use crate::telemetry::{CallError, Metrics, RequestLabels};
 
 /// Everything a decision needs, shared by the gRPC service and the admin port's `/json`: the
 /// rules in force, the [`Limiter`] (which decides against the store) and the request bounds.
@@ -82,6 +82,12 @@ impl Handler {
         self.metrics
             .request_duration
             .observe(started.elapsed().as_secs_f64());
+        let error = match code {
+            "error" => Some(CallError::Redis),
+            "invalid" => Some(CallError::Service),
+            _ => None,
+        };
+        self.metrics.statsd.call(started.elapsed(), error);
         result
     }
 

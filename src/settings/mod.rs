@@ -243,6 +243,12 @@ settings! {
         "statsd server sent the reference's per-rule counters under its names: host:port or udp://host:port over UDP, tcp://host:port over TCP (empty: off; /metrics serves Prometheus either way)";
     statsd_flush_interval_ms: u64 = 10_000,
         "how often the statsd counters' growth is sent (the reference's STATS_FLUSH_INTERVAL)";
+    prometheus_addr: String = String::new(),
+        "a port of its own serving the reference's Prometheus metrics (ratelimit_service_*, mapped from its statsd names as its USE_PROMETHEUS does), ip:port (empty: off; /metrics on the admin port is tollgate's own)";
+    prometheus_path: String = "/metrics".to_string(),
+        "the path of those metrics on prometheus_addr (the reference's PROMETHEUS_PATH)";
+    prometheus_mapper: String = String::new(),
+        "a statsd exporter mapping file (YAML) for those metrics, as the reference's PROMETHEUS_MAPPER_YAML (empty: the reference's default mapping)";
 }
 
 #[derive(Debug, thiserror::Error)]

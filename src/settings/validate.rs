@@ -1,6 +1,8 @@
 //! What serde cannot check: ranges, combinations of settings, the store URL's form (with the
 //! URL it probably means when it is given in another tool's form).
 
+use std::net::SocketAddr;
+
 use super::{Settings, SettingsError};
 use crate::redact::redact_url;
 
@@ -256,6 +258,15 @@ impl Settings {
                 "statsd_flush_interval_ms",
                 "must be from 1 to 3600000 (an hour)",
             );
+        }
+        if !self.prometheus_addr.is_empty() && self.prometheus_addr.parse::<SocketAddr>().is_err() {
+            return bad(
+                "prometheus_addr",
+                "expected ip:port, e.g. 0.0.0.0:19001, or empty for off",
+            );
+        }
+        if !self.prometheus_path.starts_with('/') {
+            return bad("prometheus_path", "must start with /, e.g. /metrics");
         }
         if self.grpc_addr == self.admin_addr && self.grpc_addr.port() != 0 {
             return bad("admin_addr", "must differ from grpc_addr");

@@ -22,10 +22,11 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 pub mod exposition;
+pub mod reference_metrics;
 pub mod statsd;
 mod traces;
 
-pub use statsd::{Hits, Split, Statsd};
+pub use statsd::{CallError, Hits, Split, Statsd};
 pub use traces::{LogFormat, REQUEST_SPAN_TARGET, Telemetry, TelemetryError, init, init_logging};
 
 pub const DECISIONS: &str = "tollgate_decisions";

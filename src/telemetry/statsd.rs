@@ -13,7 +13,8 @@
 //!   with a value from the request in place where the rule says `value_to_metric`, or every
 //!   entry's `key_value` with `detailed_metric` (up to `detailed_metric_max_series` per limit);
 //! - `ratelimit.service.rate_limit.<domain>.domain_not_found`;
-//! - `ratelimit.service.config_load_success`, `config_load_error`, `global_shadow_mode`.
+//! - `ratelimit.service.config_load_success`, `config_load_error`, `global_shadow_mode`;
+//! - `ratelimit.service.call.should_rate_limit.{redis_error,service_error}`.
 //!
 //! Counts are hits (the descriptor's `hits_addend`), as the reference counts them, not
 //! decisions, split as it splits them ([`Split`]: a request that crosses the limit counts its
@@ -150,6 +151,86 @@ pub struct Statsd {
     /// The rules files loaded at startup: a `config_load_success` in the reference, which
     /// counts every load; `tollgate_rules_reloads_total` counts reloads only.
     loaded_at_start: AtomicU64,
+    /// `ShouldRateLimit` calls, as the reference's gRPC server counts them, and how long they
+    /// took (for the Prometheus port, `reference_metrics.rs`).
+    pub calls: AtomicU64,
+    /// Calls that failed because the store could not answer (`redis_error`) or the request was
+    /// refused (`service_error`): the reference's `call.should_rate_limit.*`.
+    redis_errors: AtomicU64,
+    service_errors: AtomicU64,
+    pub response_times: ResponseTimes,
+}
+
+/// How a failed `ShouldRateLimit` call counts in the reference's error counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallError {
+    /// The store could not answer.
+    Redis,
+    /// The request was refused (an empty domain, a value past the bounds, …).
+    Service,
+}
+
+/// Response times as the statsd exporter's histogram holds them: Prometheus's default buckets
+/// over the time in milliseconds × `scale` (0.001 by default: seconds, as the reference's
+/// default mapping scales them).
+#[derive(Debug)]
+pub struct ResponseTimes {
+    /// `f64` bits of the scale.
+    scale: AtomicU64,
+    /// Observations per bucket (not cumulative), the last one past every bound.
+    buckets: [AtomicU64; BUCKETS.len() + 1],
+    sum_micros: AtomicU64,
+}
+
+/// Prometheus's default buckets (client_golang's `DefBuckets`), the statsd exporter's too.
+pub const BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+impl Default for ResponseTimes {
+    fn default() -> Self {
+        ResponseTimes {
+            scale: AtomicU64::new(0.001f64.to_bits()),
+            buckets: Default::default(),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ResponseTimes {
+    pub fn set_scale(&self, scale: f64) {
+        self.scale.store(scale.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn scale(&self) -> f64 {
+        f64::from_bits(self.scale.load(Ordering::Relaxed))
+    }
+
+    fn observe(&self, elapsed: Duration) {
+        let v = elapsed.as_secs_f64() * 1000.0 * self.scale();
+        let i = BUCKETS
+            .iter()
+            .position(|b| v <= *b)
+            .unwrap_or(BUCKETS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts per bound (then `+Inf`), and the sum, scaled.
+    pub fn histogram(&self) -> (Vec<u64>, f64) {
+        let mut total = 0;
+        let cumulative = self
+            .buckets
+            .iter()
+            .map(|b| {
+                total += b.load(Ordering::Relaxed);
+                total
+            })
+            .collect();
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1000.0 * self.scale();
+        (cumulative, sum)
+    }
 }
 
 impl Statsd {
@@ -184,6 +265,20 @@ impl Statsd {
                 counter.fetch_add(n, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Counts one `ShouldRateLimit` call, its time and how it failed, if it did.
+    pub fn call(&self, elapsed: Duration, error: Option<CallError>) {
+        if !self.enabled() {
+            return;
+        }
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.response_times.observe(elapsed);
+        match error {
+            Some(CallError::Redis) => self.redis_errors.fetch_add(1, Ordering::Relaxed),
+            Some(CallError::Service) => self.service_errors.fetch_add(1, Ordering::Relaxed),
+            None => 0,
+        };
     }
 
     /// Counts the startup load of the rules files as the reference does.
@@ -236,6 +331,14 @@ impl Statsd {
         out.push((
             "global_shadow_mode".to_string(),
             metrics.global_shadow.get(),
+        ));
+        out.push((
+            "call.should_rate_limit.redis_error".to_string(),
+            self.redis_errors.load(Ordering::Relaxed),
+        ));
+        out.push((
+            "call.should_rate_limit.service_error".to_string(),
+            self.service_errors.load(Ordering::Relaxed),
         ));
         for (name, _) in &mut out {
             *name = sanitize(name);

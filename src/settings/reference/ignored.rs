@@ -93,22 +93,6 @@ pub(super) const IGNORED: &[(&str, &str)] = &[
         "DISABLE_STATS",
         "metrics are Prometheus on the admin port's /metrics",
     ),
-    (
-        "USE_PROMETHEUS",
-        "metrics are always Prometheus, on the admin port's /metrics",
-    ),
-    (
-        "PROMETHEUS_ADDR",
-        "metrics are on the admin port's /metrics",
-    ),
-    (
-        "PROMETHEUS_PATH",
-        "metrics are on the admin port's /metrics",
-    ),
-    (
-        "PROMETHEUS_MAPPER_YAML",
-        "tollgate's metric names are its own (README, Metrics)",
-    ),
     ("RUNTIME_IGNOREDOTFILES", "dotfiles are always skipped"),
     (
         "RUNTIME_WATCH_ROOT",
@@ -195,7 +179,7 @@ pub(super) const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-        "tollgate's request durations are tollgate_request_duration_seconds, in seconds",
+        "the response time's unit is the mapping's: seconds with the default one (a mapping file's `scale` decides)",
     ),
     ("MEMCACHE_HOST_PORT", "the store is Redis"),
     ("MEMCACHE_MAX_IDLE_CONNS", "the store is Redis"),

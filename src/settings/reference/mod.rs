@@ -412,6 +412,36 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
             set("statsd_flush_interval_ms", ms.as_millis().to_string());
         }
     }
+    // Prometheus as the reference serves it (`USE_PROMETHEUS=true`, with statsd off): its
+    // statsd counters through a statsd exporter mapping, on a port of its own (`:9090`,
+    // `/metrics` by default). tollgate's own metrics stay on the admin port's /metrics.
+    if !use_statsd && flag("USE_PROMETHEUS")?.unwrap_or(false) {
+        let addr = var("PROMETHEUS_ADDR").unwrap_or_else(|| ":9090".to_string());
+        // Go's `:port` is every interface.
+        let addr = match addr.strip_prefix(':') {
+            Some(port) => format!("0.0.0.0:{port}"),
+            None => addr,
+        };
+        set("prometheus_addr", addr);
+        if let Some(path) = var("PROMETHEUS_PATH") {
+            set("prometheus_path", path);
+        }
+        if let Some(mapper) = var("PROMETHEUS_MAPPER_YAML") {
+            set("prometheus_mapper", mapper);
+        }
+    } else {
+        for name in [
+            "PROMETHEUS_ADDR",
+            "PROMETHEUS_PATH",
+            "PROMETHEUS_MAPPER_YAML",
+        ] {
+            if set_var(name).is_some() {
+                ignored.push(format!(
+                    "{name} (the reference's Prometheus port is off: USE_PROMETHEUS=true with USE_STATSD=false)"
+                ));
+            }
+        }
+    }
     for (name, why) in IGNORED {
         if read.borrow().iter().any(|r| r == name) {
             continue;
@@ -911,11 +941,38 @@ mod tests {
         );
         let (addr, _, _) = load(&[("DISABLE_STATS", "true")]).unwrap();
         assert_eq!(addr, "");
-        // Envoy Gateway's telemetry: Prometheus, with statsd off.
-        let (addr, _, ignored) =
-            load(&[("USE_STATSD", "false"), ("USE_PROMETHEUS", "true")]).unwrap();
-        assert_eq!(addr, "");
-        assert!(ignored.iter().any(|w| w.starts_with("USE_PROMETHEUS (")));
+        // Envoy Gateway's telemetry: Prometheus, with statsd off, on its own port.
+        let mapped = from_reference_env(env(&[
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", ":19001"),
+            ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ]))
+        .unwrap();
+        let get = |k: &str| {
+            mapped
+                .env
+                .iter()
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("statsd_addr"), None);
+        assert_eq!(get("prometheus_addr"), Some("0.0.0.0:19001"));
+        assert_eq!(
+            get("prometheus_mapper"),
+            Some("/etc/statsd-exporter/conf.yaml")
+        );
+        assert!(mapped.ignored.is_empty(), "{:?}", mapped.ignored);
+        // Without USE_PROMETHEUS its address changes nothing, and says so.
+        let mapped = from_reference_env(env(&[("PROMETHEUS_ADDR", ":19001")])).unwrap();
+        assert!(
+            mapped
+                .ignored
+                .iter()
+                .any(|w| w.starts_with("PROMETHEUS_ADDR (")),
+            "{:?}",
+            mapped.ignored
+        );
         // Two sinks stop the reference, and tollgate.
         let e = load(&[("USE_PROMETHEUS", "true")]).unwrap_err().to_string();
         assert!(

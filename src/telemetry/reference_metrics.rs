@@ -1,0 +1,566 @@
+//! The reference's Prometheus metrics, on a port of their own: what envoyproxy/ratelimit serves
+//! with `USE_PROMETHEUS=true` (`PROMETHEUS_ADDR`, `PROMETHEUS_PATH`), so Envoy Gateway's scrape
+//! and dashboard keep working when its image is swapped for tollgate's.
+//!
+//! The reference turns its statsd counters into Prometheus series with the statsd exporter's
+//! mapping (`PROMETHEUS_MAPPER_YAML`, or its default one). Data flows the same way here: the
+//! statsd counters ([`super::Statsd`]: per-rule hits, errors, config loads, calls and their
+//! response times), by their statsd names → [`Mapper`] (each name to a Prometheus name and
+//! labels, as the statsd exporter maps it: the first glob mapping that matches, then the first
+//! regex one; `action: drop`; a name no mapping matches is kept with its dots as `_`) →
+//! [`render`]: the text format, with the `process_*` families. The default mapping is the
+//! reference's: `ratelimit_service_rate_limit_<counter>{domain, key1[, key2]}`,
+//! `ratelimit_service_should_rate_limit_error{err_type}`,
+//! `ratelimit_service_total_requests{grpc_method}`,
+//! `ratelimit_service_response_time_seconds{grpc_method}` (a histogram),
+//! `ratelimit_service_config_load_{success,error}`.
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+
+use super::Metrics;
+use super::statsd::BUCKETS;
+use crate::rules::yaml::{self, Node, Value};
+
+/// The hit counters of a rule, the last level of their statsd names.
+const RULE_COUNTERS: [&str; 5] = [
+    "near_limit",
+    "over_limit",
+    "total_hits",
+    "within_limit",
+    "shadow_mode",
+];
+
+/// The statsd name of the gRPC server's call counter and response time.
+const CALLS: &str = "ratelimit_server.ShouldRateLimit.total_requests";
+const RESPONSE_TIME: &str = "ratelimit_server.ShouldRateLimit.response_time";
+
+/// Which statsd metric types a mapping applies to (`match_metric_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Observer,
+}
+
+#[derive(Debug)]
+struct Mapping {
+    /// Anchored for a glob; as written for a regex (the statsd exporter does not anchor it).
+    pattern: Regex,
+    glob: bool,
+    /// The Prometheus name and labels, with `$n` (or `${n}`) for the n-th capture.
+    name: String,
+    labels: Vec<(String, String)>,
+    drop: bool,
+    kind: Option<Kind>,
+    /// `scale`: a factor on observed values (response times are milliseconds).
+    scale: Option<f64>,
+}
+
+/// What one statsd name becomes.
+#[derive(Debug, PartialEq)]
+enum Mapped {
+    Series {
+        name: String,
+        labels: Vec<(String, String)>,
+    },
+    Dropped,
+}
+
+/// A statsd exporter mapping: [`Mapper::reference_default`] or one read from a file.
+#[derive(Debug)]
+pub struct Mapper {
+    mappings: Vec<Mapping>,
+}
+
+impl Mapper {
+    /// The reference's default mapping (its `src/stats/prom/default_mapper.yaml`, as behaviour):
+    /// a rule's counters by domain and its first key (globs) or first two (regexes), the error
+    /// counter by type, calls and response times (in seconds) by method, config loads.
+    pub fn reference_default() -> Mapper {
+        let mut mappings = Vec::new();
+        for counter in RULE_COUNTERS {
+            mappings.push(mapping(
+                &format!("ratelimit.service.rate_limit.*.*.{counter}"),
+                true,
+                &format!("ratelimit_service_rate_limit_{counter}"),
+                &[("domain", "$1"), ("key1", "$2")],
+            ));
+        }
+        for counter in RULE_COUNTERS {
+            mappings.push(mapping(
+                &format!(
+                    r"ratelimit\.service\.rate_limit\.([^\.]*)\.([^\.]*)\.([^\.]*)(\..*)?\.{counter}"
+                ),
+                false,
+                &format!("ratelimit_service_rate_limit_{counter}"),
+                &[("domain", "$1"), ("key1", "$2"), ("key2", "$3")],
+            ));
+        }
+        let mut errors = mapping(
+            "ratelimit.service.call.should_rate_limit.*",
+            true,
+            "ratelimit_service_should_rate_limit_error",
+            &[("err_type", "$1")],
+        );
+        errors.kind = Some(Kind::Counter);
+        let mut calls = mapping(
+            "ratelimit_server.*.total_requests",
+            true,
+            "ratelimit_service_total_requests",
+            &[("grpc_method", "$1")],
+        );
+        calls.kind = Some(Kind::Counter);
+        let mut times = mapping(
+            "ratelimit_server.*.response_time",
+            true,
+            "ratelimit_service_response_time_seconds",
+            &[("grpc_method", "$1")],
+        );
+        times.scale = Some(0.001);
+        mappings.extend([errors, calls, times]);
+        for result in ["success", "error"] {
+            let mut load = mapping(
+                &format!("ratelimit.service.config_load_{result}"),
+                true,
+                &format!("ratelimit_service_config_load_{result}"),
+                &[],
+            );
+            load.kind = Some(Kind::Counter);
+            mappings.push(load);
+        }
+        Mapper { mappings }
+    }
+
+    /// Reads a statsd exporter mapping file (`mappings:` of `match`, `name`, `labels`,
+    /// `match_type` glob or regex, `action: drop`, `match_metric_type`, `scale`; other
+    /// fields, such as `timer_type`, change nothing here). Errors name the mapping.
+    pub fn from_yaml(text: &str) -> Result<Mapper, String> {
+        let root = yaml::parse(text)
+            .map_err(|e| format!("line {}: {}", e.pos.line, e.message))?
+            .ok_or("empty: no mappings")?;
+        let field = |node: &Node, name: &str| -> Option<Node> {
+            let Value::Map(pairs) = &node.value else {
+                return None;
+            };
+            pairs
+                .iter()
+                .find(|(k, _)| matches!(&k.value, Value::Scalar { text, .. } if text == name))
+                .map(|(_, v)| v.clone())
+        };
+        let text_of = |node: &Node| match &node.value {
+            Value::Scalar { text, .. } => Some(text.clone()),
+            _ => None,
+        };
+        let default_glob = field(&root, "defaults")
+            .and_then(|d| field(&d, "match_type"))
+            .and_then(|n| text_of(&n))
+            .is_none_or(|t| t != "regex");
+        let Some(Node {
+            value: Value::Seq(items),
+            ..
+        }) = field(&root, "mappings")
+        else {
+            return Err("no `mappings:` list".to_string());
+        };
+        let mut mappings = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("mappings[{i}] (line {})", item.pos.line);
+            let get = |name: &str| field(item, name).and_then(|n| text_of(&n));
+            let pattern = get("match").ok_or(format!("{at}: no `match`"))?;
+            let glob = match get("match_type").as_deref() {
+                None => default_glob,
+                Some("glob") => true,
+                Some("regex") => false,
+                Some(other) => return Err(format!("{at}: match_type {other}: glob or regex")),
+            };
+            let drop = get("action").as_deref() == Some("drop");
+            let name = get("name").unwrap_or_default();
+            if name.is_empty() && !drop {
+                return Err(format!("{at}: no `name`"));
+            }
+            let labels = match field(item, "labels").map(|n| n.value) {
+                Some(Value::Map(pairs)) => pairs
+                    .iter()
+                    .filter_map(|(k, v)| Some((text_of(k)?, text_of(v)?)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let kind = match get("match_metric_type").as_deref() {
+                None => None,
+                Some("counter") => Some(Kind::Counter),
+                Some("observer" | "timer" | "histogram" | "summary") => Some(Kind::Observer),
+                // A gauge: tollgate sends none, so the mapping never applies.
+                Some(_) => continue,
+            };
+            let scale = get("scale")
+                .map(|s| s.parse::<f64>().map_err(|_| format!("{at}: scale {s}")))
+                .transpose()?;
+            mappings.push(Mapping {
+                pattern: compile(&pattern, glob).map_err(|e| format!("{at}: {e}"))?,
+                glob,
+                name,
+                labels,
+                drop,
+                kind,
+                scale,
+            });
+        }
+        Ok(Mapper { mappings })
+    }
+
+    /// The scale of observed response times (milliseconds × scale): the mapping's, else none.
+    pub fn response_time_scale(&self) -> f64 {
+        match self.find(RESPONSE_TIME, Kind::Observer) {
+            Some((m, _)) => m.scale.unwrap_or(1.0),
+            None => 1.0,
+        }
+    }
+
+    /// The first glob mapping that matches `name`, else the first regex one, with captures.
+    fn find(&self, name: &str, kind: Kind) -> Option<(&Mapping, Vec<String>)> {
+        let applies = |m: &&Mapping| m.kind.is_none_or(|k| k == kind);
+        let captured = |m: &Mapping| {
+            m.pattern.captures(name).map(|c| {
+                c.iter()
+                    .map(|g| g.map_or(String::new(), |g| g.as_str().to_string()))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let globs = self.mappings.iter().filter(|m| m.glob).filter(applies);
+        let regexes = self.mappings.iter().filter(|m| !m.glob).filter(applies);
+        globs
+            .chain(regexes)
+            .find_map(|m| captured(m).map(|c| (m, c)))
+    }
+
+    fn map(&self, name: &str, kind: Kind) -> Mapped {
+        match self.find(name, kind) {
+            Some((m, _)) if m.drop => Mapped::Dropped,
+            Some((m, captures)) => Mapped::Series {
+                name: expand(&m.name, &captures),
+                labels: m
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), expand(v, &captures)))
+                    .collect(),
+            },
+            // Unmapped: the statsd exporter keeps the name, made a valid Prometheus one.
+            None => Mapped::Series {
+                name: escape(name),
+                labels: Vec::new(),
+            },
+        }
+    }
+}
+
+/// A glob (`*` is one level: no dots; the rest literal; the whole name) or a regex as written.
+fn compile(pattern: &str, glob: bool) -> Result<Regex, regex::Error> {
+    if glob {
+        let parts: Vec<String> = pattern.split('*').map(regex::escape).collect();
+        Regex::new(&format!("^{}$", parts.join("([^.]*)")))
+    } else {
+        Regex::new(pattern)
+    }
+}
+
+/// A built-in mapping (its pattern is known to compile).
+fn mapping(pattern: &str, glob: bool, name: &str, labels: &[(&str, &str)]) -> Mapping {
+    Mapping {
+        pattern: compile(pattern, glob).expect("a built-in pattern"),
+        glob,
+        name: name.to_string(),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        drop: false,
+        kind: None,
+        scale: None,
+    }
+}
+
+/// `$n` and `${n}` replaced by the n-th capture; any other `$` is kept.
+fn expand(template: &str, captures: &[String]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < template.len() {
+        let rest = &template[i..];
+        if let Some(after) = rest.strip_prefix('$') {
+            let (digits, used) = match after.strip_prefix('{') {
+                Some(inner) => inner
+                    .find('}')
+                    .map_or(("", 0), |end| (&inner[..end], end + 2)),
+                None => {
+                    let end = after
+                        .find(|c: char| !c.is_ascii_digit())
+                        .unwrap_or(after.len());
+                    (&after[..end], end)
+                }
+            };
+            if let Ok(n) = digits.parse::<usize>() {
+                out.push_str(captures.get(n).map_or("", String::as_str));
+                i += 1 + used;
+                continue;
+            }
+        }
+        let c = rest.chars().next().unwrap_or('$');
+        out.push(c);
+        i += c.len_utf8();
+    }
+    out
+}
+
+/// The statsd exporter's name escaping: anything but `[a-zA-Z0-9_]` becomes `_`, and a name
+/// that starts with a digit gets a leading `_`.
+fn escape(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+/// A label value in the text format: `\`, `"` and newlines escaped.
+fn label_value(v: &str) -> String {
+    v.replace('\\', r"\\")
+        .replace('"', r#"\""#)
+        .replace('\n', r"\n")
+}
+
+fn labels_text(labels: &[(String, String)], extra: Option<(&str, String)>) -> String {
+    let mut all: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
+        .collect();
+    if let Some((k, v)) = extra {
+        all.push(format!("{k}=\"{v}\""));
+    }
+    if all.is_empty() {
+        String::new()
+    } else {
+        format!("{{{}}}", all.join(","))
+    }
+}
+
+/// Every counter and the response-time histogram, mapped by `mapper`, in the Prometheus text
+/// format, and the `process_*` families.
+pub fn render(metrics: &Metrics, mapper: &Mapper) -> String {
+    let statsd = &metrics.statsd;
+    // Counters by Prometheus name, then by labels (two statsd names may land on one series:
+    // their counts add up, as the statsd exporter's counter would).
+    let mut counters: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    let mut names: Vec<(String, u64)> = statsd
+        .snapshot(metrics)
+        .into_iter()
+        .map(|(n, v)| (format!("ratelimit.service.{n}"), v))
+        .collect();
+    names.push((
+        CALLS.to_string(),
+        statsd.calls.load(std::sync::atomic::Ordering::Relaxed),
+    ));
+    for (name, value) in names {
+        if let Mapped::Series { name, labels } = mapper.map(&name, Kind::Counter) {
+            *counters
+                .entry(name)
+                .or_default()
+                .entry(labels_text(&labels, None))
+                .or_default() += value;
+        }
+    }
+    let mut out = String::new();
+    for (name, series) in &counters {
+        out.push_str(&format!(
+            "# HELP {name} Metric autogenerated by statsd_exporter.\n# TYPE {name} counter\n"
+        ));
+        for (labels, value) in series {
+            out.push_str(&format!("{name}{labels} {value}\n"));
+        }
+    }
+    if let Mapped::Series { name, labels } = mapper.map(RESPONSE_TIME, Kind::Observer) {
+        let (cumulative, sum) = statsd.response_times.histogram();
+        out.push_str(&format!(
+            "# HELP {name} Metric autogenerated by statsd_exporter.\n# TYPE {name} histogram\n"
+        ));
+        for (bound, count) in BUCKETS.iter().zip(&cumulative) {
+            let l = labels_text(&labels, Some(("le", bound.to_string())));
+            out.push_str(&format!("{name}_bucket{l} {count}\n"));
+        }
+        let total = cumulative.last().copied().unwrap_or(0);
+        let l = labels_text(&labels, Some(("le", "+Inf".to_string())));
+        out.push_str(&format!("{name}_bucket{l} {total}\n"));
+        let l = labels_text(&labels, None);
+        out.push_str(&format!("{name}_sum{l} {sum}\n{name}_count{l} {total}\n"));
+    }
+    out.push_str(&super::exposition::process_families());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(name: &str, labels: &[(&str, &str)]) -> Mapped {
+        Mapped::Series {
+            name: name.to_string(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// The reference's default mapping, name by name, as the statsd exporter applies it.
+    #[test]
+    fn the_default_mapping_names_series_as_the_reference_does() {
+        let m = Mapper::reference_default();
+        assert_eq!(
+            m.map(
+                "ratelimit.service.rate_limit.edge.tenant.total_hits",
+                Kind::Counter
+            ),
+            series(
+                "ratelimit_service_rate_limit_total_hits",
+                &[("domain", "edge"), ("key1", "tenant")]
+            )
+        );
+        // Three levels and more: the first two keys.
+        assert_eq!(
+            m.map(
+                "ratelimit.service.rate_limit.edge.tenant_acme.path.x.over_limit",
+                Kind::Counter
+            ),
+            series(
+                "ratelimit_service_rate_limit_over_limit",
+                &[
+                    ("domain", "edge"),
+                    ("key1", "tenant_acme"),
+                    ("key2", "path")
+                ]
+            )
+        );
+        assert_eq!(
+            m.map(
+                "ratelimit.service.call.should_rate_limit.redis_error",
+                Kind::Counter
+            ),
+            series(
+                "ratelimit_service_should_rate_limit_error",
+                &[("err_type", "redis_error")]
+            )
+        );
+        assert_eq!(
+            m.map(CALLS, Kind::Counter),
+            series(
+                "ratelimit_service_total_requests",
+                &[("grpc_method", "ShouldRateLimit")]
+            )
+        );
+        assert_eq!(
+            m.map("ratelimit.service.config_load_success", Kind::Counter),
+            series("ratelimit_service_config_load_success", &[])
+        );
+        // No mapping: the name, escaped.
+        assert_eq!(
+            m.map(
+                "ratelimit.service.rate_limit.edge.domain_not_found",
+                Kind::Counter
+            ),
+            series("ratelimit_service_rate_limit_edge_domain_not_found", &[])
+        );
+        assert_eq!(m.response_time_scale(), 0.001);
+    }
+
+    #[test]
+    fn a_mapping_file_is_read_with_globs_regexes_drops_and_types() {
+        let m = Mapper::from_yaml(
+            r#"
+mappings:
+  - match: "ratelimit.service.rate_limit.*.*.total_hits"
+    name: "hits_$1"
+    timer_type: "histogram"
+    labels: {key1: "${2}"}
+  - match: 'ratelimit\.service\.rate_limit\.([^\.]*)\..*\.over_limit'
+    match_type: regex
+    name: "over"
+    labels: {domain: "$1"}
+  - match: "ratelimit.service.global_shadow_mode"
+    action: drop
+  - match: "ratelimit_server.*.response_time"
+    name: "rt"
+    match_metric_type: observer
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            m.map(
+                "ratelimit.service.rate_limit.edge.tenant.total_hits",
+                Kind::Counter
+            ),
+            series("hits_edge", &[("key1", "tenant")])
+        );
+        assert_eq!(
+            m.map(
+                "ratelimit.service.rate_limit.edge.a.b.over_limit",
+                Kind::Counter
+            ),
+            series("over", &[("domain", "edge")])
+        );
+        assert_eq!(
+            m.map("ratelimit.service.global_shadow_mode", Kind::Counter),
+            Mapped::Dropped
+        );
+        // Not a counter mapping: the counter of the same name is unmapped.
+        assert_eq!(
+            m.map(RESPONSE_TIME, Kind::Counter),
+            series("ratelimit_server_ShouldRateLimit_response_time", &[])
+        );
+        assert_eq!(m.response_time_scale(), 1.0);
+        for (bad, says) in [
+            ("mappings: [{match: a}]", "no `name`"),
+            (
+                "mappings: [{match: '(', match_type: regex, name: x}]",
+                "mappings[0]",
+            ),
+            ("other: 1", "no `mappings:`"),
+        ] {
+            let e = Mapper::from_yaml(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn render_gives_counters_the_histogram_and_process_families() {
+        let metrics = Metrics::new();
+        metrics.statsd.enable();
+        let d: std::sync::Arc<str> = "edge".into();
+        let p: std::sync::Arc<[String]> = vec!["tenant".to_string()].into();
+        metrics
+            .statsd
+            .add(&d, &p, 3, super::super::Split::whole(3, true));
+        metrics
+            .statsd
+            .call(std::time::Duration::from_millis(2), None);
+        let text = render(&metrics, &Mapper::reference_default());
+        for line in [
+            "ratelimit_service_rate_limit_total_hits{domain=\"edge\",key1=\"tenant\"} 3\n",
+            "ratelimit_service_rate_limit_within_limit{domain=\"edge\",key1=\"tenant\"} 3\n",
+            "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 1\n",
+            "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"0.005\"} 1\n",
+            "ratelimit_service_response_time_seconds_count{grpc_method=\"ShouldRateLimit\"} 1\n",
+            "# TYPE ratelimit_service_config_load_success counter\n",
+        ] {
+            assert!(text.contains(line), "{line}:\n{text}");
+        }
+        assert!(text.contains("\nprocess_resident_memory_bytes "), "{text}");
+    }
+}
