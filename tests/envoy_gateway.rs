@@ -3,7 +3,8 @@
 //! rules pushed over xDS with mutual TLS by a test ADS server, Redis for the counts, and a real
 //! Envoy (examples/envoy/envoy.yaml) in front. Envoy's requests are limited by the pushed
 //! rules; a new snapshot changes the limit live; `/healthcheck` answers as Envoy Gateway's
-//! readiness probe expects. (Envoy reaches tollgate over plain h2c here: the example's own
+//! readiness probe expects, and its Prometheus scrape (`USE_PROMETHEUS`, its mapping file)
+//! gets the reference's series. (Envoy reaches tollgate over plain h2c here: the example's own
 //! cluster; Envoy Gateway's TLS on that hop is the gRPC port's TLS, tested in `grpc_tls.rs`.)
 
 mod common;
@@ -69,10 +70,16 @@ async fn as_envoy_gateway_runs_it_rules_over_xds_limit_envoys_requests() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let ads = TestAds::start(&certs, listener, "1", export_limit(3)).await;
     let dir = temp_dir("envoy-gateway");
-    let (grpc_port, http_port) = (free_port(), free_port());
-    // What Envoy Gateway's rate-limit Deployment sets, with test paths and free ports.
+    let (grpc_port, http_port, prom_port) = (free_port(), free_port(), free_port());
+    let mapping = dir.path().join("conf.yaml");
+    std::fs::write(&mapping, common::ENVOY_GATEWAY_MAPPING).unwrap();
+    // What Envoy Gateway's rate-limit Deployment sets, with test paths and free ports: its
+    // Prometheus telemetry too (statsd off, the exporter's mapping file mounted).
     let mut vars = envoy_gateway_env(redis.port(), &dir.path().join("data"), grpc_port, http_port);
     vars.extend([
+        ("USE_PROMETHEUS", "true".to_string()),
+        ("PROMETHEUS_ADDR", format!("127.0.0.1:{prom_port}")),
+        ("PROMETHEUS_MAPPER_YAML", mapping.display().to_string()),
         ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_string()),
         (
             "CONFIG_GRPC_XDS_SERVER_URL",
@@ -109,6 +116,30 @@ async fn as_envoy_gateway_runs_it_rules_over_xds_limit_envoys_requests() {
     );
     let keys: Vec<String> = redis.cmd(&["KEYS", "*acme*"]);
     assert!(!keys.is_empty(), "the count is in Redis");
+    // Its scrape: the reference's series on the Prometheus port. 5 hits on the rule (the warm
+    // one and acme's 4): 3 an hour, near past ⌊3 × 0.8⌋ = 2, so acme's third is near and its
+    // fourth over.
+    let prom: SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();
+    let (code, scraped) = get(prom, "/metrics");
+    assert_eq!(code, 200, "{}", text());
+    let series = r#"{domain="edge",key1="tenant",key2="endpoint_/export"}"#;
+    for (name, value) in [
+        ("total_hits", 5),
+        ("within_limit", 4),
+        ("near_limit", 1),
+        ("over_limit", 1),
+    ] {
+        let line = format!("ratelimit_service_rate_limit_{name}{series} {value}\n");
+        assert!(scraped.contains(&line), "{line} not scraped:\n{scraped}");
+    }
+    assert!(
+        scraped.contains("ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 5\n"),
+        "{scraped}"
+    );
+    assert!(
+        scraped.contains("\nprocess_resident_memory_bytes "),
+        "{scraped}"
+    );
 
     // Envoy Gateway pushes a new limit: it applies at once, without a restart.
     ads.publish("2", export_limit(5));

@@ -239,43 +239,6 @@ async fn statsd_gets_the_references_counters_under_its_names() {
     let _ = child.wait();
 }
 
-/// A statsd exporter mapping as Envoy Gateway's rate-limit Deployment mounts it (its
-/// `statsd_conf.yaml`: the reference's default mapping, response times unscaled).
-const ENVOY_GATEWAY_MAPPING: &str = r#"mappings:
-  - match: "ratelimit.service.rate_limit.*.*.total_hits"
-    name: "ratelimit_service_rate_limit_total_hits"
-    timer_type: "histogram"
-    labels: {domain: "$1", key1: "$2"}
-  - match: "ratelimit.service.rate_limit.*.*.within_limit"
-    name: "ratelimit_service_rate_limit_within_limit"
-    labels: {domain: "$1", key1: "$2"}
-  - match: "ratelimit.service.rate_limit.*.*.near_limit"
-    name: "ratelimit_service_rate_limit_near_limit"
-    labels: {domain: "$1", key1: "$2"}
-  - match: "ratelimit.service.rate_limit.*.*.over_limit"
-    name: "ratelimit_service_rate_limit_over_limit"
-    labels: {domain: "$1", key1: "$2"}
-  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.total_hits"
-    match_type: regex
-    name: "ratelimit_service_rate_limit_total_hits"
-    labels: {domain: "$1", key1: "$2", key2: "$3"}
-  - match: "ratelimit.service.call.should_rate_limit.*"
-    name: "ratelimit_service_should_rate_limit_error"
-    match_metric_type: counter
-    labels: {err_type: "$1"}
-  - match: "ratelimit_server.*.total_requests"
-    name: "ratelimit_service_total_requests"
-    match_metric_type: counter
-    labels: {grpc_method: "$1"}
-  - match: "ratelimit_server.*.response_time"
-    name: "ratelimit_service_response_time_seconds"
-    timer_type: histogram
-    labels: {grpc_method: "$1"}
-  - match: "ratelimit.service.config_load_success"
-    name: "ratelimit_service_config_load_success"
-    match_metric_type: counter
-"#;
-
 /// Envoy Gateway's telemetry: `USE_STATSD=false`, `USE_PROMETHEUS=true`, `PROMETHEUS_ADDR` and
 /// its mapping file. The series its dashboard queries are served on that port, with the
 /// reference's names, labels and counts; tollgate's own stay on the admin port.
@@ -287,7 +250,7 @@ async fn envoy_gateways_prometheus_port_serves_the_references_series() {
         "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 2}\n    descriptors:\n      - key: path\n        rate_limit: {unit: hour, requests_per_unit: 10}\n",
     );
     let mapping = dir.path().join("conf.yaml");
-    std::fs::write(&mapping, ENVOY_GATEWAY_MAPPING).unwrap();
+    std::fs::write(&mapping, common::ENVOY_GATEWAY_MAPPING).unwrap();
     let (grpc_port, http_port, prom_port) = (free_port(), free_port(), free_port());
     let mut vars = envoy_gateway_env(redis.port(), &dir.path().join("data"), grpc_port, http_port);
     vars.extend([

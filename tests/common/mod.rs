@@ -480,6 +480,55 @@ pub fn start_clean(bin: &std::path::Path, vars: &[(&str, String)], log: &std::pa
     cmd.spawn().expect("start ratelimit")
 }
 
+/// A statsd exporter mapping as Envoy Gateway's rate-limit Deployment mounts it (its
+/// `statsd_conf.yaml`: the reference's default mapping, response times unscaled).
+pub const ENVOY_GATEWAY_MAPPING: &str = r#"mappings:
+  - match: "ratelimit.service.rate_limit.*.*.total_hits"
+    name: "ratelimit_service_rate_limit_total_hits"
+    timer_type: "histogram"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit.service.rate_limit.*.*.within_limit"
+    name: "ratelimit_service_rate_limit_within_limit"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit.service.rate_limit.*.*.near_limit"
+    name: "ratelimit_service_rate_limit_near_limit"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit.service.rate_limit.*.*.over_limit"
+    name: "ratelimit_service_rate_limit_over_limit"
+    labels: {domain: "$1", key1: "$2"}
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.total_hits"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_total_hits"
+    labels: {domain: "$1", key1: "$2", key2: "$3"}
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.within_limit"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_within_limit"
+    labels: {domain: "$1", key1: "$2", key2: "$3"}
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.near_limit"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_near_limit"
+    labels: {domain: "$1", key1: "$2", key2: "$3"}
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.over_limit"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_over_limit"
+    labels: {domain: "$1", key1: "$2", key2: "$3"}
+  - match: "ratelimit.service.call.should_rate_limit.*"
+    name: "ratelimit_service_should_rate_limit_error"
+    match_metric_type: counter
+    labels: {err_type: "$1"}
+  - match: "ratelimit_server.*.total_requests"
+    name: "ratelimit_service_total_requests"
+    match_metric_type: counter
+    labels: {grpc_method: "$1"}
+  - match: "ratelimit_server.*.response_time"
+    name: "ratelimit_service_response_time_seconds"
+    timer_type: histogram
+    labels: {grpc_method: "$1"}
+  - match: "ratelimit.service.config_load_success"
+    name: "ratelimit_service_config_load_success"
+    match_metric_type: counter
+"#;
+
 /// What Envoy Gateway's rate-limit Deployment sets whatever the rules source (v1.8): Redis
 /// over TCP at `redis_port`, the reference's runtime layout under `root`, and, in place of its
 /// fixed ports, `grpc_port` and `http_port` on loopback.
