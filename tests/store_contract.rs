@@ -1,6 +1,7 @@
 //! The store contract: one set of cases run against every store — the memory store, a real
 //! `redis-server` (over plain TCP, over TLS, `rediss://` with a CA the test generates, and over
-//! a unix socket, `redis+unix://`) and a
+//! a unix socket, `redis+unix://`), a real `valkey-server` (Valkey 8, the fork Envoy AI
+//! Gateway's users run) and a
 //! real three-primary Redis Cluster — so the Lua scripts and the Rust bucket math give the same
 //! answers through `Store::apply`.
 //!
@@ -566,6 +567,16 @@ macro_rules! contract {
                     let redis = super::TestRedis::start();
                     let store = super::contract_store(&redis.url()).await;
                     super::$case(store, super::unique_prefix("redis")).await;
+                }
+            )*
+        }
+        mod valkey {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let valkey = super::TestRedis::start_valkey();
+                    let store = super::contract_store(&valkey.url()).await;
+                    super::$case(store, super::unique_prefix("valkey")).await;
                 }
             )*
         }

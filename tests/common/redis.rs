@@ -58,6 +58,8 @@ pub struct TestRedis {
     /// The TLS port of a server from [`TestRedis::start_tls`].
     tls_port: Option<u16>,
     child: Option<Child>,
+    /// The server binary: `redis-server`, or `valkey-server` ([`TestRedis::start_valkey`]).
+    server: &'static str,
     /// The temp directory `dir` is, when this value owns it (a cluster owns its nodes'
     /// directories itself); removed on drop, after the server is killed.
     _owned: Option<tempfile::TempDir>,
@@ -169,6 +171,31 @@ impl TestRedis {
         format!("redis+unix://{}", self.dir.join("redis.sock").display())
     }
 
+    /// Starts a standalone Valkey server (Redis's fork) on a free port: the same protocol and
+    /// scripting, another implementation.
+    pub fn start_valkey() -> TestRedis {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = temp_dir("valkey");
+            let (path, owned) = (dir.path().to_path_buf(), Some(dir));
+            let mut r = TestRedis {
+                port,
+                dir: path,
+                extra: Vec::new(),
+                tls_port: None,
+                child: None,
+                server: "valkey-server",
+                _owned: owned,
+            };
+            match r.spawn() {
+                Ok(()) => return r,
+                Err(e) => last = e,
+            }
+        }
+        panic!("valkey-server did not start: {last}");
+    }
+
     /// Starts a standalone server on `port` (which must be free).
     pub fn start_on(port: u16) -> TestRedis {
         TestRedis::try_start(port, Owned(temp_dir("redis")), Vec::new())
@@ -186,6 +213,7 @@ impl TestRedis {
             extra,
             tls_port: None,
             child: None,
+            server: "redis-server",
             _owned: owned,
         };
         r.spawn()?;
@@ -194,7 +222,7 @@ impl TestRedis {
 
     fn spawn(&mut self) -> Result<(), String> {
         let log = self.dir.join(format!("redis-{}.log", self.port));
-        let child = Command::new("redis-server")
+        let child = Command::new(self.server)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
@@ -207,8 +235,9 @@ impl TestRedis {
             .spawn()
             .unwrap_or_else(|e| {
                 panic!(
-                    "cannot run redis-server ({e}): the Redis tests need redis-server and redis-cli on the PATH \
-                     (`make test` installs them; or `apt-get install redis-server`)"
+                    "cannot run {} ({e}): the Redis tests need redis-server, redis-cli and valkey-server on the PATH \
+                     (`make test` installs them: scripts/deps.sh)",
+                    self.server
                 )
             });
         self.child = Some(child);
