@@ -151,3 +151,118 @@ async fn as_envoy_gateway_runs_it_rules_over_xds_limit_envoys_requests() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The rules Envoy AI Gateway's controller sends for a QuotaPolicy of `limit` tokens an hour on
+/// one model of one backend (its translator's simple case): domain `ai-gateway-quota`,
+/// `backend_name` → `model_name_override`, the limit in quota mode.
+fn quota_policy(limit: u32) -> Vec<RateLimitConfig> {
+    vec![RateLimitConfig {
+        name: "ai-gateway-quota".into(),
+        domain: "ai-gateway-quota".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "backend_name".into(),
+            value: "default/quota-backend".into(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "model_name_override".into(),
+                value: "quota-test-model".into(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: RateLimitUnit::Hour as i32,
+                    requests_per_unit: limit,
+                    ..RateLimitPolicy::default()
+                }),
+                quota_mode: true,
+                ..RateLimitDescriptor::default()
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+    }]
+}
+
+/// tollgate as Envoy AI Gateway's second rate-limit Deployment runs the reference for
+/// QuotaPolicy: `/bin/ratelimit` with the controller's argument (which the reference ignores),
+/// rules from the controller's plain-text xDS (node `envoy-ai-gateway-ratelimit`), Redis for
+/// the counts, and a real Envoy configured as the controller configures it
+/// (examples/envoy/ai-gateway/envoy.yaml): each request is checked on the way in (1 hit) and
+/// charged its tokens from dynamic metadata when its stream is done. 10 tokens an hour at 1 + 4
+/// a request: two requests pass, the third gets 429, and Redis holds the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_envoy_ai_gateway_runs_it_quota_policies_charge_tokens_from_metadata() {
+    let redis = TestRedis::start();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ads = TestAds::start_plaintext(listener, "1", quota_policy(10)).await;
+    let dir = temp_dir("ai-gateway");
+    std::fs::create_dir_all(dir.path().join("data/ratelimit")).unwrap();
+    let (grpc_port, http_port) = (free_port(), free_port());
+    // The Deployment of AI Gateway's QuotaPolicy guide and e2e test, with free ports.
+    let vars = vec![
+        ("LOG_LEVEL", "debug".to_string()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_string()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
+        (
+            "RUNTIME_ROOT",
+            dir.path().join("data").display().to_string(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_string()),
+        ("USE_STATSD", "false".to_string()),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_string()),
+        (
+            "CONFIG_GRPC_XDS_NODE_ID",
+            "envoy-ai-gateway-ratelimit".to_string(),
+        ),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            format!("127.0.0.1:{}", ads.addr.port()),
+        ),
+        ("GRPC_HOST", "127.0.0.1".to_string()),
+        ("GRPC_PORT", grpc_port.to_string()),
+        ("HOST", "127.0.0.1".to_string()),
+        ("PORT", http_port.to_string()),
+    ];
+    let log = dir.path().join("tollgate.log");
+    let link = ratelimit_link(dir.path());
+    let mut child = std::process::Command::new(&link)
+        .arg("--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system")
+        .env_clear()
+        .envs(vars.iter().map(|(k, v)| (k, v)))
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
+    let healthy = poll(Duration::from_secs(20), || {
+        (get(admin, "/healthcheck") == (200, "OK".to_string())).then_some(())
+    });
+    assert!(healthy.is_some(), "no /healthcheck OK; log:\n{}", text());
+    wait_version(admin, "1");
+
+    let grpc: SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
+    let envoy = TestEnvoy::start_example("examples/envoy/ai-gateway/envoy.yaml", grpc, &[]);
+    let front = envoy.front;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let r = tokio::task::spawn_blocking(move || {
+            get_with(front, "/v1/chat/completions", &[]).expect("envoy answered")
+        })
+        .await
+        .unwrap();
+        statuses.push(r.status);
+        // The stream-done charge is sent after the response: let it land.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*quota-test-model*"]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        statuses,
+        [200, 200, 429],
+        "10 tokens, 5 a request; envoy:\n{}\ntollgate:\n{}",
+        envoy.log(),
+        text()
+    );
+    assert!(!keys.is_empty(), "the count is in Redis");
+    let ack = ads.seen().into_iter().last().unwrap();
+    assert_eq!((ack.version_info.as_str(), ack.error_detail), ("1", None));
+}

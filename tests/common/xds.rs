@@ -107,20 +107,25 @@ impl AggregatedDiscoveryService for Ads {
     }
 }
 
-/// Serves `ads` over mutual TLS on `listener` until `ads.stop` fires (its streams end, then
-/// the server).
-async fn serve_ads(ads: Ads, certs: &TestCerts, listener: std::net::TcpListener) {
-    let read = |name: &str| std::fs::read(certs.path(name)).unwrap();
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(read("server.crt"), read("server.key")))
-        .client_ca_root(Certificate::from_pem(read("ca.crt")));
+/// Serves `ads` over mutual TLS (plain text without `certs`, as Envoy AI Gateway's
+/// controller serves its rate-limit xDS) on `listener` until `ads.stop` fires (its streams
+/// end, then the server).
+async fn serve_ads(ads: Ads, certs: Option<&TestCerts>, listener: std::net::TcpListener) {
+    let tls = certs.map(|certs| {
+        let read = |name: &str| std::fs::read(certs.path(name)).unwrap();
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(read("server.crt"), read("server.key")))
+            .client_ca_root(Certificate::from_pem(read("ca.crt")))
+    });
     listener.set_nonblocking(true).unwrap();
     let listener = tokio::net::TcpListener::from_std(listener).unwrap();
     let mut stopped = ads.stop.clone();
     tokio::spawn(async move {
-        Server::builder()
-            .tls_config(tls)
-            .unwrap()
+        let mut server = Server::builder();
+        if let Some(tls) = tls {
+            server = server.tls_config(tls).unwrap();
+        }
+        server
             .add_service(AggregatedDiscoveryServiceServer::new(ads))
             .serve_with_incoming_shutdown(tokio_stream_of(listener), async move {
                 let _ = stopped.changed().await;
@@ -153,6 +158,24 @@ impl TestAds {
     /// server that was stopped).
     pub async fn start(
         certs: &TestCerts,
+        listener: std::net::TcpListener,
+        version: &str,
+        configs: Vec<RateLimitConfig>,
+    ) -> TestAds {
+        TestAds::serve(Some(certs), listener, version, configs).await
+    }
+
+    /// [`TestAds::start`] over plain text.
+    pub async fn start_plaintext(
+        listener: std::net::TcpListener,
+        version: &str,
+        configs: Vec<RateLimitConfig>,
+    ) -> TestAds {
+        TestAds::serve(None, listener, version, configs).await
+    }
+
+    async fn serve(
+        certs: Option<&TestCerts>,
         listener: std::net::TcpListener,
         version: &str,
         configs: Vec<RateLimitConfig>,
