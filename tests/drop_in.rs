@@ -377,3 +377,26 @@ async fn started_as_ratelimit_it_decides_as_the_reference_does() {
         "{line}"
     );
 }
+
+/// A replica told to stop while it still waits for its Redis stops cleanly, even when
+/// `store_startup_timeout_ms` runs out during its drain: giving up is for a start that never
+/// ends, not for a stop.
+#[test]
+fn a_stop_during_the_wait_for_redis_is_clean_even_past_the_startup_timeout() {
+    let port = free_port();
+    let server = common::InProcess::builder(RULES)
+        .settings(|s| {
+            s.store = format!("redis://127.0.0.1:{port}");
+            s.store_startup_timeout_ms = 1_000;
+            s.drain_ms = 2_000;
+        })
+        .ready_status(503)
+        .start();
+    let started = std::time::Instant::now();
+    let result = server.shutdown();
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_900),
+        "drained first"
+    );
+    assert_eq!(result, Ok(()), "a clean stop, not a startup timeout");
+}

@@ -278,6 +278,8 @@ async fn serve_loaded(
     clock: Clock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AppError> {
+    // store_startup_timeout_ms counts from here, before the store's first connection attempt.
+    let started = tokio::time::Instant::now();
     let metrics = Arc::new(Metrics::new());
     metrics.rules_loaded.set(loaded.set.counts().2 as i64);
     let rules = Arc::new(ArcSwap::from_pointee(loaded.set));
@@ -391,14 +393,12 @@ async fn serve_loaded(
     let reference_prometheus = if settings.prometheus_addr.is_empty() {
         None
     } else {
-        let addr: SocketAddr = settings
-            .prometheus_addr
-            .parse()
-            .map_err(|_| AppError::Bind {
-                what: "prometheus",
-                addr: settings.admin_addr,
-                source: std::io::Error::other("prometheus_addr is not ip:port"),
-            })?;
+        let addr: SocketAddr = settings.prometheus_addr.parse().map_err(|_| {
+            AppError::Settings(SettingsError::Invalid {
+                key: "prometheus_addr",
+                message: format!("{}: expected ip:port", settings.prometheus_addr),
+            })
+        })?;
         let mapper = reference_mapper(&settings)?;
         handler
             .metrics
@@ -406,7 +406,8 @@ async fn serve_loaded(
             .response_times
             .set_scale(mapper.response_time_scale());
         let listener = bind("prometheus", addr).await?;
-        tracing::info!(prometheus_addr = %addr, path = %settings.prometheus_path, "serving the reference's Prometheus metrics");
+        let bound = local_addr(&listener, "prometheus", addr)?;
+        tracing::info!(prometheus_addr = %bound, path = %settings.prometheus_path, "serving the reference's Prometheus metrics");
         let router = admin::reference_metrics_router(
             handler.metrics.clone(),
             Arc::new(mapper),
@@ -511,9 +512,12 @@ async fn serve_loaded(
         tracing::info!(%grpc_addr, %admin_addr, store = store_name, "tollgate ready");
     }
     let first_answer = first_store_answer(
-        handler.clone(),
+        admin_state.clone(),
         gated,
-        Duration::from_millis(settings.store_startup_timeout_ms),
+        (
+            started,
+            Duration::from_millis(settings.store_startup_timeout_ms),
+        ),
         stopped(stop_rx.clone()),
     );
     // If either server fails, stop the other too: a half-alive replica would stay "ready".
@@ -561,15 +565,18 @@ async fn serve_loaded(
 /// passes first, which stops tollgate: a crash loop is what an operator sees, as the
 /// reference's `REDIS_STARTUP_MAX_ELAPSED_TIME` gives.
 async fn first_store_answer(
-    handler: Arc<Handler>,
+    admin: Arc<AdminState>,
     gated: bool,
-    timeout: Duration,
+    (started, timeout): (tokio::time::Instant, Duration),
     stop: impl Future<Output = ()>,
 ) -> Result<(), AppError> {
-    let started = tokio::time::Instant::now();
-    let store = handler.limiter.store();
+    let store = admin.handler.limiter.store();
     tokio::pin!(stop);
     while !store.answered_once() {
+        // Once shutdown began (unready, draining) there is nothing to give up on.
+        if !admin.ready.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
         if !timeout.is_zero() && started.elapsed() >= timeout {
             return Err(AppError::StoreNeverAnswered {
                 waited: timeout,

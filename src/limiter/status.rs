@@ -213,7 +213,10 @@ impl Tally {
             telemetry::Outcome::ok | telemetry::Outcome::near_limit => {
                 Split::admitted(counts(used.saturating_sub(hits)))
             }
-            // A refused take charged nothing: what is used is the count it found.
+            // A refused take charged nothing (token bucket, sliding window): what is used is
+            // the count it found. A fixed window's refused take counts up to the limit and
+            // reports none left, so its hits all count as over (the reference would split a
+            // take of several hits that crosses the limit: README, Differences).
             telemetry::Outcome::over_limit => Split::refused(counts(used), false),
             telemetry::Outcome::shadow => Split::refused(counts(used), true),
             // Decided without the store's count.

@@ -22,10 +22,12 @@ pub fn load_path(path: &Path, opts: LoadOptions) -> Result<RuleSet, RulesError> 
     };
     let meta =
         std::fs::metadata(path).map_err(|e| fail(format!("cannot read the rules path: {e}")))?;
-    let files = if meta.is_dir() {
-        list_dir(path).map_err(|e| fail(format!("cannot list the rules directory: {e}")))?
+    let (files, unreadable) = if meta.is_dir() {
+        let listing =
+            list_dir(path).map_err(|e| fail(format!("cannot list the rules directory: {e}")))?;
+        (listing.files, listing.unreadable)
     } else {
-        vec![path.to_path_buf()]
+        (vec![path.to_path_buf()], Vec::new())
     };
     let empty_dir = meta.is_dir() && files.is_empty();
     let mut sources = Vec::with_capacity(files.len());
@@ -38,6 +40,13 @@ pub fn load_path(path: &Path, opts: LoadOptions) -> Result<RuleSet, RulesError> 
     }
     match load_sources(&sources, opts) {
         Ok(mut set) if errors.is_empty() => {
+            // As the reference's loader: a subdirectory it cannot list is passed over, said.
+            for (dir, e) in &unreadable {
+                set.warnings.push(format!(
+                    "{}: cannot list this subdirectory ({e}): any rules files in it are not loaded",
+                    dir.display()
+                ));
+            }
             // Loading nothing is valid (every request is allowed) but seldom what was meant:
             // a wrong path, or files named `*.json` or `*.txt`. Say so instead of going quiet.
             if empty_dir {
@@ -79,7 +88,7 @@ fn subdirs_with_rules(dir: &Path) -> Vec<String> {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| !n.starts_with('.'))
         })
-        .filter(|p| list_dir(p).is_ok_and(|files| !files.is_empty()))
+        .filter(|p| list_dir(p).is_ok_and(|l| !l.files.is_empty()))
         .filter_map(|p| Some(format!("{}/", p.file_name()?.to_str()?)))
         .collect();
     found.sort();
@@ -92,18 +101,35 @@ fn subdirs_with_rules(dir: &Path) -> Vec<String> {
 /// Kubernetes ConfigMap's `..data` and `..2026_…` directories: its files are the links beside
 /// them), and so are links to directories, which are not followed (a loop, or the same files
 /// twice); a link to a file is read (ConfigMap files are links into `..data/`).
-pub(super) fn list_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    walk(dir, &mut files, 0)?;
-    files.sort();
-    Ok(files)
+pub(super) fn list_dir(dir: &Path) -> std::io::Result<Listing> {
+    let mut listing = Listing::default();
+    walk(dir, &mut listing, 0)?;
+    listing.files.sort();
+    Ok(listing)
+}
+
+/// What [`list_dir`] found.
+#[derive(Debug, Default)]
+pub(super) struct Listing {
+    pub(super) files: Vec<PathBuf>,
+    /// Subdirectories that could not be listed (a `lost+found` of another owner), and why.
+    pub(super) unreadable: Vec<(PathBuf, std::io::Error)>,
 }
 
 /// Directories deeper than this are not walked (a rules tree is a few levels deep).
 const MAX_DEPTH: usize = 16;
 
-fn walk(dir: &Path, files: &mut Vec<PathBuf>, depth: usize) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
+/// Lists `dir` into `out`; only the top directory's own listing failing is an error.
+fn walk(dir: &Path, out: &mut Listing, depth: usize) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if depth > 0 => {
+            out.unreadable.push((dir.to_path_buf(), e));
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
         let entry = entry?;
         let path = entry.path();
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
@@ -116,7 +142,7 @@ fn walk(dir: &Path, files: &mut Vec<PathBuf>, depth: usize) -> std::io::Result<(
         let own = entry.file_type()?;
         if own.is_dir() {
             if depth < MAX_DEPTH {
-                walk(&path, files, depth + 1)?;
+                walk(&path, out, depth + 1)?;
             }
             continue;
         }
@@ -124,7 +150,7 @@ fn walk(dir: &Path, files: &mut Vec<PathBuf>, depth: usize) -> std::io::Result<(
         let yaml = lower.ends_with(".yaml") || lower.ends_with(".yml");
         // is_file follows a link: a link to a file is read, one to a directory is not.
         if yaml && path.is_file() {
-            files.push(path);
+            out.files.push(path);
         }
     }
     Ok(())
@@ -250,6 +276,40 @@ mod tests {
         )
         .unwrap();
         assert_ne!(before, crate::rules::reload::fingerprint(dir));
+    }
+
+    /// A subdirectory that cannot be listed is passed over with a warning, not a failed load.
+    #[test]
+    fn an_unreadable_subdirectory_is_a_warning() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::write(dir.join("edge.yaml"), "domain: edge\n").unwrap();
+        let locked = dir.join("lost+found");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let root_reads_anyway = std::fs::read_dir(&locked).is_ok();
+        let set = load_path(dir, LoadOptions::default());
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let set = set.unwrap();
+        assert_eq!(set.domains.len(), 1);
+        // Root lists any directory: the branch itself, with a subdirectory that is gone.
+        let mut listing = Listing::default();
+        walk(&dir.join("gone"), &mut listing, 1).unwrap();
+        assert_eq!(listing.unreadable.len(), 1);
+        assert!(
+            walk(&dir.join("gone"), &mut listing, 0).is_err(),
+            "the top one is an error"
+        );
+        if !root_reads_anyway {
+            assert!(
+                set.warnings
+                    .iter()
+                    .any(|w| w.contains("lost+found: cannot list this subdirectory")),
+                "{:?}",
+                set.warnings
+            );
+        }
     }
 
     #[test]

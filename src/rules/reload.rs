@@ -77,7 +77,9 @@ pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, Option<u64>)>;
 pub fn fingerprint(path: &Path) -> Fingerprint {
     let files = match std::fs::metadata(path) {
         // The files a load reads, subdirectories included.
-        Ok(m) if m.is_dir() => super::load::list_dir(path).unwrap_or_default(),
+        Ok(m) if m.is_dir() => super::load::list_dir(path)
+            .map(|l| l.files)
+            .unwrap_or_default(),
         _ => vec![path.to_path_buf()],
     };
     let mut out: Vec<_> = files

@@ -55,6 +55,9 @@ struct Mapping {
     kind: Option<Kind>,
     /// `scale`: a factor on observed values (response times are milliseconds).
     scale: Option<f64>,
+    /// Observed values as a histogram (`timer_type`/`observer_type: histogram`), else as
+    /// the statsd exporter's default, a summary (here its sum and count: no quantiles).
+    histogram: bool,
 }
 
 /// What one statsd name becomes.
@@ -133,8 +136,9 @@ impl Mapper {
     }
 
     /// Reads a statsd exporter mapping file (`mappings:` of `match`, `name`, `labels`,
-    /// `match_type` glob or regex, `action: drop`, `match_metric_type`, `scale`; other
-    /// fields, such as `timer_type`, change nothing here). Errors name the mapping.
+    /// `match_type` glob or regex, `action: drop`, `match_metric_type`, `scale`,
+    /// `timer_type`/`observer_type`, and those `defaults`; `histogram_options` is not read:
+    /// the buckets are Prometheus's defaults). Errors name the mapping.
     pub fn from_yaml(text: &str) -> Result<Mapper, String> {
         let root = yaml::parse(text)
             .map_err(|e| format!("line {}: {}", e.pos.line, e.message))?
@@ -152,10 +156,15 @@ impl Mapper {
             Value::Scalar { text, .. } => Some(text.clone()),
             _ => None,
         };
-        let default_glob = field(&root, "defaults")
-            .and_then(|d| field(&d, "match_type"))
-            .and_then(|n| text_of(&n))
-            .is_none_or(|t| t != "regex");
+        let default_of = |name: &str| {
+            field(&root, "defaults")
+                .and_then(|d| field(&d, name))
+                .and_then(|n| text_of(&n))
+        };
+        let default_glob = default_of("match_type").is_none_or(|t| t != "regex");
+        let default_histogram = default_of("observer_type")
+            .or_else(|| default_of("timer_type"))
+            .is_some_and(|t| t == "histogram");
         let Some(Node {
             value: Value::Seq(items),
             ..
@@ -193,6 +202,9 @@ impl Mapper {
                 // A gauge: tollgate sends none, so the mapping never applies.
                 Some(_) => continue,
             };
+            let histogram = get("observer_type")
+                .or_else(|| get("timer_type"))
+                .map_or(default_histogram, |t| t == "histogram");
             let scale = get("scale")
                 .map(|s| s.parse::<f64>().map_err(|_| format!("{at}: scale {s}")))
                 .transpose()?;
@@ -204,6 +216,7 @@ impl Mapper {
                 drop,
                 kind,
                 scale,
+                histogram,
             });
         }
         Ok(Mapper { mappings })
@@ -237,14 +250,23 @@ impl Mapper {
     fn map(&self, name: &str, kind: Kind) -> Mapped {
         match self.find(name, kind) {
             Some((m, _)) if m.drop => Mapped::Dropped,
-            Some((m, captures)) => Mapped::Series {
-                name: expand(&m.name, &captures),
-                labels: m
-                    .labels
-                    .iter()
-                    .map(|(k, v)| (k.clone(), expand(v, &captures)))
-                    .collect(),
-            },
+            Some((m, captures)) => {
+                // Escaped as the statsd exporter escapes every name: a capture may hold
+                // anything a statsd name does (`my-domain`).
+                let name = escape(&expand(&m.name, &captures));
+                if name.is_empty() {
+                    // The exporter drops it too (`empty_metric_name`).
+                    return Mapped::Dropped;
+                }
+                Mapped::Series {
+                    name,
+                    labels: m
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (k.clone(), expand(v, &captures)))
+                        .collect(),
+                }
+            }
             // Unmapped: the statsd exporter keeps the name, made a valid Prometheus one.
             None => Mapped::Series {
                 name: escape(name),
@@ -277,37 +299,48 @@ fn mapping(pattern: &str, glob: bool, name: &str, labels: &[(&str, &str)]) -> Ma
         drop: false,
         kind: None,
         scale: None,
+        histogram: true,
     }
 }
 
-/// `$n` and `${n}` replaced by the n-th capture; any other `$` is kept.
+/// Go's `regexp.Expand`, which the statsd exporter uses: `$name` takes the longest run of
+/// letters, digits and `_` (so `$1_x` is the group named `1_x`: empty), `${name}` the braces'
+/// content; a number is that capture, any other name (named groups are not used) is empty,
+/// `$$` is `$`, and a `$` that starts no name is kept.
 fn expand(template: &str, captures: &[String]) -> String {
     let mut out = String::new();
-    let mut i = 0;
-    while i < template.len() {
-        let rest = &template[i..];
-        if let Some(after) = rest.strip_prefix('$') {
-            let (digits, used) = match after.strip_prefix('{') {
-                Some(inner) => inner
-                    .find('}')
-                    .map_or(("", 0), |end| (&inner[..end], end + 2)),
-                None => {
-                    let end = after
-                        .find(|c: char| !c.is_ascii_digit())
-                        .unwrap_or(after.len());
-                    (&after[..end], end)
-                }
-            };
-            if let Ok(n) = digits.parse::<usize>() {
-                out.push_str(captures.get(n).map_or("", String::as_str));
-                i += 1 + used;
-                continue;
-            }
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(more) = after.strip_prefix('$') {
+            out.push('$');
+            rest = more;
+            continue;
         }
-        let c = rest.chars().next().unwrap_or('$');
-        out.push(c);
-        i += c.len_utf8();
+        let (name, used) = match after.strip_prefix('{') {
+            Some(inner) => match inner.find('}') {
+                Some(end) => (&inner[..end], end + 2),
+                None => ("", 0),
+            },
+            None => {
+                let end = after
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(after.len());
+                (&after[..end], end)
+            }
+        };
+        if name.is_empty() {
+            out.push('$');
+            rest = after;
+            continue;
+        }
+        if let Ok(n) = name.parse::<usize>() {
+            out.push_str(captures.get(n).map_or("", String::as_str));
+        }
+        rest = &after[used..];
     }
+    out.push_str(rest);
     out
 }
 
@@ -387,21 +420,29 @@ pub fn render(metrics: &Metrics, mapper: &Mapper) -> String {
         }
     }
     if let Mapped::Series { name, labels } = mapper.map(RESPONSE_TIME, Kind::Observer) {
+        let histogram = mapper
+            .find(RESPONSE_TIME, Kind::Observer)
+            .is_none_or(|(m, _)| m.histogram);
         let (cumulative, sum) = statsd.response_times.histogram();
+        let kind = if histogram { "histogram" } else { "summary" };
         out.push_str(&format!(
-            "# HELP {name} Metric autogenerated by statsd_exporter.\n# TYPE {name} histogram\n"
+            "# HELP {name} Metric autogenerated by statsd_exporter.\n# TYPE {name} {kind}\n"
         ));
-        for (bound, count) in BUCKETS.iter().zip(&cumulative) {
-            let l = labels_text(&labels, Some(("le", bound.to_string())));
-            out.push_str(&format!("{name}_bucket{l} {count}\n"));
-        }
         let total = cumulative.last().copied().unwrap_or(0);
-        let l = labels_text(&labels, Some(("le", "+Inf".to_string())));
-        out.push_str(&format!("{name}_bucket{l} {total}\n"));
+        if histogram {
+            for (bound, count) in BUCKETS.iter().zip(&cumulative) {
+                let l = labels_text(&labels, Some(("le", bound.to_string())));
+                out.push_str(&format!("{name}_bucket{l} {count}\n"));
+            }
+            let l = labels_text(&labels, Some(("le", "+Inf".to_string())));
+            out.push_str(&format!("{name}_bucket{l} {total}\n"));
+        }
         let l = labels_text(&labels, None);
         out.push_str(&format!("{name}_sum{l} {sum}\n{name}_count{l} {total}\n"));
     }
-    out.push_str(&super::exposition::process_families());
+    out.push_str(&super::exposition::to_text(
+        &super::exposition::process_families(),
+    ));
     out
 }
 
@@ -538,6 +579,28 @@ mappings:
         }
     }
 
+    /// Go's `regexp.Expand` and the exporter's escaping of mapped names.
+    #[test]
+    fn names_expand_and_escape_as_the_statsd_exporter_does() {
+        let c = ["all".to_string(), "my-domain".to_string(), "b".to_string()];
+        assert_eq!(expand("x_$1", &c), "x_my-domain");
+        assert_eq!(expand("${1}_x", &c), "my-domain_x");
+        assert_eq!(expand("$1_x", &c), "", "the group named 1_x");
+        assert_eq!(expand("a$$b $ c$", &c), "a$b $ c$");
+        let m = Mapper::from_yaml(
+            "mappings:\n  - match: \"ratelimit.service.rate_limit.*.*.total_hits\"\n    name: \"hits_$1\"\n  - match: \"x.*\"\n    name: \"$9\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            m.map(
+                "ratelimit.service.rate_limit.my-domain.k.total_hits",
+                Kind::Counter
+            ),
+            series("hits_my_domain", &[])
+        );
+        assert_eq!(m.map("x.y", Kind::Counter), Mapped::Dropped);
+    }
+
     #[test]
     fn render_gives_counters_the_histogram_and_process_families() {
         let metrics = Metrics::new();
@@ -558,9 +621,23 @@ mappings:
             "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"0.005\"} 1\n",
             "ratelimit_service_response_time_seconds_count{grpc_method=\"ShouldRateLimit\"} 1\n",
             "# TYPE ratelimit_service_config_load_success counter\n",
+            // The process families in this port's text format too.
+            "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total ",
         ] {
             assert!(text.contains(line), "{line}:\n{text}");
         }
         assert!(text.contains("\nprocess_resident_memory_bytes "), "{text}");
+        // A mapping without `timer_type: histogram`: the exporter's default, a summary.
+        let summary = Mapper::from_yaml(
+            "mappings:\n  - match: \"ratelimit_server.*.response_time\"\n    name: rt\n",
+        )
+        .unwrap();
+        let text = render(&metrics, &summary);
+        assert!(text.contains("# TYPE rt summary\n"), "{text}");
+        assert!(!text.contains("rt_bucket"), "{text}");
+        assert!(
+            text.contains("rt_count{} 1\n") || text.contains("rt_count 1\n"),
+            "{text}"
+        );
     }
 }

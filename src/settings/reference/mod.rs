@@ -415,12 +415,21 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
     // Prometheus as the reference serves it (`USE_PROMETHEUS=true`, with statsd off): its
     // statsd counters through a statsd exporter mapping, on a port of its own (`:9090`,
     // `/metrics` by default). tollgate's own metrics stay on the admin port's /metrics.
-    if !use_statsd && flag("USE_PROMETHEUS")?.unwrap_or(false) {
+    // DISABLE_STATS comes first there (no sink, no port), and one sink only.
+    if !use_statsd && !on("DISABLE_STATS") && flag("USE_PROMETHEUS")?.unwrap_or(false) {
+        if on("USE_DOG_STATSD") {
+            return Err(refuse(
+                "USE_DOG_STATSD",
+                "true",
+                "envoyproxy/ratelimit uses one stats sink and USE_PROMETHEUS is true: unset one",
+            ));
+        }
         let addr = var("PROMETHEUS_ADDR").unwrap_or_else(|| ":9090".to_string());
-        // Go's `:port` is every interface.
-        let addr = match addr.strip_prefix(':') {
-            Some(port) => format!("0.0.0.0:{port}"),
-            None => addr,
+        // Go's `:port` is every interface; `localhost` is loopback.
+        let addr = match addr.rsplit_once(':') {
+            Some(("", port)) => format!("0.0.0.0:{port}"),
+            Some(("localhost", port)) => format!("127.0.0.1:{port}"),
+            _ => addr,
         };
         set("prometheus_addr", addr);
         if let Some(path) = var("PROMETHEUS_PATH") {
@@ -963,6 +972,34 @@ mod tests {
             Some("/etc/statsd-exporter/conf.yaml")
         );
         assert!(mapped.ignored.is_empty(), "{:?}", mapped.ignored);
+        let localhost = from_reference_env(env(&[
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "localhost:9090"),
+        ]))
+        .unwrap();
+        assert!(
+            localhost
+                .env
+                .contains(&("prometheus_addr", "127.0.0.1:9090".to_string())),
+            "{:?}",
+            localhost.env
+        );
+        // DISABLE_STATS wins, as there; two sinks stop startup, as there.
+        let disabled = from_reference_env(env(&[
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("DISABLE_STATS", "true"),
+        ]))
+        .unwrap();
+        assert!(!disabled.env.iter().any(|(k, _)| *k == "prometheus_addr"));
+        let e = from_reference_env(env(&[
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("USE_DOG_STATSD", "true"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("one stats sink"), "{e}");
         // Without USE_PROMETHEUS its address changes nothing, and says so.
         let mapped = from_reference_env(env(&[("PROMETHEUS_ADDR", ":19001")])).unwrap();
         assert!(
