@@ -40,7 +40,7 @@ LABEL org.opencontainers.image.title="tollgate" \
 COPY --from=build /out/tollgate /usr/local/bin/tollgate
 # /bin/ratelimit, a link to the binary: the command Envoy Gateway's rate-limit Deployment runs
 # (with no args). Started under that name, tollgate reads envoyproxy/ratelimit's environment
-# (README, "Coming from envoyproxy/ratelimit"), so swapping the image is the whole migration.
+# (docs/migrating.md), so swapping the image is the whole migration.
 # A directory is copied so the link stays a link (a COPY of the link itself would copy the file).
 COPY --from=build /out/bin/ /bin/
 USER 65532:65532

@@ -213,7 +213,7 @@ TOLLGATE_TEST_BINARY="$PWD/$BIN" \
   > "$TMP/rlqs-state.txt" 2>&1 || echo "bench: the RLQS state benchmark failed (see below)" >&2
 
 # --- the simulator ------------------------------------------------------------------------
-# `tollgate simulate` on the README's worked example: 500 replicas × 2,000 req/s for 20 s of
+# `tollgate simulate` on docs/simulate.md's worked example: 500 replicas × 2,000 req/s for 20 s of
 # virtual time (20 M decisions); its wall and CPU time (one thread: CPU time is the steadier
 # figure on a shared machine) and decisions per CPU second.
 echo "bench: tollgate simulate, 500 replicas × 2,000 req/s for 20 s…" >&2

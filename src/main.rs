@@ -16,7 +16,7 @@ use tollgate::sim::SimulateArgs;
 
 /// mimalloc rather than glibc's malloc: a request allocates and frees dozens of small buffers
 /// across threads (HTTP/2 frames, protobuf, Redis commands), where glibc's arenas spent ~10 % of
-/// the server's CPU (`perf`); see the README's Performance section for the measured change.
+/// the server's CPU (`perf`); see docs/performance.md for the measured change.
 #[global_allocator]
 static ALLOCATOR: MiMalloc = MiMalloc;
 
@@ -44,7 +44,7 @@ enum Command {
         grpc_addr: SocketAddr,
     },
     /// Plan a fleet: run the real limiter code for N replicas on a virtual clock against a
-    /// simulated store, from a scenario file (see the README's "Planning a fleet").
+    /// simulated store, from a scenario file (see docs/simulate.md).
     Simulate(SimulateArgs),
     /// Validate a rules file or directory: print a summary, or every error with file:line.
     Check {

@@ -8,7 +8,7 @@
 //! refuse more shards than min(burst, requests_per_unit), so every shard has capacity and
 //! refill. The planner sends each request to a random shard ([`pick`]); when that shard is
 //! empty, the request tries one [`other`] shard before it is refused (`shard_retry`), which
-//! keeps refusals while other shards still hold tokens rare (README: the trade-offs).
+//! keeps refusals while other shards still hold tokens rare (docs/accuracy.md).
 //!
 //! What a sharded limit reports: the shard's outcome, with `remaining` scaled up by N (capped
 //! at the capacity) as the estimate of the whole bucket: random picks drain the shards evenly

@@ -216,7 +216,7 @@ impl Tally {
             // A refused take charged nothing (token bucket, sliding window): what is used is
             // the count it found. A fixed window's refused take counts up to the limit and
             // reports none left, so its hits all count as over (the reference would split a
-            // take of several hits that crosses the limit: README, Differences).
+            // take of several hits that crosses the limit: docs/migrating.md#differences-from-envoyproxyratelimit).
             telemetry::Outcome::over_limit => Split::refused(counts(used), false),
             telemetry::Outcome::shadow => Split::refused(counts(used), true),
             // Decided without the store's count.

@@ -95,7 +95,7 @@ pub struct LoadOptions {
 }
 
 /// The default of `sliding_log_max_limit`: a full log of this many hits is a few hundred KB
-/// in Redis (README, Algorithms).
+/// in Redis (docs/rules.md, the sliding log).
 pub const SLIDING_LOG_MAX_LIMIT: u64 = 10_000;
 
 impl Default for LoadOptions {

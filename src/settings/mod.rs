@@ -24,12 +24,12 @@ use crate::rules::FallbackMode;
 use crate::telemetry::LogFormat;
 
 /// One setting as the schema declares it: everything else (flag, variable, file key, the
-/// `/config` row, the README table check) is derived from it.
+/// `/config` row, the docs/settings.md table check) is derived from it.
 #[derive(Clone, Copy, Debug)]
 pub struct Key {
     /// The file key, e.g. `store_timeout_ms`.
     pub name: &'static str,
-    /// One line for `--help` and the README.
+    /// One line for `--help` and docs/settings.md.
     pub doc: &'static str,
 }
 
@@ -44,7 +44,7 @@ impl Key {
         format!("TOLLGATE_{}", self.name.to_ascii_uppercase())
     }
 
-    /// The default as text, as the README's table shows it (`(empty)` for an empty string).
+    /// The default as text, as docs/settings.md's table shows it (`(empty)` for an empty string).
     pub fn default_text(&self) -> String {
         let defaults = serde_json::to_value(Settings::default()).unwrap_or_default();
         match defaults.get(self.name) {
@@ -73,7 +73,7 @@ macro_rules! settings {
             }
         }
 
-        /// Every setting, in the order of `--help` and the README table.
+        /// Every setting, in the order of `--help` and the docs/settings.md table.
         pub const KEYS: &[Key] = &[ $( Key { name: stringify!($name), doc: $doc }, )* ];
     };
 }
@@ -102,7 +102,7 @@ settings! {
     admin_json: bool = true,
         "serve POST /json on the admin port (decisions over HTTP: it spends tokens); false where more than operators reach that port";
     store: String = "memory".to_string(),
-        "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS) / redis+unix:///path (see README)";
+        "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS) / redis+unix:///path (see docs/redis.md)";
     default_algorithm: Algorithm = Algorithm::TokenBucket,
         "token_bucket, fixed_window, sliding_window or sliding_log, for limits that name none";
     shadow_mode: bool = false,
@@ -359,16 +359,11 @@ mod tests {
         assert!(err.to_string().contains("store_timeout"), "{err}");
     }
 
-    /// The README's settings table lists exactly the schema's keys with their defaults, so the
-    /// docs cannot drift from the code.
+    /// The settings page's table (docs/settings.md) lists exactly the schema's keys with their
+    /// defaults, so the docs cannot drift from the code.
     #[test]
-    fn the_readme_settings_table_matches_the_schema() {
-        let readme = include_str!("../../README.md");
-        let section = readme
-            .split("\n## Settings\n")
-            .nth(1)
-            .and_then(|s| s.split("\n## ").next())
-            .expect("README has a Settings section");
+    fn the_settings_page_table_matches_the_schema() {
+        let section = include_str!("../../docs/settings.md");
         let rows: Vec<(String, String)> = section
             .lines()
             .filter(|l| l.starts_with("| `"))
@@ -382,14 +377,14 @@ mod tests {
         let declared: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
         assert_eq!(
             documented, declared,
-            "README rows vs settings schema (same order)"
+            "docs/settings.md rows vs settings schema (same order)"
         );
         for (key, default) in &rows {
             let key = KEYS.iter().find(|k| k.name == key).unwrap();
             assert_eq!(
                 *default,
                 key.default_text(),
-                "README default of {}",
+                "docs/settings.md default of {}",
                 key.name
             );
         }

@@ -59,7 +59,7 @@ const WALL_START_MS: u64 = 1_767_225_600_000;
 /// `tollgate simulate` flags.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SimulateArgs {
-    /// The scenario file (YAML; see the README's "Planning a fleet").
+    /// The scenario file (YAML; see docs/simulate.md).
     pub scenario: PathBuf,
     /// Print the report as one JSON object instead of text.
     #[arg(long)]

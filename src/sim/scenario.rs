@@ -3,7 +3,7 @@
 //! Read with the rules' YAML reader (`rules::yaml`), so every problem (an unknown key, a
 //! number out of range, a rules path without rules, a setting `serve` would refuse) is
 //! reported as `file:line:col: field: message`, all of them in one run, as `tollgate check`
-//! reports rules. The names are part of the interface: the README documents them.
+//! reports rules. The names are part of the interface: docs/simulate.md documents them.
 //!
 //! Flow: [`Scenario::load`] parses the file → [`read`] walks it into a [`Scenario`] (the
 //! settings through [`Settings::load`], the rules through [`crate::rules::load_path`], both

@@ -562,7 +562,7 @@ mod tests {
     /// than the limit, with time passing (refills, leases expire), housekeeping, and replicas
     /// stopped gracefully (leases given back) or killed (leases lost) and replaced. Over the
     /// whole run, no more than the bucket gave: 10 + what refilled. Over every span, at most
-    /// the README's bound: capacity + refill × span + replicas × (max_batch + cost). And
+    /// the bound of docs/hot-keys.md: capacity + refill × span + replicas × (max_batch + cost). And
     /// from below: a request the store refused (not one the over-limit cache refused from
     /// memory) was refused because the shared bucket could not pay its cost. Tokens held in
     /// other replicas' leases may be why, but never tokens the bucket still has: a limiter

@@ -1,7 +1,7 @@
 //! Where the running settings make tollgate decide otherwise than envoyproxy/ratelimit, each
 //! with the setting that changes it: the one startup line of a replica started as the
-//! reference (`app/mod.rs`) and the README's "What differs from the reference" table, which a
-//! test holds to this list.
+//! reference (`app/mod.rs`) and the table "What differs from the reference" of
+//! docs/migrating.md#what-differs-from-the-reference, which a test holds to this list.
 //!
 //! Data flows one way: the loaded [`Settings`] → a list of differences (empty: this replica
 //! decides as the reference does). Only what changes a decision is listed, not what changes
@@ -31,7 +31,7 @@ impl std::fmt::Display for Difference {
     }
 }
 
-/// Every setting [`differences`] may name, for the README test.
+/// Every setting [`differences`] may name, for the docs test below.
 #[cfg(test)]
 const SETTINGS_NAMED: &[&str] = &[
     "default_algorithm",
@@ -94,8 +94,9 @@ pub fn differences(s: &Settings) -> Vec<Difference> {
 mod tests {
     use super::*;
 
-    /// tollgate's own defaults differ in two ways, each named with its setting; the README's
-    /// table "What differs from the reference" lists every setting this file can name.
+    /// tollgate's own defaults differ in two ways, each named with its setting; the table
+    /// "What differs from the reference" (docs/migrating.md) lists every setting this file can
+    /// name.
     #[test]
     fn tollgates_defaults_differ_in_named_ways_the_readme_lists() {
         let named: Vec<&str> = differences(&Settings::default())
@@ -110,18 +111,18 @@ mod tests {
         };
         let named: Vec<&str> = differences(&all).iter().map(|d| d.setting).collect();
         assert_eq!(named, SETTINGS_NAMED);
-        let readme = include_str!("../../../README.md");
-        let table = readme
+        let page = include_str!("../../../docs/migrating.md");
+        let table = page
             .split("### What differs from the reference")
             .nth(1)
-            .expect("README has the table")
+            .expect("docs/migrating.md has the table")
             .split("\n#")
             .next()
             .unwrap();
         for setting in SETTINGS_NAMED {
             assert!(
                 table.contains(&format!("`{setting}")),
-                "README's table misses {setting}"
+                "docs/migrating.md's table misses {setting}"
             );
         }
         let line = differences(&all)[0].to_string();

@@ -8,8 +8,8 @@
 //! named in one startup warning ([`Mapped::ignored`]); a value tollgate cannot honour safely
 //! (a Redis type it does not know, a unix socket to a cluster, a client-certificate SAN it
 //! would not check) stops startup with the reason ([`Refused`]), because serving anyway would
-//! limit other traffic than the operator configured. The README's "Coming from
-//! envoyproxy/ratelimit" table is this file's table.
+//! limit other traffic than the operator configured. The variables table of
+//! docs/migrating.md#coming-from-envoyproxyratelimit is this file's table.
 
 use std::time::Duration;
 
