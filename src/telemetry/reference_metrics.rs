@@ -18,10 +18,10 @@
 use std::collections::BTreeMap;
 
 use regex::Regex;
+use yaml_rust2::{Yaml, YamlLoader};
 
 use super::Metrics;
 use super::statsd::BUCKETS;
-use crate::rules::yaml::{self, Node, Value};
 
 /// The hit counters of a rule, the last level of their statsd names.
 const RULE_COUNTERS: [&str; 5] = [
@@ -140,20 +140,20 @@ impl Mapper {
     /// `timer_type`/`observer_type`, and those `defaults`; `histogram_options` is not read:
     /// the buckets are Prometheus's defaults). Errors name the mapping.
     pub fn from_yaml(text: &str) -> Result<Mapper, String> {
-        let root = yaml::parse(text)
-            .map_err(|e| format!("line {}: {}", e.pos.line, e.message))?
-            .ok_or("empty: no mappings")?;
-        let field = |node: &Node, name: &str| -> Option<Node> {
-            let Value::Map(pairs) = &node.value else {
-                return None;
-            };
-            pairs
-                .iter()
-                .find(|(k, _)| matches!(&k.value, Value::Scalar { text, .. } if text == name))
-                .map(|(_, v)| v.clone())
+        // Read with yaml-rust2 directly: telemetry sits below the rules and does not borrow
+        // their position-keeping reader. Errors name the mapping by its index.
+        let docs = YamlLoader::load_from_str(text).map_err(|e| e.to_string())?;
+        let root = docs.into_iter().next().ok_or("empty: no mappings")?;
+        let field = |node: &Yaml, name: &str| -> Option<Yaml> {
+            match &node[name] {
+                Yaml::BadValue | Yaml::Null => None,
+                found => Some(found.clone()),
+            }
         };
-        let text_of = |node: &Node| match &node.value {
-            Value::Scalar { text, .. } => Some(text.clone()),
+        let text_of = |node: &Yaml| match node {
+            Yaml::String(s) | Yaml::Real(s) => Some(s.clone()),
+            Yaml::Integer(n) => Some(n.to_string()),
+            Yaml::Boolean(b) => Some(b.to_string()),
             _ => None,
         };
         let default_of = |name: &str| {
@@ -165,16 +165,12 @@ impl Mapper {
         let default_histogram = default_of("observer_type")
             .or_else(|| default_of("timer_type"))
             .is_some_and(|t| t == "histogram");
-        let Some(Node {
-            value: Value::Seq(items),
-            ..
-        }) = field(&root, "mappings")
-        else {
+        let Some(Yaml::Array(items)) = field(&root, "mappings") else {
             return Err("no `mappings:` list".to_string());
         };
         let mut mappings = Vec::new();
         for (i, item) in items.iter().enumerate() {
-            let at = format!("mappings[{i}] (line {})", item.pos.line);
+            let at = format!("mappings[{i}]");
             let get = |name: &str| field(item, name).and_then(|n| text_of(&n));
             let pattern = get("match").ok_or(format!("{at}: no `match`"))?;
             let glob = match get("match_type").as_deref() {
@@ -188,8 +184,8 @@ impl Mapper {
             if name.is_empty() && !drop {
                 return Err(format!("{at}: no `name`"));
             }
-            let labels = match field(item, "labels").map(|n| n.value) {
-                Some(Value::Map(pairs)) => pairs
+            let labels = match field(item, "labels") {
+                Some(Yaml::Hash(pairs)) => pairs
                     .iter()
                     .filter_map(|(k, v)| Some((text_of(k)?, text_of(v)?)))
                     .collect(),
