@@ -161,7 +161,7 @@ impl RedisStore {
             tracing::warn!(
                 url = %pool.display_url,
                 error = %pool.last_connect_error(),
-                "store unreachable at startup; the fallback decides until it answers, retrying in the background"
+                "store unreachable at startup; retrying in the background (until it answers the replica is unready, with unready_until_store_answers, and calls go to the fallback)"
             );
         }
         pool.start_keeper(connected);
