@@ -17,7 +17,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::redis::TestRedis;
@@ -38,17 +38,7 @@ fn password_protected() -> TestRedis {
 
 /// `tollgate serve` with only `vars` in its environment, its stderr in `log`.
 fn serve(vars: &[(&str, String)], log: &Path) -> Child {
-    let mut cmd = Command::new(tollgate_binary());
-    cmd.arg("serve")
-        .env_clear()
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).expect("log file"));
-    for (k, v) in vars {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("start tollgate serve")
+    common::start_clean_with(&tollgate_binary(), &["serve"], vars, log)
 }
 
 fn stop(mut child: Child) {

@@ -220,16 +220,12 @@ async fn as_envoy_ai_gateway_runs_it_quota_policies_charge_tokens_from_metadata(
     ];
     let log = dir.path().join("tollgate.log");
     let link = ratelimit_link(dir.path());
-    let mut child = std::process::Command::new(&link)
-        .arg("--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system")
-        .env_clear()
-        .envs(vars.iter().map(|(k, v)| (k, v)))
-        .env("NO_COLOR", "1")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = common::start_clean_with(
+        &link,
+        &["--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system"],
+        &vars,
+        &log,
+    );
     let text = || std::fs::read_to_string(&log).unwrap_or_default();
     let admin: SocketAddr = format!("127.0.0.1:{http_port}").parse().unwrap();
     let healthy = poll(Duration::from_secs(20), || {

@@ -414,21 +414,7 @@ async fn serve_loaded(
             &settings.prometheus_path,
         );
         Some(tokio::spawn(admin::serve(
-            crate::service::listener::Accept::new(
-                listener,
-                crate::service::listener::Limits {
-                    port: "prometheus",
-                    max_connections: settings.admin_max_connections,
-                    handshake_timeout: None,
-                    refused: handler
-                        .metrics
-                        .refused
-                        .get_or_create(&crate::telemetry::RefusedLabels {
-                            what: "prometheus_connections",
-                        })
-                        .clone(),
-                },
-            ),
+            http_accept(listener, "prometheus", &settings, &handler.metrics),
             router,
             Duration::from_millis(settings.admin_header_timeout_ms),
             stopped(stop_rx.clone()),
@@ -478,21 +464,7 @@ async fn serve_loaded(
     )
     .await?;
     let admin = admin::serve(
-        crate::service::listener::Accept::new(
-            listeners.admin,
-            crate::service::listener::Limits {
-                port: "admin",
-                max_connections: settings.admin_max_connections,
-                handshake_timeout: None,
-                refused: handler
-                    .metrics
-                    .refused
-                    .get_or_create(&crate::telemetry::RefusedLabels {
-                        what: "admin_connections",
-                    })
-                    .clone(),
-            },
-        ),
+        http_accept(listeners.admin, "admin", &settings, &handler.metrics),
         admin::router(admin_state.clone()),
         Duration::from_millis(settings.admin_header_timeout_ms),
         stopped(stop_rx.clone()),
@@ -592,6 +564,33 @@ async fn first_store_answer(
         tracing::info!(store = store.name(), "the store answered: tollgate ready");
     }
     Ok(())
+}
+
+/// An HTTP port's accept loop (admin, prometheus): at most `admin_max_connections` open, each
+/// refused one counted as `<port>_connections` in `tollgate_refused_total`.
+fn http_accept(
+    listener: TcpListener,
+    port: &'static str,
+    settings: &Settings,
+    metrics: &Metrics,
+) -> crate::service::listener::Accept {
+    let what = if port == "admin" {
+        "admin_connections"
+    } else {
+        "prometheus_connections"
+    };
+    crate::service::listener::Accept::new(
+        listener,
+        crate::service::listener::Limits {
+            port,
+            max_connections: settings.admin_max_connections,
+            handshake_timeout: None,
+            refused: metrics
+                .refused
+                .get_or_create(&crate::telemetry::RefusedLabels { what })
+                .clone(),
+        },
+    )
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AppError> {

@@ -35,10 +35,11 @@ pub(super) struct Plan {
     /// Per descriptor, the entries whose request values join its limits' metrics class
     /// (`value_to_metric`); empty lists, which do not allocate, nearly always.
     pub(super) metric_values: Vec<Vec<usize>>,
-    /// Per descriptor, `(entry, declared pattern)` of the entries a `share_threshold` wildcard
-    /// folded into one bucket: its metrics name the pattern, not each value (one series, as
-    /// the reference's). Empty, without allocating, nearly always.
-    pub(super) shared: Vec<Vec<(usize, String)>>,
+    /// `(descriptor, [(entry, declared pattern)])` of the entries a `share_threshold` wildcard
+    /// folded into one bucket, where a `detailed_metric` limit would name each value: its
+    /// metrics name the pattern instead (one series, as the reference's). Empty, without
+    /// allocating, nearly always.
+    pub(super) shared: Vec<(usize, Vec<(usize, String)>)>,
     pub(super) ops: Vec<Op>,
 }
 
@@ -178,14 +179,17 @@ pub(super) fn plan(
             });
         }
     }
+    // Only where a limit names the request's values in its metrics (`detailed_metric`): nearly
+    // never, so this allocates nothing on the common path.
     let shared = matches
         .iter()
-        .map(|m| {
-            m.as_ref().map_or_else(Vec::new, |m| {
-                m.shared
-                    .iter()
-                    .map(|(at, pattern)| (*at, pattern.to_string()))
-                    .collect()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            let m = m.as_ref()?;
+            let detailed = m.node.limits.iter().any(|l| l.detailed_metric);
+            (detailed && !m.shared.is_empty()).then(|| {
+                let patterns = m.shared.iter();
+                (i, patterns.map(|(at, p)| (*at, p.to_string())).collect())
             })
         })
         .collect();

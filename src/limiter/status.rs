@@ -200,6 +200,9 @@ impl Tally {
         let (class, overflow) = self.class_of(limit, req, metric_values);
         self.count(domain, &class, outcome);
         let statsd = &self.metrics.statsd;
+        if !statsd.enabled() {
+            return;
+        }
         let capacity = limit.rate.map_or(0, |r| r.burst);
         let counts = |before: u64| Hits {
             limit: capacity,
@@ -209,7 +212,6 @@ impl Tally {
         };
         let used = capacity.saturating_sub(remaining);
         let split = match outcome {
-            _ if !statsd.enabled() => return,
             telemetry::Outcome::ok | telemetry::Outcome::near_limit => {
                 Split::admitted(counts(used.saturating_sub(hits)))
             }
@@ -327,23 +329,24 @@ pub(super) fn fold(
         .map(|(i, (desc, limits))| {
             // Values a share_threshold wildcard folded are counted under its pattern.
             let folded;
-            let desc = if plan.shared[i].is_empty() {
-                desc
-            } else {
-                folded = RequestDescriptor {
-                    entries: desc
-                        .entries
-                        .iter()
-                        .enumerate()
-                        .map(|(j, &(k, v))| {
-                            let pattern = plan.shared[i].iter().find(|(at, _)| *at == j);
-                            (k, pattern.map_or(v, |(_, p)| p.as_str()))
-                        })
-                        .collect(),
-                    hits_addend: desc.hits_addend,
-                    limit_override: desc.limit_override,
-                };
-                &folded
+            let desc = match plan.shared.iter().find(|(d, _)| *d == i) {
+                None => desc,
+                Some((_, shared)) => {
+                    folded = RequestDescriptor {
+                        entries: desc
+                            .entries
+                            .iter()
+                            .enumerate()
+                            .map(|(j, &(k, v))| {
+                                let pattern = shared.iter().find(|(at, _)| *at == j);
+                                (k, pattern.map_or(v, |(_, p)| p.as_str()))
+                            })
+                            .collect(),
+                        hits_addend: desc.hits_addend,
+                        limit_override: desc.limit_override,
+                    };
+                    &folded
+                }
             };
             descriptor_status(
                 domain,

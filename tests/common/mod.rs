@@ -468,8 +468,19 @@ pub fn ratelimit_link(dir: &std::path::Path) -> std::path::PathBuf {
 
 /// Starts `bin` (no arguments) with only `vars` in its environment (nothing of this process's leaks in).
 pub fn start_clean(bin: &std::path::Path, vars: &[(&str, String)], log: &std::path::Path) -> Child {
+    start_clean_with(bin, &[], vars, log)
+}
+
+/// [`start_clean`] with arguments: `serve`, or one a gateway passes to `/bin/ratelimit`.
+pub fn start_clean_with(
+    bin: &std::path::Path,
+    args: &[&str],
+    vars: &[(&str, String)],
+    log: &std::path::Path,
+) -> Child {
     let mut cmd = Command::new(bin);
-    cmd.env_clear()
+    cmd.args(args)
+        .env_clear()
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
