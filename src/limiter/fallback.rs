@@ -1,5 +1,5 @@
 //! The fallback: how an op is decided while the store cannot answer for it (a failed or
-//! timed-out call, or an open circuit; see `store/redis/breaker.rs`).
+//! timed-out call, or an open circuit; see `store/breaker.rs`).
 //!
 //! Each failed op gets the mode of its limit (`fallback:` in `rate_limit`), else the global
 //! `fallback` setting:

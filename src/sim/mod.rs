@@ -50,7 +50,7 @@ pub use report::Report;
 use report::{Counts, Speed};
 pub use scenario::Scenario;
 use scenario::{Arrivals, Pick, Routing, Traffic};
-use store::{ClassCalls, ClientConfig, ReplicaStore, SimStore};
+use store::{ClassCalls, ReplicaStore, SimStore};
 
 /// Where the manual clock's wall reading starts (any fixed instant: the same seed must give the
 /// same fixed windows).
@@ -325,19 +325,16 @@ impl<'s> Sim<'s> {
         let clock = Clock::manual(WALL_START_MS);
         let s = &scenario.settings;
         let activity = Arc::new(AtomicU64::new(0));
-        let config = ClientConfig {
-            timeout_us: s.store_timeout_ms.saturating_mul(1_000),
-            max_wait_us: s
-                .store_connect_timeout_ms
-                .max(s.store_timeout_ms)
-                .saturating_mul(1_000),
-            breaker_failures: s.breaker_failures,
-            probe_every_us: s.breaker_probe_ms * 1_000,
-        };
+        let policy = crate::store::breaker::Policy::new(
+            Duration::from_millis(s.store_timeout_ms),
+            Duration::from_millis(s.store_connect_timeout_ms),
+            s.breaker_failures,
+            Duration::from_millis(s.breaker_probe_ms),
+        );
         let class_calls = Arc::new(ClassCalls::new(scenario.duration_s));
         let store = Arc::new(SimStore::new(
             &scenario.store,
-            config,
+            policy,
             clock.clone(),
             scenario.seed,
             scenario.duration_s,
@@ -400,7 +397,11 @@ impl<'s> Sim<'s> {
         let s = &self.scenario.settings;
         let index = self.next_index;
         self.next_index += 1;
-        let backend = Arc::new(ReplicaStore::new(self.store.clone(), index));
+        let backend = Arc::new(ReplicaStore::new(
+            self.store.clone(),
+            index,
+            self.metrics.store.clone(),
+        ));
         let replicas = Arc::new(Replicas::new(s.fallback_replicas, s.fallback_min_replicas));
         let config = crate::configs::limiter_config(s, replicas.clone(), self.clock.clone(), true);
         let limiter = Arc::new(Limiter::on_shared_store(

@@ -10,16 +10,17 @@
 //!   the scenario's p50 and p99; a node runs `ops_per_s` scripts a second, one at a time, so
 //!   past it calls queue; the ops of a call run when the node gets to them, **whether or not
 //!   the caller still waits** (a timed-out call's tokens are spent, as in Redis).
-//! - The client follows `store/redis/call.rs` and `breaker.rs`: a call gives up when its node
-//!   has been silent (no reply to this replica) for `store_timeout_ms`, or after
-//!   max(`store_connect_timeout_ms`, `store_timeout_ms`) in all; a refused connection opens
-//!   the node's breaker at once, `breaker_failures` failed calls in a row open it too; an
-//!   open breaker fails its node's ops at once (`CircuitOpen`) and closes at the first probe
-//!   (every `breaker_probe_ms` from when it opened) whose script the node runs within the
-//!   connect timeout, queue included. Membership heartbeats pass the breakers, bounded by the
-//!   connect timeout alone, as `RedisStore::membership` is. Left out: `call.rs`'s last short
-//!   pause before giving up, and the connection pool's reconnect back-off after an outage
-//!   (a real fleet returns to the store up to a couple of seconds later than this one).
+//! - The client's breakers and give-up rule are the Redis client's own (`store/breaker.rs`,
+//!   [`Breakers`]), one set per replica on the virtual clock: a call gives up when its node
+//!   has been silent to this replica for `store_timeout_ms` (after one last short pause), or
+//!   after max(`store_connect_timeout_ms`, `store_timeout_ms`); a refused connection opens
+//!   the node's breaker at once, `breaker_failures` failed calls in a row open it too; an open
+//!   breaker fails its node's ops at once (`CircuitOpen`), and [`probe_until_closed`] probes
+//!   it every `breaker_probe_ms` with a script that must run within the connect timeout,
+//!   queue included ([`SimStore::probe`]: the model's part). Membership heartbeats pass the
+//!   breakers, bounded by the connect timeout alone, as `RedisStore::membership` is. Left out:
+//!   the connection pool's reconnect back-off after an outage (a real fleet returns to the
+//!   store up to a couple of seconds later than this one).
 //! - Slots: a key's node is its hash-tag slot's, the slots split over the nodes in order as
 //!   `redis-cli --cluster create` splits them.
 //!
@@ -40,22 +41,14 @@ use rand_distr::{Distribution, LogNormal};
 
 use super::scenario::{FaultKind, Latency, StoreModel};
 use crate::clock::Clock;
-use crate::quota::{Op, Outcome};
+use crate::store::breaker::{Breakers, Policy, Probe, probe_until_closed};
 use crate::store::redis::slot_of;
-use crate::store::{Backend, MemoryStore, StoreError, StoreErrorKind};
+use crate::store::{Backend, MemoryStore, Op, Outcome, StoreError, StoreErrorKind};
+use crate::telemetry::StoreMetrics;
 
 /// Buckets a simulated node holds at most (Redis holds them all; the memory store's cap
 /// would evict live buckets and make the simulation wrong, not tell the user).
 const NODE_MAX_KEYS: usize = 50_000_000;
-
-/// The store's timing and failure settings, from the scenario's `settings:`.
-#[derive(Clone, Copy, Debug)]
-pub struct ClientConfig {
-    pub timeout_us: u64,
-    pub max_wait_us: u64,
-    pub breaker_failures: u32,
-    pub probe_every_us: u64,
-}
 
 /// One simulated Redis primary.
 #[derive(Debug)]
@@ -135,7 +128,10 @@ pub struct SimStore {
     rng: Mutex<SmallRng>,
     /// Scripts run, per node per virtual second.
     calls: Mutex<Vec<Vec<u64>>>,
-    config: ClientConfig,
+    /// The clients' give-up and breaker rules, from the scenario's `settings:`.
+    policy: Policy,
+    /// Each node's name for the breakers (`node0`, `node1`, …).
+    names: Vec<Arc<str>>,
     /// The last slot of each node, as `redis-cli --cluster create` splits the 16,384.
     last_slots: Vec<u16>,
     classes: Arc<ClassCalls>,
@@ -166,7 +162,7 @@ fn last_slots(nodes: u32) -> Vec<u16> {
 impl SimStore {
     pub fn new(
         model: &StoreModel,
-        config: ClientConfig,
+        policy: Policy,
         clock: Clock,
         seed: u64,
         duration_s: u64,
@@ -197,7 +193,10 @@ impl SimStore {
                 .collect(),
             rng: Mutex::new(SmallRng::seed_from_u64(seed ^ 0x5354_4f52_4521)),
             calls: Mutex::new(vec![vec![0; duration_s as usize + 2]; model.nodes as usize]),
-            config,
+            policy,
+            names: (0..model.nodes)
+                .map(|i| Arc::from(format!("node{i}").as_str()))
+                .collect(),
             last_slots: last_slots(model.nodes),
             classes,
             activity,
@@ -231,28 +230,42 @@ impl SimStore {
             })
     }
 
-    /// Whether a breaker probe from `replica` at `t_us` runs its script within `limit_us`
-    /// (`breaker.rs`: a real script, bounded by the connect timeout): the node must be
-    /// reachable and running scripts, and its queue plus a round trip short enough. A probe
-    /// that reaches the node is one more script on it.
-    fn probe(&self, node: usize, replica: u32, t_us: u64, limit_us: f64) -> bool {
-        let latency = match self.fault(node, replica, t_us) {
-            // No connection: nothing is sent.
-            Some(FaultKind::Down | FaultKind::Partition { .. }) => return false,
+    /// A breaker probe from `replica` (`store/redis/probe.rs`: a real script, bounded by the
+    /// connect timeout), taking the time it takes: the node must be reachable and running
+    /// scripts, and its queue plus a round trip short enough. A probe that reaches the node is
+    /// one more script on it.
+    async fn probe(&self, node: usize, replica: u32) -> Probe {
+        let t = self.clock.mono_us();
+        let limit_us = self.policy.probe_limit.as_micros() as f64;
+        let latency = match self.fault(node, replica, t) {
+            // Refused at once.
+            Some(FaultKind::Down) => return Probe::Failed,
+            // Nothing comes back: the probe waits out its bound.
+            Some(FaultKind::Partition { .. }) => {
+                self.clock.sleep(self.policy.probe_limit).await;
+                return Probe::Failed;
+            }
             Some(FaultKind::Oom) => {
-                self.count_scripts(node, t_us, 1);
-                return false;
+                self.count_scripts(node, t, 1);
+                let rtt = self.round_trip_us(self.latency).min(limit_us);
+                self.clock.sleep(Duration::from_micros(rtt as u64)).await;
+                return Probe::Failed;
             }
             Some(FaultKind::Slow(l)) => *l,
             None => self.latency,
         };
-        self.count_scripts(node, t_us, 1);
-        let waited = self.queue_us(node, t_us) + self.round_trip_us(latency);
-        let ran = waited < limit_us;
-        if ran {
-            self.enqueue(node, t_us as f64, 1);
+        self.count_scripts(node, t, 1);
+        let waited = self.queue_us(node, t) + self.round_trip_us(latency);
+        if waited < limit_us {
+            self.enqueue(node, t as f64, 1);
+            self.clock
+                .sleep(Duration::from_micros(waited.ceil() as u64))
+                .await;
+            Probe::Ran
+        } else {
+            self.clock.sleep(self.policy.probe_limit).await;
+            Probe::Failed
         }
-        ran
     }
 
     /// One round trip (µs) under `latency`.
@@ -313,77 +326,42 @@ enum Reply {
     Live(u64),
 }
 
-/// One replica's breaker for one node.
-#[derive(Clone, Copy, Debug, Default)]
-struct Breaker {
-    failures: u32,
-    /// The next probe's time while open.
-    probe_at_us: Option<u64>,
-}
-
-/// One replica's client of the simulated store: its own breakers and its own view of each
-/// node's silence.
+/// One replica's client of the simulated store: its own breakers (the Redis client's), and
+/// so its own view of each node's silence.
 #[derive(Debug)]
 pub struct ReplicaStore {
     store: Arc<SimStore>,
     index: u32,
-    breakers: Mutex<Vec<Breaker>>,
-    /// When each node last replied to this replica (virtual µs).
-    replied_us: Arc<Mutex<Vec<u64>>>,
+    breakers: Arc<Breakers>,
 }
 
 impl ReplicaStore {
-    pub fn new(store: Arc<SimStore>, index: u32) -> Self {
-        let n = store.nodes.len();
+    pub fn new(store: Arc<SimStore>, index: u32, metrics: StoreMetrics) -> Self {
+        let breakers = Breakers::new(store.policy, store.clock.clone(), metrics);
         ReplicaStore {
             store,
             index,
-            breakers: Mutex::new(vec![Breaker::default(); n]),
-            replied_us: Arc::new(Mutex::new(vec![0; n])),
+            breakers: Arc::new(breakers),
         }
     }
 
-    /// Whether `node`'s breaker lets a call through now: an open one is probed (lazily: the
-    /// probes a probe task would have made since it opened, each at its own time).
-    fn breaker_allows(&self, node: usize, now: u64) -> bool {
-        let probe_every = self.store.config.probe_every_us.max(1);
-        let limit = self.store.config.max_wait_us as f64;
-        let mut breakers = lock(&self.breakers);
-        let b = &mut breakers[node];
-        let Some(mut at) = b.probe_at_us else {
-            return true;
+    /// Notes how a call to `node` ended, as `RedisStore` does; a breaker this opened is probed
+    /// by the Redis client's own task, on the virtual clock.
+    fn settle(&self, node: usize, failed: Option<StoreErrorKind>) {
+        let name = &self.store.names[node];
+        if !self.breakers.settle(name, failed) {
+            return;
+        }
+        let (store, replica) = (self.store.clone(), self.index);
+        let probe = move || {
+            let store = store.clone();
+            async move { store.probe(node, replica).await }
         };
-        while at <= now {
-            // A probe waits in the node's queue like any call: a node buried under a backlog
-            // keeps the breaker open while the backlog drains.
-            if self.store.probe(node, self.index, at, limit) {
-                *b = Breaker::default();
-                return true;
-            }
-            at = at.saturating_add(probe_every);
-        }
-        b.probe_at_us = Some(at);
-        false
-    }
-
-    fn settled(&self, node: usize, failed: Option<StoreErrorKind>, now: u64) {
-        let mut breakers = lock(&self.breakers);
-        let b = &mut breakers[node];
-        match failed {
-            None => b.failures = 0,
-            Some(kind) => {
-                b.failures = b.failures.saturating_add(1);
-                // Opened once (`Breakers::failed` is true only on the change): a call that
-                // fails while it is open does not put its probe off.
-                if b.probe_at_us.is_none()
-                    && (kind == StoreErrorKind::Connection
-                        || b.failures >= self.store.config.breaker_failures.max(1))
-                {
-                    b.probe_at_us =
-                        Some(now.saturating_add(self.store.config.probe_every_us.max(1)));
-                }
-            }
-        }
+        self.store.clock.spawn(probe_until_closed(
+            self.breakers.clone(),
+            name.clone(),
+            probe,
+        ));
     }
 
     /// One decision-side call to `node` (`RedisStore::call`): through the node's breaker,
@@ -391,22 +369,18 @@ impl ReplicaStore {
     /// it gets.
     async fn call(&self, node: usize, work: Work, scripts: u64) -> Result<Reply, StoreError> {
         let s = &self.store;
-        let started = s.clock.mono_us();
-        if !self.breaker_allows(node, started) {
+        if self.breakers.is_open(&s.names[node]) {
             return Err(StoreError::new(
                 StoreErrorKind::CircuitOpen,
                 "simulated node's circuit is open",
             ));
         }
+        let started = s.clock.mono_us();
         let result = match self.dispatch(node, work, scripts, started) {
-            Ok(reply) => self.wait(node, started, reply).await,
+            Ok(reply) => self.wait(node, reply).await,
             Err(e) => Err(e),
         };
-        let now = s.clock.mono_us();
-        match &result {
-            Ok(_) => self.settled(node, None, now),
-            Err(e) => self.settled(node, Some(e.kind), now),
-        }
+        self.settle(node, result.as_ref().err().map(|e| e.kind));
         result
     }
 
@@ -415,7 +389,7 @@ impl ReplicaStore {
     async fn membership_call(&self, node: usize, work: Work) -> Result<Reply, StoreError> {
         let s = &self.store;
         let started = s.clock.mono_us();
-        let limit = Duration::from_micros(s.config.max_wait_us);
+        let limit = s.policy.probe_limit;
         match self.dispatch(node, work, 1, started)? {
             Some(reply) => match s.clock.timeout(limit, reply).await {
                 Ok(Ok(result)) => result,
@@ -480,7 +454,7 @@ impl ReplicaStore {
         let half = rtt_us / 2.0;
         let arrives = now as f64 + half;
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let replied = self.replied_us.clone();
+        let (breakers, name) = (self.breakers.clone(), s.names[node].clone());
         let replica = self.index;
         let clock = s.clock.clone();
         clock.clone().spawn(async move {
@@ -508,48 +482,34 @@ impl ReplicaStore {
             clock
                 .sleep(until(&clock, done_at.max(t as f64) + half))
                 .await;
-            {
-                let mut r = lock(&replied);
-                r[node] = r[node].max(clock.mono_us());
-            }
+            breakers.replied(&name);
             s.activity.fetch_add(1, Ordering::Relaxed);
             let _ = tx.send(result);
         });
         rx
     }
 
-    /// Waits for the reply as `RedisStore::call` does: until the node has been silent to this
-    /// replica for the timeout, or the hard limit.
+    /// Waits for the reply by the Redis client's give-up rule ([`Breakers::wait`]): until the
+    /// node has been silent to this replica for the timeout, or the hard limit.
     async fn wait(
         &self,
         node: usize,
-        started: u64,
-        reply: Option<tokio::sync::oneshot::Receiver<Result<Reply, StoreError>>>,
+        mut reply: Option<tokio::sync::oneshot::Receiver<Result<Reply, StoreError>>>,
     ) -> Result<Reply, StoreError> {
-        let s = &self.store;
-        let cfg = s.config;
-        let timed_out = || {
-            StoreError::new(
-                StoreErrorKind::Timeout,
-                "simulated node silent past store_timeout_ms",
-            )
-        };
-        let Some(mut reply) = reply else {
-            s.clock
-                .sleep(Duration::from_micros(cfg.timeout_us.min(cfg.max_wait_us)))
-                .await;
-            return Err(timed_out());
-        };
-        let hard = started + cfg.max_wait_us;
+        let clock = &self.store.clock;
+        let mut wait = self.breakers.wait();
+        let mut deadline = wait.first_deadline(&self.breakers);
         loop {
-            let heard = lock(&self.replied_us)[node].max(started);
-            let deadline = (heard + cfg.timeout_us).min(hard);
-            let now = s.clock.mono_us();
-            if now >= deadline {
-                return Err(timed_out());
-            }
-            let wait = Duration::from_micros(deadline - now);
-            match s.clock.timeout(wait, &mut reply).await {
+            let left = Duration::from_micros(deadline.saturating_sub(clock.mono_us()));
+            let answered = match &mut reply {
+                Some(reply) => clock.timeout(left, reply).await,
+                // A partition: nothing comes back.
+                None => {
+                    clock.sleep(left).await;
+                    Err(crate::clock::Elapsed)
+                }
+            };
+            match answered {
                 Ok(Ok(result)) => return result,
                 Ok(Err(_)) => {
                     return Err(StoreError::new(
@@ -557,8 +517,19 @@ impl ReplicaStore {
                         "simulated call dropped",
                     ));
                 }
-                // The node may have replied to another call meanwhile: look again.
-                Err(_) => continue,
+                // The node may have replied to another call meanwhile: the rule looks again.
+                Err(_) => {
+                    let now = clock.mono_us();
+                    match wait.next(&self.breakers, &self.store.names[node], deadline, now, now) {
+                        Some(next) => deadline = next,
+                        None => {
+                            return Err(StoreError::new(
+                                StoreErrorKind::Timeout,
+                                "simulated node silent past store_timeout_ms",
+                            ));
+                        }
+                    }
+                }
             }
         }
     }
@@ -721,15 +692,15 @@ mod tests {
             ops_per_s: 1_000.0,
             faults,
         };
-        let config = ClientConfig {
-            timeout_us: 10_000,
-            max_wait_us: 1_000_000,
-            breaker_failures: 3,
-            probe_every_us: 500_000,
-        };
+        let policy = Policy::new(
+            Duration::from_millis(10),
+            Duration::from_secs(1),
+            3,
+            Duration::from_millis(500),
+        );
         let s = SimStore::new(
             &model,
-            config,
+            policy,
             clock.clone(),
             1,
             10,
@@ -775,7 +746,11 @@ mod tests {
     #[tokio::test]
     async fn a_call_takes_a_round_trip_and_queues_behind_a_busy_node() {
         let (clock, s) = store(Vec::new());
-        let replica = Arc::new(ReplicaStore::new(s.clone(), 0));
+        let replica = Arc::new(ReplicaStore::new(
+            s.clone(),
+            0,
+            crate::telemetry::Metrics::new().store,
+        ));
         let r = replica.clone();
         let (out, took) = drive(&clock, async move { r.apply_each(&[take("a")]).await }).await;
         assert!(out[0].as_ref().is_ok_and(|o| o.allowed));
@@ -811,12 +786,17 @@ mod tests {
             node: None,
         };
         let (clock, s) = store(vec![slow, down]);
-        let replica = Arc::new(ReplicaStore::new(s.clone(), 0));
+        let replica = Arc::new(ReplicaStore::new(
+            s.clone(),
+            0,
+            crate::telemetry::Metrics::new().store,
+        ));
         let r = replica.clone();
         let (out, took) = drive(&clock, async move { r.apply_each(&[take("a")]).await }).await;
         let e = out[0].as_ref().expect_err("timed out");
         assert!(e.outcome_unknown(), "{e}");
-        assert!((10_000..10_300).contains(&took), "{took} µs");
+        // 10 ms of silence, then the rule's last pause of a quarter of the timeout.
+        assert!((12_500..12_800).contains(&took), "{took} µs");
         // The token was spent all the same, once the call reached the node.
         let (_, _) = drive(&clock, {
             let c = clock.clone();
@@ -840,8 +820,15 @@ mod tests {
             out[0].as_ref().map_err(|e| e.kind),
             Err(StoreErrorKind::CircuitOpen)
         );
-        // After the outage, the first probe closes it.
-        clock.advance_us(3_600_000 - clock.mono_us());
+        // After the outage, the first probe closes it (the probe task runs on the clock).
+        let (_, _) = drive(&clock, {
+            let c = clock.clone();
+            async move {
+                c.sleep(Duration::from_micros(3_600_000 - c.mono_us()))
+                    .await
+            }
+        })
+        .await;
         let r = replica.clone();
         let (out, _) = drive(&clock, async move { r.apply_each(&[take("b")]).await }).await;
         assert!(out[0].is_ok());

@@ -8,6 +8,7 @@
 //! futures. Any other store (a test's, a simulator's) implements [`Backend`] and rides in
 //! [`Store::Custom`].
 
+pub mod breaker;
 pub mod memory;
 pub mod redis;
 

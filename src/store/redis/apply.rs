@@ -145,13 +145,11 @@ impl RedisStore {
                 .for_each(count),
             Err(e) => count(e),
         }
-        match call_error(result) {
-            None => self.breakers.succeeded(node),
-            Some(e) => {
-                if self.breakers.failed(node, e.kind) {
-                    self.start_probe(node.clone());
-                }
-            }
+        if self
+            .breakers
+            .settle(node, call_error(result).map(|e| e.kind))
+        {
+            self.start_probe(node.clone());
         }
     }
 

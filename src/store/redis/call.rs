@@ -3,7 +3,7 @@
 //! module doc of `redis/`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::join_all;
@@ -16,33 +16,30 @@ use super::scripts::{self, OpResults};
 use crate::store::{Op, Outcome, StoreError, StoreErrorKind};
 
 impl RedisStore {
-    /// One node's ops on `conn`. Gives up only when `node` has been silent for the timeout
-    /// (see the module doc), or after `max_wait`.
+    /// One node's ops on `conn`. Gives up by the breakers' rule (`store/breaker.rs`,
+    /// [`crate::store::breaker::Wait`]): when `node` has been silent for the timeout, or after
+    /// `max_wait`.
     pub(super) async fn call(
         &self,
         node: &Arc<str>,
         conn: &mut Conn,
         ops: &[&Op],
     ) -> Result<OpResults, StoreError> {
-        let started = Instant::now();
-        let hard = started + self.max_wait;
         let run = run(conn, ops, &self.pool.scripts);
         tokio::pin!(run);
-        // Time this process was too busy to look at the call: how late its timer fired, and
-        // how long it takes to get through the run queue once (a burst, CPU throttling). The
-        // node's replies may be waiting unread all that time, so it is not node silence.
-        let mut lag = Duration::ZERO;
-        let mut deadline = started + self.timeout;
-        // Whether the node's silence was confirmed by a last short pause (once per call).
-        let mut confirmed = false;
+        let clock = self.breakers.clock();
+        let mut wait = self.breakers.wait();
+        let mut deadline = wait.first_deadline(&self.breakers);
         let done = loop {
+            let sleep = clock.sleep(Duration::from_micros(
+                deadline.saturating_sub(clock.mono_us()),
+            ));
             tokio::select! {
                 biased;
                 done = &mut run => break Some(done),
-                _ = tokio::time::sleep_until(deadline.into()) => {}
+                _ = sleep => {}
             }
-            let fired = Instant::now();
-            lag += fired.saturating_duration_since(deadline);
+            let fired = clock.mono_us();
             // Each yield lets the runtime poll its I/O driver and run the tasks queued ahead of
             // this one, the connection's reader among them, before the call is judged.
             tokio::task::yield_now().await;
@@ -50,31 +47,10 @@ impl RedisStore {
             if let Some(done) = (&mut run).now_or_never() {
                 break Some(done);
             }
-            let now = Instant::now();
-            lag += now - fired;
-            let heard = self
-                .breakers
-                .last_reply(node)
-                .map_or(started, |t| t.max(started));
-            let silent_until = heard + self.timeout + lag;
-            if now >= hard {
-                break None;
+            match wait.next(&self.breakers, node, deadline, fired, clock.mono_us()) {
+                Some(next) => deadline = next,
+                None => break None,
             }
-            if now >= silent_until {
-                if confirmed {
-                    break None;
-                }
-                // Before giving up, one short pause (a quarter of the timeout): on an
-                // overcommitted host the connection's reader can sit unscheduled on another
-                // worker, or another thread, with the node's replies already in its socket.
-                // The pause lets it run; a reply heard meanwhile (this call's or another's)
-                // keeps the call waiting. A node that is really silent costs it a quarter of
-                // the timeout more.
-                confirmed = true;
-                deadline = (now + (self.timeout / 4).max(Duration::from_millis(1))).min(hard);
-                continue;
-            }
-            deadline = silent_until.min(hard);
         };
         match done {
             Some(Ok(results)) => {
@@ -93,7 +69,7 @@ impl RedisStore {
                 StoreErrorKind::Timeout,
                 format!(
                     "no reply from Redis ({node}) to any call for {} ms",
-                    self.timeout.as_millis()
+                    self.breakers.policy().timeout.as_millis()
                 ),
             )),
         }

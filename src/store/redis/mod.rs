@@ -15,7 +15,7 @@
 //! Ops are grouped by node first (`store` for a standalone Redis; the primary's `host:port`
 //! from the [`slots`] map on a cluster; when every op is on one node, as always on a
 //! standalone Redis, they go out as one call with nothing to group) and each node has a
-//! circuit breaker ([`breaker`]): the
+//! circuit breaker (`store/breaker.rs`, shared with the simulator): the
 //! ops of a node whose circuit is open are not sent at all ([`StoreErrorKind::CircuitOpen`]),
 //! and [`RedisStore::apply_each`] returns one result per op, so the limiter can fall back for
 //! exactly the ops whose node failed.
@@ -54,15 +54,14 @@
 //! - [`scripts`]: the Lua sources, `EVALSHA` with the `NOSCRIPT` retry, reply parsing.
 //! - [`errors`]: Redis errors → [`StoreErrorKind`].
 //! - [`outage`]: one log line per outage state change, not per failed request.
-//! - [`breaker`]: one circuit breaker per node, its probe (a real script call) and when the node
-//!   last replied.
+//! - [`probe`]: an open breaker's probe (a real script call on the node); the breakers
+//!   themselves and the give-up rule are `store/breaker.rs`, shared with the simulator.
 //! - [`slots`]: the cluster's slot map, for per-node breakers.
 //! - [`version`]: a server older than Redis 5 is refused at connect.
 //! - `lua/membership.lua` ([`RedisStore::membership`]): the fleet's live replicas, a sorted set
 //!   of replica id → expiry on the Redis clock, under its own hash tag.
 
 mod apply;
-mod breaker;
 mod call;
 mod client;
 mod config;
@@ -71,6 +70,7 @@ mod errors;
 mod eviction;
 mod outage;
 mod pool;
+mod probe;
 mod scripts;
 mod sentinel;
 mod slots;
@@ -85,13 +85,14 @@ pub use slots::slot_of;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use breaker::Breakers;
 use connect::Connector;
 use errors::CallError;
 use outage::OutageLog;
 use pool::Pool;
 
+use super::breaker::{self, Breakers, Policy};
 use super::{Op, Outcome, StoreError, StoreErrorKind};
+use crate::clock::Clock;
 use crate::redact::redact_url;
 use crate::telemetry::{Metrics, StoreMetrics};
 
@@ -101,10 +102,6 @@ pub const MEMBERSHIP_LUA: &str = include_str!("../../../lua/membership.lua");
 /// The Redis store (standalone or cluster). Cheap to share behind the limiter.
 pub struct RedisStore {
     pool: Arc<Pool>,
-    /// A node's silence that gives a call up.
-    timeout: Duration,
-    /// The most any call waits, however busy its node: `max(connect timeout, timeout)`.
-    max_wait: Duration,
     /// Where the breakers' probe keys live (the key prefix).
     probe_prefix: Arc<str>,
     outage: OutageLog,
@@ -167,8 +164,6 @@ impl RedisStore {
         pool.start_keeper(connected);
         Ok(RedisStore {
             pool,
-            timeout: cfg.timeout,
-            max_wait: cfg.connect_timeout.max(cfg.timeout),
             probe_prefix: cfg.key_prefix.as_str().into(),
             outage: OutageLog::new("store calls"),
             fatal: OutageLog::new(
@@ -176,11 +171,16 @@ impl RedisStore {
             ),
             metrics: metrics.store.clone(),
             breakers: Arc::new(Breakers::new(
-                cfg.breaker_failures,
-                cfg.breaker_probe,
+                Policy::new(
+                    cfg.timeout,
+                    cfg.connect_timeout,
+                    cfg.breaker_failures,
+                    cfg.breaker_probe,
+                ),
+                Clock::system(),
                 metrics.store.clone(),
             )),
-            standalone: breaker::STANDALONE.into(),
+            standalone: probe::STANDALONE.into(),
             membership: redis::Script::new(MEMBERSHIP_LUA),
         })
     }
@@ -220,26 +220,21 @@ impl RedisStore {
     /// the slot map names it no more (its breaker is forgotten) or the store is dropped.
     fn start_probe(&self, node: Arc<str>) {
         let pool: Weak<Pool> = Arc::downgrade(&self.pool);
-        let breakers = self.breakers.clone();
         let prefix = self.probe_prefix.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(breakers.probe_every).await;
-                let Some(pool) = pool.upgrade() else { return };
-                match breaker::probe(&pool, &node, &prefix).await {
-                    breaker::Probe::Ran => {
-                        breakers.replied(&node);
-                        breakers.close(&node);
-                        return;
-                    }
-                    breaker::Probe::Gone => {
-                        breakers.forget(&node);
-                        return;
-                    }
-                    breaker::Probe::Failed => {}
+        let probed = node.clone();
+        let probe = move || {
+            let (pool, node, prefix) = (pool.upgrade(), probed.clone(), prefix.clone());
+            async move {
+                match pool {
+                    Some(pool) => probe::probe(&pool, &node, &prefix).await,
+                    None => breaker::Probe::Stopped,
                 }
             }
-        });
+        };
+        let breakers = self.breakers.clone();
+        self.breakers
+            .clock()
+            .spawn(breaker::probe_until_closed(breakers, node, probe));
     }
 
     /// Heartbeats `replica` into the membership set `key` for `ttl` (or takes it out when
