@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::*;
-use crate::limiter::{Code, LimiterConfig, Request, RequestDescriptor};
+use crate::limiter::{Code, FallbackMode, Limiter, LimiterConfig, Request, RequestDescriptor};
+use crate::quota::Op;
 use crate::rules::LoadOptions;
+use crate::rules::RuleSet;
 use crate::rules::load::load_sources;
 use crate::store::{MemoryStore, Store};
 use crate::telemetry::Metrics;
