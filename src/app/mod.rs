@@ -6,6 +6,13 @@
 //! serve` does). Order matters: the rules are loaded and both ports bound before `/readyz`
 //! turns 200; on shutdown readiness drops first, then both servers drain the requests in
 //! flight.
+//!
+//! - this file: the errors that stop tollgate, `serve`'s order of things, the decision side.
+//! - [`load`]: the rules and every file a setting names, read before any port is bound.
+//! - [`background`]: the tasks beside the servers (housekeeping, reloads, membership, the
+//!   reference's telemetry), the drain on shutdown, and what is done after the servers stop.
+//! - [`readiness`]: the startup line and the wait for the store's first answer.
+//! - [`grpc`]: the gRPC server (RLS, RLQS, health, TLS); [`shutdown`]: the signals.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,17 +26,20 @@ use tokio::sync::watch;
 use crate::admin::{self, AdminState};
 use crate::clock::Clock;
 use crate::configs;
-use crate::fleet;
 use crate::limiter::{Limiter, Replicas};
-use crate::rules::{self, LoadOptions, RulesError};
+use crate::rules::{self, RulesError};
 use crate::service::Handler;
 use crate::settings::{self, Settings, SettingsError, Sources};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{self, Metrics, TelemetryError};
 
+mod background;
 mod grpc;
+mod load;
+mod readiness;
 mod shutdown;
 
+use load::{LoadedRules, check_files, load_rules};
 pub use shutdown::shutdown_signal;
 use shutdown::stopped;
 
@@ -212,65 +222,6 @@ pub async fn serve(
     serve_loaded(listeners, settings, rules, clock, shutdown).await
 }
 
-/// Reads every file a setting names (the gRPC port's TLS files; the store's TLS files and
-/// password file) and checks what it holds, without binding or connecting anything: `serve`
-/// reads them again when it starts the parts.
-fn check_files(settings: &Settings) -> Result<(), AppError> {
-    crate::service::tls::server_config(&configs::grpc_tls_files(settings))?;
-    Store::check(&configs::store_config(settings))?;
-    reference_mapper(settings)?;
-    Ok(())
-}
-
-/// The statsd exporter mapping of the reference's Prometheus port: the file `prometheus_mapper`
-/// names, else the reference's default.
-fn reference_mapper(settings: &Settings) -> Result<telemetry::reference_metrics::Mapper, AppError> {
-    use telemetry::reference_metrics::Mapper;
-    let path = &settings.prometheus_mapper;
-    if path.is_empty() {
-        return Ok(Mapper::reference_default());
-    }
-    let fail = |error: String| AppError::PrometheusMapper {
-        path: path.clone(),
-        error,
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    Mapper::from_yaml(&text).map_err(fail)
-}
-
-/// The rules at startup, and the fingerprint taken just before reading them (see `reload.rs`).
-struct LoadedRules {
-    set: rules::RuleSet,
-    fingerprint: rules::reload::Fingerprint,
-}
-
-fn load_rules(settings: &Settings) -> Result<LoadedRules, AppError> {
-    if !settings.rules_xds_server.is_empty() {
-        // The rules are the xDS server's: none until its first snapshot (`rules::xds`).
-        tracing::info!(server = %settings.rules_xds_server, node = %settings.rules_xds_node_id, "rules from xDS: none until the first snapshot");
-        return Ok(LoadedRules {
-            set: rules::RuleSet::default(),
-            fingerprint: Vec::new(),
-        });
-    }
-    let fingerprint = rules::reload::fingerprint(&settings.rules);
-    let set = rules::load_path(&settings.rules, load_options(settings))?;
-    for w in &set.warnings {
-        tracing::warn!("{w}");
-    }
-    let (domains, _, limits) = set.counts();
-    tracing::info!(path = %settings.rules.display(), domains, limits, "rules loaded");
-    Ok(LoadedRules { set, fingerprint })
-}
-
-fn load_options(settings: &Settings) -> LoadOptions {
-    LoadOptions {
-        default_algorithm: settings.default_algorithm,
-        sliding_log_max_limit: settings.sliding_log_max_limit,
-        rlqs_report_interval_ms: settings.rlqs_report_interval_ms,
-    }
-}
-
 async fn serve_loaded(
     listeners: Listeners,
     settings: Settings,
@@ -280,46 +231,14 @@ async fn serve_loaded(
 ) -> Result<(), AppError> {
     // store_startup_timeout_ms counts from here, before the store's first connection attempt.
     let started = tokio::time::Instant::now();
-    let metrics = Arc::new(Metrics::new());
-    metrics.rules_loaded.set(loaded.set.counts().2 as i64);
-    let rules = Arc::new(ArcSwap::from_pointee(loaded.set));
-
-    // A Redis that is down at startup is not an error (the store reconnects in the background
-    // and the fallback decides meanwhile); a bad URL is.
-    let store = Store::connect(configs::store_config(&settings), clock.clone(), &metrics).await?;
-    let replicas = Arc::new(Replicas::new(
-        settings.fallback_replicas,
-        settings.fallback_min_replicas,
-    ));
-    metrics.replicas.set(replicas.count() as i64);
-    let shared_store = store.name() != "memory";
-    let limiter = Limiter::new(
-        store,
-        configs::limiter_config(&settings, replicas.clone(), clock.clone(), shared_store),
-        metrics.clone(),
-    );
-    if !shared_store && settings.lease_max_batch > 0 {
-        tracing::info!(
-            "lease_max_batch is set, but leasing is off on the memory store: one process is already exact"
-        );
-    }
-    let handler = Arc::new(Handler {
-        rules: rules.clone(),
-        limiter,
-        metrics: metrics.clone(),
-        bounds: configs::bounds(&settings),
-        response_headers: settings.response_headers,
-        response_dynamic_metadata: settings.response_dynamic_metadata,
-        admission: tokio::sync::Semaphore::new(settings.max_concurrent_requests),
-    });
+    let (handler, replicas) = decision_side(&settings, loaded.set, &clock).await?;
     let grpc_addr = local_addr(&listeners.grpc, "gRPC", settings.grpc_addr)?;
     let admin_addr = local_addr(&listeners.admin, "admin", settings.admin_addr)?;
 
     // One shutdown signal fanned out to every task.
     let (stop_tx, stop_rx) = watch::channel(false);
     let reload_status = Arc::new(rules::reload::ReloadStatus::default());
-    let from_xds = !settings.rules_xds_server.is_empty();
-    if !from_xds {
+    if settings.rules_xds_server.is_empty() {
         reload_status.loaded();
     }
     let admin_state = Arc::new(AdminState {
@@ -328,128 +247,21 @@ async fn serve_loaded(
         settings: settings.redacted(),
         reload: reload_status.clone(),
     });
-    {
-        let admin_state = admin_state.clone();
-        let drain = Duration::from_millis(settings.drain_ms);
-        tokio::spawn(async move {
-            shutdown.await;
-            // Unready first and keep serving for `drain_ms`, so load balancers and Envoy move
-            // to other replicas before the listeners close; then drain what is in flight.
-            admin_state.set_ready(false);
-            if !drain.is_zero() {
-                tracing::info!(
-                    drain_ms = drain.as_millis() as u64,
-                    "shutting down: unready, still serving"
-                );
-                tokio::time::sleep(drain).await;
-            }
-            tracing::info!("shutting down: draining requests in flight");
-            let _ = stop_tx.send(true);
-        });
-    }
-
-    // Background work of the decision side runs on the clock, as the limiter's own does (claims
-    // sent ahead): a test's manual clock drives housekeeping and heartbeats too.
-    clock.spawn({
-        let handler = handler.clone();
-        let stop = stopped(stop_rx.clone());
-        async move { handler.limiter.housekeeping(stop).await }
-    });
-    if from_xds {
-        tokio::spawn(rules::xds::watch(
-            configs::xds_source(&settings),
-            load_options(&settings),
-            rules::reload::Reloaded {
-                rules,
-                metrics,
-                status: reload_status,
-            },
-            stopped(stop_rx.clone()),
-        ));
-    } else if settings.reload_interval_ms > 0 {
-        tokio::spawn(rules::reload::watch(
-            settings.rules.clone(),
-            loaded.fingerprint,
-            load_options(&settings),
-            rules::reload::Reloaded {
-                rules,
-                metrics,
-                status: reload_status,
-            },
-            Duration::from_millis(settings.reload_interval_ms),
-            stopped(stop_rx.clone()),
-        ));
-    }
-
-    // The reference's per-rule counters to statsd: counted from now on, sent off the request
-    // path, and once more at shutdown.
-    // Both the statsd sink and the reference's Prometheus port read the statsd counters.
-    if !settings.statsd_addr.is_empty() || !settings.prometheus_addr.is_empty() {
-        handler.metrics.statsd.enable();
-        if !from_xds {
-            handler.metrics.statsd.loaded_at_start();
-        }
-    }
-    let reference_prometheus = if settings.prometheus_addr.is_empty() {
-        None
-    } else {
-        let addr: SocketAddr = settings.prometheus_addr.parse().map_err(|_| {
-            AppError::Settings(SettingsError::Invalid {
-                key: "prometheus_addr",
-                message: format!("{}: expected ip:port", settings.prometheus_addr),
-            })
-        })?;
-        let mapper = reference_mapper(&settings)?;
-        handler
-            .metrics
-            .statsd
-            .response_times
-            .set_scale(mapper.response_time_scale());
-        let listener = bind("prometheus", addr).await?;
-        let bound = local_addr(&listener, "prometheus", addr)?;
-        tracing::info!(prometheus_addr = %bound, path = %settings.prometheus_path, "serving the reference's Prometheus metrics");
-        let router = admin::reference_metrics_router(
-            handler.metrics.clone(),
-            Arc::new(mapper),
-            &settings.prometheus_path,
-        );
-        Some(tokio::spawn(admin::serve(
-            http_accept(listener, "prometheus", &settings, &handler.metrics),
-            router,
-            Duration::from_millis(settings.admin_header_timeout_ms),
-            stopped(stop_rx.clone()),
-        )))
-    };
-    let statsd = (!settings.statsd_addr.is_empty()).then(|| {
-        tracing::info!(statsd_addr = %settings.statsd_addr, flush_interval_ms = settings.statsd_flush_interval_ms, "sending the reference's counters to statsd");
-        tokio::spawn(telemetry::statsd::run(
-            handler.metrics.clone(),
-            telemetry::statsd::Target::parse(&settings.statsd_addr),
-            Duration::from_millis(settings.statsd_flush_interval_ms),
-            stopped(stop_rx.clone()),
-        ))
-    });
-    let membership = clock.spawn({
-        let (handler, clock) = (handler.clone(), clock.clone());
-        let stop = stopped(stop_rx.clone());
-        let key = format!("{}{{members}}", settings.key_prefix);
-        let interval = Duration::from_millis(settings.membership_interval_ms);
-        async move {
-            fleet::membership(
-                handler.limiter.store(),
-                &replicas,
-                &handler.metrics,
-                fleet::MembershipConfig {
-                    key,
-                    replica: fleet::replica_id(),
-                    interval,
-                },
-                &clock,
-                stop,
-            )
-            .await
-        }
-    });
+    background::drain_on(
+        shutdown,
+        admin_state.clone(),
+        Duration::from_millis(settings.drain_ms),
+        stop_tx,
+    );
+    let tasks = background::Tasks::start(
+        &settings,
+        &handler,
+        replicas,
+        (loaded.fingerprint, reload_status),
+        &clock,
+        &stop_rx,
+    )
+    .await?;
 
     let rlqs = crate::rlqs::Rlqs::new(
         configs::rlqs_config(&settings, clock.clone()),
@@ -471,19 +283,8 @@ async fn serve_loaded(
     );
 
     admin_state.set_ready(true);
-    // "ready" only when /readyz says so: with no rules and unready_without_rules it answers 503,
-    // and until the store first answered with unready_until_store_answers.
-    let store_name = handler.limiter.store().name();
-    let gated = settings.unready_until_store_answers && !handler.limiter.store().answered_once();
-    if settings.unready_without_rules && handler.rules.load().counts().0 == 0 {
-        tracing::warn!(%grpc_addr, %admin_addr, store = store_name, "tollgate listening, not ready: no rules loaded (unready_without_rules)");
-    } else if gated {
-        let error = handler.limiter.store().connect_error().unwrap_or_default();
-        tracing::warn!(%grpc_addr, %admin_addr, store = store_name, %error, "tollgate listening, not ready until the store answers (unready_until_store_answers)");
-    } else {
-        tracing::info!(%grpc_addr, %admin_addr, store = store_name, "tollgate ready");
-    }
-    let first_answer = first_store_answer(
+    let gated = readiness::announce(&settings, &handler, grpc_addr, admin_addr);
+    let first_answer = readiness::first_store_answer(
         admin_state.clone(),
         gated,
         (
@@ -509,61 +310,48 @@ async fn serve_loaded(
             CLOSE_DEADLINE.as_secs()
         ),
     }
-    // Give unspent leased tokens back, so the fleet can spend them (bounded: the store may be
-    // down, and then they expire with their leases).
-    match tokio::time::timeout(Duration::from_secs(2), handler.limiter.return_leases()).await {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(tokens = n, "gave unspent leased tokens back"),
-        Err(_) => {
-            tracing::warn!("giving leased tokens back timed out; they expire with their leases")
-        }
-    }
-    // Leave the membership set, so the others' share grows at once (bounded: the store may
-    // be down).
-    let _ = tokio::time::timeout(Duration::from_secs(2), membership).await;
-    if let Some(server) = reference_prometheus {
-        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
-    }
-    // The last statsd send: what was counted since the previous one.
-    if let Some(statsd) = statsd {
-        let _ = tokio::time::timeout(Duration::from_secs(2), statsd).await;
-    }
+    tasks.finish(&handler).await;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Waits for the store's first answer: says when the replica becomes ready (`gated`: it was
-/// not, for want of one), or fails with the last connection error when `timeout` (not zero)
-/// passes first, which stops tollgate: a crash loop is what an operator sees, as the
-/// reference's `REDIS_STARTUP_MAX_ELAPSED_TIME` gives.
-async fn first_store_answer(
-    admin: Arc<AdminState>,
-    gated: bool,
-    (started, timeout): (tokio::time::Instant, Duration),
-    stop: impl Future<Output = ()>,
-) -> Result<(), AppError> {
-    let store = admin.handler.limiter.store();
-    tokio::pin!(stop);
-    while !store.answered_once() {
-        // Once shutdown began (unready, draining) there is nothing to give up on.
-        if !admin.ready.load(std::sync::atomic::Ordering::SeqCst) {
-            return Ok(());
-        }
-        if !timeout.is_zero() && started.elapsed() >= timeout {
-            return Err(AppError::StoreNeverAnswered {
-                waited: timeout,
-                error: store.connect_error().unwrap_or_default(),
-            });
-        }
-        tokio::select! {
-            _ = &mut stop => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-        }
+/// The decision side: metrics, the rules, the store (a Redis that is down at startup is not an
+/// error: it reconnects in the background and the fallback decides meanwhile; a bad URL is),
+/// the replica count and the limiter, behind the request handler.
+async fn decision_side(
+    settings: &Settings,
+    set: rules::RuleSet,
+    clock: &Clock,
+) -> Result<(Arc<Handler>, Arc<Replicas>), AppError> {
+    let metrics = Arc::new(Metrics::new());
+    metrics.rules_loaded.set(set.counts().2 as i64);
+    let store = Store::connect(configs::store_config(settings), clock.clone(), &metrics).await?;
+    let replicas = Arc::new(Replicas::new(
+        settings.fallback_replicas,
+        settings.fallback_min_replicas,
+    ));
+    metrics.replicas.set(replicas.count() as i64);
+    let shared_store = store.name() != "memory";
+    let limiter = Limiter::new(
+        store,
+        configs::limiter_config(settings, replicas.clone(), clock.clone(), shared_store),
+        metrics.clone(),
+    );
+    if !shared_store && settings.lease_max_batch > 0 {
+        tracing::info!(
+            "lease_max_batch is set, but leasing is off on the memory store: one process is already exact"
+        );
     }
-    if gated {
-        tracing::info!(store = store.name(), "the store answered: tollgate ready");
-    }
-    Ok(())
+    let handler = Arc::new(Handler {
+        rules: Arc::new(ArcSwap::from_pointee(set)),
+        limiter,
+        metrics,
+        bounds: configs::bounds(settings),
+        response_headers: settings.response_headers,
+        response_dynamic_metadata: settings.response_dynamic_metadata,
+        admission: tokio::sync::Semaphore::new(settings.max_concurrent_requests),
+    });
+    Ok((handler, replicas))
 }
 
 /// An HTTP port's accept loop (admin, prometheus): at most `admin_max_connections` open, each
