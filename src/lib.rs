@@ -27,7 +27,8 @@
 //! From the bottom up; a module imports only modules on its own line or below it, and no two
 //! import each other (`farm-studio look`: no circle, no arrow running back up):
 //!
-//! 1. [`clock`] (the one handle for time and background tasks: system or manual), [`telemetry`]
+//! 1. [`clock`] (the one handle for time and background tasks: system or manual),
+//!    [`error_text`] (an error and its causes, printed once), [`telemetry`]
 //!    (metric families declared once; logs and OTLP traces), [`redact`], [`structpb`]
 //!    (`google.protobuf.Struct` ↔ JSON, for rule metadata), [`quota`] (the core
 //!    with no store, clock or request in it: ops and outcomes, `bucket/` one file per
@@ -55,6 +56,7 @@ pub mod admin;
 pub mod app;
 pub mod clock;
 pub mod configs;
+pub mod error_text;
 pub mod fleet;
 pub mod fuzzing;
 pub mod keys;

@@ -76,8 +76,8 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            // Every error of the library says its cause in its own text: print it once.
-            eprintln!("tollgate: {e}");
+            // The message and each cause it does not already say, once.
+            eprintln!("tollgate: {}", tollgate::error_text::chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -144,7 +144,7 @@ fn check(path: &Path, default_algorithm: Algorithm) -> bool {
             true
         }
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("{}", tollgate::error_text::chain(&e));
             false
         }
     }

@@ -338,3 +338,22 @@ fn bad_open_loop_flags_are_clear_errors() {
     assert_eq!(code, 1);
     assert!(err.contains("--target-pid 4294967295"), "{err}");
 }
+
+/// A run that cannot reach its target says why (the transport error's own cause), not only
+/// that it could not connect: the binary prints an error's whole chain, each cause once.
+#[test]
+fn a_target_that_refuses_says_why() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let target = format!("127.0.0.1:{port}");
+    let (code, out, err) = run_tollgate(&["bench", "--target", &target, "--duration", "1"], &[]);
+    assert_ne!(code, 0, "{out}{err}");
+    assert!(
+        err.contains(&format!("cannot connect to {target}")) && err.contains("refused"),
+        "{err}"
+    );
+    assert_eq!(err.matches("refused").count(), 1, "each cause once: {err}");
+}

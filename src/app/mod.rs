@@ -162,6 +162,7 @@ pub async fn run_with_env(sources: &Sources) -> bool {
 /// Writes the error that stops tollgate to stderr: `tollgate: <error>` as a plain line, or, in
 /// JSON, one log object of level ERROR (`logging`: the JSON logger is already installed).
 fn report_fatal(e: &AppError, format: telemetry::LogFormat, logging: bool) {
+    let e = crate::error_text::chain(e);
     match format {
         telemetry::LogFormat::Text => eprintln!("tollgate: {e}"),
         telemetry::LogFormat::Json => {

@@ -174,7 +174,7 @@ pub struct BenchConfig {
 }
 
 /// Why a bench run or the baseline server stopped. Each variant keeps its cause as
-/// `source()` rather than as text, so the binary's `{:#}` prints the whole chain.
+/// `source()` rather than as text; the binary prints the whole chain (`error_text::chain`).
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("cannot connect to {target}")]
