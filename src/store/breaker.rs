@@ -1,7 +1,7 @@
 //! A store client's circuit breakers (one per node) and its rule for giving up on a call:
 //! one copy, run by the Redis client (`store/redis/`) and by each simulated replica of
-//! `tollgate simulate` (`sim/store.rs`), on their clock handle, so a simulated fleet opens,
-//! probes and closes its breakers at the moments a real one would.
+//! `tollgate simulate` (`sim/store/replica.rs`), on their clock handle, so a simulated fleet
+//! opens, probes and closes its breakers at the moments a real one would.
 //!
 //! The node is `store` for a standalone Redis, `host:port` of the primary for a Redis Cluster
 //! (one node down affects only the keys in its slots), `node<i>` in the simulator.

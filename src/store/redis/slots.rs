@@ -119,7 +119,7 @@ impl SlotMap {
 
 /// The hash slot of a key: CRC16 of its hash tag (the bytes between the first `{` and the
 /// next `}`, when not empty), else of the whole key. Also the simulated cluster's
-/// (`sim/store.rs`).
+/// (`sim/store/node.rs`).
 pub fn slot_of(key: &[u8]) -> u16 {
     let tagged = key
         .iter()

@@ -1,0 +1,206 @@
+//! The traffic: each stream's next arrival, and what one arrival does.
+//!
+//! Flow of an arrival ([`Sim::arrive`]): its values from the stream's templates (`{zipf}`,
+//! `{uniform}`) → its replica from the stream's routing → the ideal's answer at once (one
+//! exact bucket per limit, counted per bucket) → the replica's `Limiter::decide`, polled once:
+//! most end there (a lease or the over-limit cache answered), the rest become tasks that end
+//! when their store call does → [`record`] counts the decision.
+
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use rand::Rng;
+use rand::rngs::SmallRng;
+use rand_distr::{Distribution, Exp, Zipf};
+
+use super::report::Counts;
+use super::scenario::{Arrivals, Pick, Routing, Traffic};
+use super::state::Sim;
+use crate::limiter::{Code, Decision, Request, RequestDescriptor};
+use crate::store::StoreError;
+
+/// One traffic stream's state: its next arrival and its pickers.
+pub(super) struct Stream {
+    pub(super) traffic: Traffic,
+    domain: Arc<str>,
+    keys: Vec<Arc<str>>,
+    pub(super) next_us: f64,
+    /// Exponential gaps (Poisson arrivals), or `None` for even ones.
+    pub(super) gap: Option<Exp<f64>>,
+    zipf: Option<Zipf<f64>>,
+    round_robin: usize,
+}
+
+impl Stream {
+    /// The stream of `t`, its first arrival drawn from `rng`.
+    pub(super) fn new(t: &Traffic, rng: &mut SmallRng) -> Stream {
+        // The scenario check keeps rate_per_s positive and finite, so `Exp::new` takes it.
+        let gap = match t.arrivals {
+            Arrivals::Poisson => Exp::new(t.rate_per_s / 1e6).ok(),
+            Arrivals::Even => None,
+        };
+        let first = match &gap {
+            Some(g) => g.sample(rng),
+            None => 1e6 / t.rate_per_s / 2.0,
+        };
+        Stream {
+            domain: t.domain.as_str().into(),
+            keys: t.entries.iter().map(|(k, _)| k.as_str().into()).collect(),
+            next_us: first,
+            gap,
+            zipf: Zipf::new(t.tenants as f64, t.zipf_exponent).ok(),
+            round_robin: 0,
+            traffic: t.clone(),
+        }
+    }
+}
+
+/// A decision in progress, and what to count when it ends.
+type Pending = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl Sim<'_> {
+    /// The replica for a request of `stream` whose values hash to `hash`.
+    fn route(&mut self, stream: usize, hash: u64) -> usize {
+        let n = self.fleet.len();
+        match self.streams[stream].traffic.routing {
+            Routing::Even => {
+                let s = &mut self.streams[stream];
+                s.round_robin = (s.round_robin + 1) % n;
+                s.round_robin
+            }
+            Routing::Sticky => (hash % n as u64) as usize,
+            Routing::Random => self.rng.random_range(0..n),
+        }
+    }
+
+    /// Issues the next arrival of `stream` (due now): its ideal answer at once, its fleet
+    /// decision started (and finished, if it needs no store call).
+    pub(super) fn arrive(&mut self, stream: usize, cx: &mut std::task::Context<'_>) {
+        let now = self.clock.mono_us();
+        let second = now / 1_000_000;
+        let (domain, keys, cost) = {
+            let s = &self.streams[stream];
+            (s.domain.clone(), s.keys.clone(), s.traffic.cost)
+        };
+        let mut values = Vec::with_capacity(keys.len());
+        let mut hasher = std::hash::DefaultHasher::new();
+        for i in 0..keys.len() {
+            let template = &self.streams[stream].traffic.entries[i].1;
+            let index = match template.pick() {
+                None => 0,
+                Some(Pick::Uniform) => self
+                    .rng
+                    .random_range(0..self.streams[stream].traffic.tenants),
+                Some(Pick::Zipf) => match &self.streams[stream].zipf {
+                    Some(z) => (z.sample(&mut self.rng) as u64).saturating_sub(1),
+                    None => 0,
+                },
+            };
+            template.render(index, &mut self.value_buf);
+            self.value_buf.hash(&mut hasher);
+            values.push(self.value_buf.clone());
+        }
+        let replica = self.route(stream, hasher.finish());
+        let request = one_descriptor(&domain, &keys, &values, cost);
+
+        // The ideal: one exact bucket per limit, now. A descriptor is admitted when all its
+        // limits are (every one is charged, as the fleet charges them), and each of its
+        // buckets counts the descriptor's answer, as the fleet's side counts its status.
+        let mut buckets = Vec::new();
+        {
+            let ideal = self.ideal.ideal_ops(&self.rules, &request);
+            let allowed: Vec<bool> = ideal
+                .iter()
+                .map(|(_, _, op)| self.ideal_store.apply(op).allowed)
+                .collect();
+            let descriptor_ok = |d: usize| {
+                ideal
+                    .iter()
+                    .zip(&allowed)
+                    .all(|((_, desc, _), ok)| *desc != d || *ok)
+            };
+            let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            for (class, desc, op) in &ideal {
+                let known = counts.buckets.len();
+                let b = counts.bucket(&op.key, class);
+                if b == known {
+                    self.class_calls.name(&op.key, counts.buckets[b].class);
+                }
+                let bucket = &mut counts.buckets[b];
+                bucket.offered += op.cost;
+                bucket.ideal += if descriptor_ok(*desc) { op.cost } else { 0 };
+                buckets.push((b, op.cost, *desc));
+            }
+            counts.arrived(second, allowed.iter().all(|&ok| ok));
+        }
+
+        let limiter = self.fleet[replica].limiter.clone();
+        let rules = self.rules.clone();
+        let counts = self.counts.clone();
+        let clock = self.clock.clone();
+        let activity = self.activity.clone();
+        let mut pending: Pending = Box::pin(async move {
+            let request = one_descriptor(&domain, &keys, &values, cost);
+            let decision = limiter.decide(&rules, &request).await;
+            let latency = clock.mono_us() - now;
+            record(&counts, second, latency, &decision, &buckets);
+            activity.fetch_add(1, Ordering::Relaxed);
+        });
+        // Most decisions end here (a lease or the over-limit cache answered): no task.
+        if pending.as_mut().poll(cx).is_pending() {
+            tokio::spawn(pending);
+        }
+    }
+}
+
+/// A request of one descriptor: `keys` with `values`, `cost` hits.
+fn one_descriptor<'a>(
+    domain: &'a str,
+    keys: &'a [Arc<str>],
+    values: &'a [String],
+    cost: u64,
+) -> Request<'a> {
+    Request {
+        domain,
+        descriptors: vec![RequestDescriptor {
+            entries: keys
+                .iter()
+                .map(|k| &**k)
+                .zip(values.iter().map(String::as_str))
+                .collect(),
+            hits_addend: None,
+            limit_override: None,
+        }],
+        hits_addend: cost,
+    }
+}
+
+/// Counts one ended decision.
+fn record(
+    counts: &Mutex<Counts>,
+    second: u64,
+    latency_us: u64,
+    decision: &Result<Decision, StoreError>,
+    buckets: &[(usize, u64, usize)],
+) {
+    let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
+    let (admitted, fallback, error) = match decision {
+        Ok(d) => (d.overall == Code::Ok, d.from_fallback, false),
+        // The `error` mode: the request failed (Envoy's failure mode decides), counted apart.
+        Err(_) => (false, false, true),
+    };
+    let per_bucket: Vec<(usize, u64, bool)> = buckets
+        .iter()
+        .map(|&(b, hits, desc)| {
+            let ok = match decision {
+                Ok(d) => d.statuses.get(desc).is_some_and(|s| s.code == Code::Ok),
+                Err(_) => false,
+            };
+            (b, hits, ok)
+        })
+        .collect();
+    counts.decided(second, latency_us, admitted, fallback, error, &per_bucket);
+}

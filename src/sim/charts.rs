@@ -1,0 +1,123 @@
+//! The pictures of a run (`--out DIR`): which charts, with which series and markers, from the
+//! scenario and its report.
+//!
+//! Flow: the scenario's faults and fleet changes become markers → each chart takes its
+//! series from the report's per-second rows → [`write_out`](super::write_out) draws each with
+//! [`plot::svg`] into its file.
+
+use super::report::{self, Report};
+use super::{Scenario, plot};
+
+/// The four pictures: admitted against the ideal, store calls, the fallback's share, the
+/// replica count.
+pub(super) fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str, plot::Chart)> {
+    let mut markers: Vec<plot::Marker> = scenario
+        .store
+        .faults
+        .iter()
+        .map(|f| plot::Marker {
+            at_s: f.at_s,
+            until_s: Some(f.at_s + f.for_s),
+            label: match f.node {
+                Some(n) => format!("{} (node {n})", f.kind.name()),
+                None => format!("store {}", f.kind.name()),
+            },
+        })
+        .collect();
+    let mut size = scenario.replicas.start;
+    for &(at_s, to) in &scenario.replicas.changes {
+        markers.push(plot::Marker {
+            at_s,
+            until_s: None,
+            label: format!("{size} → {to} replicas"),
+        });
+        size = to;
+    }
+    let points = |f: &dyn Fn(&report::Row) -> f64| -> Vec<(f64, f64)> {
+        report
+            .series
+            .iter()
+            .map(|r| (r.t_s as f64 + 0.5, f(r)))
+            .collect()
+    };
+    let series =
+        |name: &str, color: &'static str, dashed: bool, f: &dyn Fn(&report::Row) -> f64| {
+            plot::Series {
+                name: name.to_string(),
+                color,
+                points: points(f),
+                dashed,
+            }
+        };
+    let capacity = scenario.store.ops_per_s * f64::from(scenario.store.nodes);
+    vec![
+        (
+            "admitted.svg",
+            plot::Chart {
+                title: "Admitted per second against one exact bucket (ideal)".into(),
+                x_label: "virtual time (s)".into(),
+                y_label: "requests / s".into(),
+                series: vec![
+                    series("offered", "#9e9e9e", false, &|r| r.offered as f64),
+                    series("ideal (one exact bucket)", "#2ca02c", true, &|r| {
+                        r.ideal as f64
+                    }),
+                    series("admitted by the fleet", "#1f77b4", false, &|r| {
+                        r.admitted as f64
+                    }),
+                ],
+                markers: markers.clone(),
+                y_max: None,
+            },
+        ),
+        (
+            "store_calls.svg",
+            plot::Chart {
+                title: "Store script calls per second (all nodes)".into(),
+                x_label: "virtual time (s)".into(),
+                y_label: "calls / s".into(),
+                series: vec![
+                    series("store calls", "#ff7f0e", false, &|r| r.store_calls as f64),
+                    series("capacity (ops_per_s × nodes)", "#d62728", true, &|_| {
+                        capacity
+                    }),
+                ],
+                markers: markers.clone(),
+                y_max: None,
+            },
+        ),
+        (
+            "fallback.svg",
+            plot::Chart {
+                title: "Share of decisions made by the fallback".into(),
+                x_label: "virtual time (s)".into(),
+                y_label: "share of requests".into(),
+                series: vec![series("fallback share", "#d62728", false, &|r| {
+                    if r.offered == 0 {
+                        0.0
+                    } else {
+                        r.fallback as f64 / r.offered as f64
+                    }
+                })],
+                markers: markers.clone(),
+                y_max: Some(1.05),
+            },
+        ),
+        (
+            "replicas.svg",
+            plot::Chart {
+                title: "Replicas: live, and the count the fallback divides by (mean)".into(),
+                x_label: "virtual time (s)".into(),
+                y_label: "replicas".into(),
+                series: vec![
+                    series("live", "#1f77b4", true, &|r| r.replicas as f64),
+                    series("believed (membership count)", "#9467bd", false, &|r| {
+                        r.replicas_believed
+                    }),
+                ],
+                markers,
+                y_max: None,
+            },
+        ),
+    ]
+}

@@ -1,0 +1,228 @@
+//! The walk over a scenario file: its top-level fields into a [`Scenario`], the `settings:`
+//! checked as `serve` checks them, the `rules:` loaded with those settings, and the field
+//! readers every section uses (each problem recorded with its line, the walk going on).
+//!
+//! Flow: [`read`] takes the top-level fields → `settings:` ([`settings`], each setting alone
+//! and then together) → `rules:` ([`load_rules`], shaped by the settings) → each section
+//! through its own reader (`store.rs`, `replicas.rs`, `traffic.rs`) → the checks across
+//! sections (`check.rs`) → a [`Scenario`] when nothing was missing or wrong.
+
+use std::path::Path;
+
+use super::replicas::replicas;
+use super::store::store;
+use super::traffic::traffic;
+use super::{MAX_DURATION_S, Scenario, check};
+use crate::rules::error::Problems;
+use crate::rules::yaml::{self, Node, Value};
+use crate::rules::{LoadOptions, RuleSet};
+use crate::settings::{KEYS, Settings, Sources};
+
+/// Walks the file; `None` when something is missing or wrong (recorded in `out`).
+pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scenario> {
+    let f = yaml::fields(
+        out,
+        root,
+        "",
+        &[
+            "duration_s",
+            "seed",
+            "rules",
+            "settings",
+            "store",
+            "replicas",
+            "traffic",
+        ],
+    )?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let duration_s = required(out, root, &f, "duration_s")
+        .and_then(|n| positive_uint(out, n, "duration_s", MAX_DURATION_S));
+    let seed = match f.get("seed") {
+        Some(n) => yaml::uint(out, n, "seed", u64::MAX),
+        None => Some(0),
+    };
+    let settings = match f.get("settings") {
+        Some(n) => settings(out, n),
+        None => Some(Settings::default()),
+    };
+    let rules_node = required(out, root, &f, "rules");
+    let rules_path = rules_node
+        .and_then(|n| yaml::string(out, n, "rules"))
+        .map(|p| dir.join(p));
+    // The rules are loaded with the settings that shape them (the default algorithm …).
+    let rules = match (&rules_path, &settings, rules_node) {
+        (Some(p), Some(s), Some(node)) => load_rules(out, node, p, s),
+        _ => None,
+    };
+    let store = required(out, root, &f, "store").and_then(|n| store(out, n));
+    let replicas = required(out, root, &f, "replicas").and_then(|n| replicas(out, n));
+    let traffic = required(out, root, &f, "traffic").and_then(|n| traffic(out, n));
+    if let Some(store) = &store {
+        check::faults(out, root, store, replicas.as_ref());
+    }
+    if let (Some(rules), Some(traffic)) = (&rules, &traffic) {
+        check::domains(out, root, rules, traffic);
+    }
+    Some(Scenario {
+        file: path.to_path_buf(),
+        duration_s: duration_s?,
+        seed: seed?,
+        rules_path: rules_path?,
+        rules: rules?,
+        settings: settings?,
+        store: store?,
+        replicas: replicas?,
+        traffic: traffic?,
+    })
+}
+
+fn required<'n>(
+    out: &mut Problems,
+    parent: &Node,
+    f: &yaml::Fields<'n>,
+    name: &str,
+) -> Option<&'n Node> {
+    let found = f.get(name).copied();
+    if found.is_none() {
+        out.error(parent.pos, name, "missing (required)");
+    }
+    found
+}
+
+pub(super) fn positive_uint(out: &mut Problems, node: &Node, field: &str, max: u64) -> Option<u64> {
+    match yaml::uint(out, node, field, max)? {
+        0 => {
+            out.error(node.pos, field, "must be at least 1");
+            None
+        }
+        n => Some(n),
+    }
+}
+
+/// An unquoted number (`0.4`, `20000`, `1e5`) in `min..=max`.
+pub(super) fn number(
+    out: &mut Problems,
+    node: &Node,
+    field: &str,
+    min: f64,
+    max: f64,
+) -> Option<f64> {
+    let parsed = match &node.value {
+        Value::Scalar {
+            text,
+            quoted: false,
+        } => text.parse::<f64>().ok().filter(|x| x.is_finite()),
+        _ => None,
+    };
+    match parsed {
+        Some(x) if (min..=max).contains(&x) => Some(x),
+        Some(x) => {
+            out.error(
+                node.pos,
+                field,
+                format!("{x} is out of range (from {min} to {max})"),
+            );
+            None
+        }
+        None => {
+            out.error(
+                node.pos,
+                field,
+                format!("expected a number, found {}", node.kind()),
+            );
+            None
+        }
+    }
+}
+
+/// `settings:`: any `serve` setting by its file name. Each value is checked alone, so an
+/// error names its line; then all together (cross-setting checks).
+fn settings(out: &mut Problems, node: &Node) -> Option<Settings> {
+    let Value::Map(pairs) = &node.value else {
+        if node.is_null() {
+            return Some(Settings::default());
+        }
+        out.error(node.pos, "settings", "must be a mapping of serve settings");
+        return None;
+    };
+    let before = out.errors.len();
+    let mut flags: Vec<(&'static str, String)> = Vec::new();
+    for (k, v) in pairs {
+        let name = match &k.value {
+            Value::Scalar { text, .. } => text.as_str(),
+            _ => "",
+        };
+        let field = yaml::join("settings", name);
+        let Some(key) = KEYS.iter().find(|key| key.name == name) else {
+            out.error(
+                k.pos,
+                &field,
+                "not a serve setting (see `tollgate serve --help`)",
+            );
+            continue;
+        };
+        if name == "store" || name == "rules" {
+            out.error(
+                k.pos,
+                &field,
+                "set by the scenario itself (its `store:` and `rules:`)",
+            );
+            continue;
+        }
+        let Some(value) = yaml::string(out, v, &field) else {
+            continue;
+        };
+        if flags.iter().any(|(n, _)| *n == key.name) {
+            out.error(k.pos, &field, "given twice");
+            continue;
+        }
+        let alone = Settings::load(&Sources {
+            flags: vec![(key.name, value.clone())],
+            ..Sources::default()
+        });
+        if let Err(e) = alone {
+            out.error(v.pos, &field, e.to_string());
+            continue;
+        }
+        flags.push((key.name, value));
+    }
+    if out.errors.len() > before {
+        return None;
+    }
+    match Settings::load(&Sources {
+        flags,
+        ..Sources::default()
+    }) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            out.error(node.pos, "settings", e.to_string());
+            None
+        }
+    }
+}
+
+fn load_rules(out: &mut Problems, node: &Node, path: &Path, s: &Settings) -> Option<RuleSet> {
+    let opts = LoadOptions {
+        default_algorithm: s.default_algorithm,
+        sliding_log_max_limit: s.sliding_log_max_limit,
+        rlqs_report_interval_ms: s.rlqs_report_interval_ms,
+    };
+    match crate::rules::load_path(path, opts) {
+        Ok(set) if set.domains.is_empty() => {
+            out.error(
+                node.pos,
+                "rules",
+                format!(
+                    "{}: no rules here (no *.yaml or *.yml file declares a domain)",
+                    path.display()
+                ),
+            );
+            None
+        }
+        Ok(set) => Some(set),
+        Err(e) => {
+            out.error(node.pos, "rules", e.to_string());
+            None
+        }
+    }
+}
