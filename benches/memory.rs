@@ -28,13 +28,14 @@ use std::time::Instant;
 use tollgate::clock::Clock;
 use tollgate::keys;
 use tollgate::limiter::{Limiter, LimiterConfig};
+use tollgate::quota::{Op, OpKind};
 use tollgate::rules::LoadOptions;
 use tollgate::rules::load::load_sources;
 use tollgate::rules::{Algorithm, Rate, Unit};
 use tollgate::service::request;
 use tollgate::service::response::to_proto;
 use tollgate::settings::Settings;
-use tollgate::store::{MemoryStore, Op, OpKind, Store};
+use tollgate::store::{MemoryStore, Store};
 use tollgate::telemetry::Metrics;
 
 /// Counts allocations (and reallocations) made through the global allocator; frees are not

@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 
 use common::redis::{TestRedis, command};
 use tollgate::clock::Clock;
+use tollgate::quota::{Op, OpKind};
 use tollgate::settings::Settings;
 use tollgate::sim::scenario::{Fault, FaultKind, Latency, StoreModel};
 use tollgate::sim::store::{ClassCalls, ReplicaStore, SimStore};
 use tollgate::store::breaker::Policy;
-use tollgate::store::{Backend, Op, OpKind, Store, StoreErrorKind};
+use tollgate::store::{Backend, Store, StoreErrorKind};
 use tollgate::telemetry::Metrics;
 
 const CALL_EVERY_MS: u64 = 50;
@@ -60,7 +61,7 @@ enum Seen {
     Open,
 }
 
-fn seen(result: &Result<tollgate::store::Outcome, tollgate::store::StoreError>) -> Seen {
+fn seen(result: &Result<tollgate::quota::Outcome, tollgate::store::StoreError>) -> Seen {
     match result {
         Ok(_) => Seen::Ok,
         Err(e) if e.kind == StoreErrorKind::Timeout => Seen::TimedOut,

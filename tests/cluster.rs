@@ -11,8 +11,8 @@ use common::store::{DAY, contract_store, fw, sw, tb};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use tollgate::keys;
+use tollgate::quota::Op;
 use tollgate::rules::{Algorithm, Rate, Unit};
-use tollgate::store::Op;
 
 /// What the values of a request's descriptors are made of: braces (the hash tag), separators,
 /// escapes, whitespace and non-ASCII.
@@ -109,7 +109,7 @@ async fn cluster_routes_every_op_of_any_request() {
                         Algorithm::SlidingWindow => sw(&key, 50, DAY, 1),
                         Algorithm::SlidingLog => Op::take(
                             key,
-                            tollgate::store::OpKind::SlidingLog {
+                            tollgate::quota::OpKind::SlidingLog {
                                 limit: 50,
                                 window_ms: DAY,
                             },

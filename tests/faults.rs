@@ -15,7 +15,8 @@ use common::redis::{TestCluster, TestRedis, unique_prefix};
 use common::store::{DAY, HOUR, clear_of_window_edge, connect, fw, key, one, sw, tb};
 use common::{InProcess, TestServer, free_port, get, poll_async, readyz, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use tollgate::store::{Op, Store, StoreError, StoreErrorKind};
+use tollgate::quota::Op;
+use tollgate::store::{Store, StoreError, StoreErrorKind};
 use tonic::transport::Channel;
 
 const RULES: &str =

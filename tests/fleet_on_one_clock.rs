@@ -18,10 +18,9 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use tollgate::clock::Clock;
+use tollgate::fleet::Replicas;
 use tollgate::fleet::{self, MembershipConfig};
-use tollgate::limiter::{
-    Code, HotKeyConfig, Limiter, LimiterConfig, Replicas, Request, RequestDescriptor,
-};
+use tollgate::limiter::{Code, HotKeyConfig, Limiter, LimiterConfig, Request, RequestDescriptor};
 use tollgate::quota::{Op, Outcome};
 use tollgate::rules::LoadOptions;
 use tollgate::rules::RuleSet;

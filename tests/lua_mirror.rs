@@ -22,10 +22,10 @@ use proptest::test_runner::{Config as ProptestConfig, TestCaseResult, TestRunner
 use tollgate::quota::bucket::{
     self, SlidingLog, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
 };
+use tollgate::quota::{Action, Op, OpKind, Outcome};
 use tollgate::store::redis::{
     FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA,
 };
-use tollgate::store::{Action, Op, OpKind, Outcome};
 
 /// Cases per test: each is a sequence of up to [`MAX_TAKES`] takes on one bucket.
 const CASES: u32 = 64;

@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use mimalloc::MiMalloc;
 use tollgate::clock::Clock;
+use tollgate::quota::{Op, OpKind};
+use tollgate::store::MemoryStore;
 use tollgate::store::memory::DEFAULT_MAX_KEYS;
-use tollgate::store::{MemoryStore, Op, OpKind};
 
 #[global_allocator]
 static ALLOCATOR: MiMalloc = MiMalloc;

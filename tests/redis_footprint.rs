@@ -9,8 +9,9 @@ use common::redis::TestRedis;
 use common::store::{HOUR, contract_store, key, one, settings, sw, tb};
 use tollgate::clock::Clock;
 use tollgate::keys;
+use tollgate::quota::Op;
 use tollgate::rules::{Algorithm, Rate, Unit};
-use tollgate::store::{Op, Store};
+use tollgate::store::Store;
 use tollgate::telemetry::Metrics;
 
 /// EVALSHA calls per decision: one per bucket op, all of a request's ops in one pipeline,
@@ -175,7 +176,7 @@ async fn a_sliding_log_grows_with_the_hits_it_keeps() {
             algorithm: Algorithm::SlidingLog,
         };
         let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
-        let kind = tollgate::store::OpKind::SlidingLog {
+        let kind = tollgate::quota::OpKind::SlidingLog {
             limit: hits,
             window_ms: HOUR,
         };

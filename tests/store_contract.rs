@@ -25,7 +25,8 @@ use common::store::{
 };
 use common::tls::TestCerts;
 use tollgate::clock::Clock;
-use tollgate::store::{Op, OpKind, Store};
+use tollgate::quota::{Op, OpKind};
+use tollgate::store::Store;
 use tollgate::telemetry::Metrics;
 
 // ---------------------------------------------------------------------------------------------

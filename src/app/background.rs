@@ -22,7 +22,7 @@ use crate::admin::{self, AdminState};
 use crate::clock::Clock;
 use crate::configs;
 use crate::fleet;
-use crate::limiter::Replicas;
+use crate::fleet::Replicas;
 use crate::rules;
 use crate::service::Handler;
 use crate::settings::{Settings, SettingsError};

@@ -29,9 +29,10 @@
 use std::sync::Arc;
 
 use crate::clock::Clock;
-pub use crate::fleet::Replicas;
+use crate::fleet::Replicas;
+use crate::quota::{Action, Op, Outcome};
 pub use crate::rules::FallbackMode;
-use crate::store::{Action, MemoryStore, Op, Outcome};
+use crate::store::MemoryStore;
 
 /// Decides the ops the store could not answer.
 #[derive(Debug)]
@@ -157,7 +158,7 @@ impl Fallback {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::OpKind;
+    use crate::quota::OpKind;
 
     fn tb(capacity: u64, refill: u64) -> Op {
         Op {

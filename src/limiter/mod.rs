@@ -5,7 +5,7 @@
 //!
 //! 1. **Plan** ([`plan`]): each descriptor is matched against the domain's rules; its limits
 //!    are the matched ones minus those another matched limit `replaces` (or Envoy's per-request
-//!    override instead); every counted limit becomes one store [`Op`](crate::store::Op) with its
+//!    override instead); every counted limit becomes one store [`Op`](crate::quota::Op) with its
 //!    key (`keys.rs`) and cost. Unlimited limits get no op.
 //! 2. **Hot keys, then the store** (`hot/`): ops a lease covers (`quota/lease/`) or the
 //!    over-limit cache refuses (`overlimit.rs`) are answered here; the rest (and lease claims)
@@ -37,13 +37,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use fallback::{FallbackMode, Replicas};
+pub use fallback::FallbackMode;
 pub use hot::HotKeyConfig;
 pub use shard::seed_picks as seed_shard_picks;
 
 use crate::clock::Clock;
+use crate::fleet::Replicas;
+use crate::quota::{Op, OpKind, Outcome};
 use crate::rules::{Algorithm, Domain, Limit, RuleSet, Unit};
-use crate::store::{Op, OpKind, Outcome, Store, StoreError};
+use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
 pub use plan::OVERRIDE_CLASS;

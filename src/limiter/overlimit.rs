@@ -14,7 +14,7 @@
 //! store would; never shorter. Every replica keeps its own cache; a replica that has not seen
 //! the refusal asks the store, which refuses it (and so fills that replica's cache).
 //!
-//! A charge (the take of an `overdraft: true` limit, [`Action::Charge`](crate::store::Action))
+//! A charge (the take of an `overdraft: true` limit, [`Action::Charge`](crate::quota::Action))
 //! is never answered from the cache: its usage must reach the store even while the key's
 //! checks are refused (`hot/mod.rs` sends it past the cache).
 //!
@@ -28,7 +28,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::store::{OpKind, Outcome};
+use crate::quota::{OpKind, Outcome};
 
 const SHARDS: usize = 16;
 

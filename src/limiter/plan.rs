@@ -17,10 +17,10 @@ use std::sync::Arc;
 
 use super::{LimitOverride, LimiterConfig, Request, shard};
 use crate::keys;
+use crate::quota::{Op, OpKind};
 use crate::rules::matcher;
 use crate::rules::model::Origin;
 use crate::rules::{Algorithm, Domain, Limit, Rate};
-use crate::store::{Op, OpKind};
 
 /// The metrics class of every Envoy-supplied limit override: one series, whatever the values.
 pub const OVERRIDE_CLASS: &str = "envoy_override";

@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 
 use super::plan::{Plan, Planned};
 use super::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Status};
+use crate::quota::Outcome;
 use crate::rules::{Limit, Unit};
-use crate::store::Outcome;
 use crate::telemetry::{self, DecisionLabels, Hits, Metrics, Split};
 
 /// The metrics `domain` of requests for a domain no rules file declares (one series for all

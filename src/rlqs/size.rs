@@ -3,7 +3,7 @@
 //! other Envoys' on the same bucket, with a floor so a new or quiet Envoy is not starved, and
 //! never more than its own demand (plus headroom) so it does not hoard what others need.
 
-use crate::store::OpKind;
+use crate::quota::OpKind;
 
 /// An Envoy's assignment covers its demand of the last interval times this, so a modest rise
 /// in traffic does not run it dry before its next report.

@@ -73,7 +73,7 @@ impl crate::store::Backend for Down {
         ops: &'a [Op],
     ) -> futures_util::future::BoxFuture<
         'a,
-        Vec<Result<crate::store::Outcome, crate::store::StoreError>>,
+        Vec<Result<crate::quota::Outcome, crate::store::StoreError>>,
     > {
         let err =
             || crate::store::StoreError::new(crate::store::StoreErrorKind::Connection, "down");
@@ -112,7 +112,7 @@ fn world_on(
     let config = LimiterConfig {
         key_prefix: "t:".into(),
         fallback,
-        replicas: Arc::new(crate::limiter::Replicas::new(2, 1)),
+        replicas: Arc::new(crate::fleet::Replicas::new(2, 1)),
         ..LimiterConfig::new(clock.clone())
     };
     let limiter = Limiter::new(store, config, metrics.clone());

@@ -24,11 +24,11 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::{Action, Op, OpKind, Outcome};
 use crate::clock::Clock;
 use crate::quota::bucket::{
     self, SlidingLog, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
 };
+use crate::quota::{Action, Op, OpKind, Outcome};
 
 const SHARDS: usize = 64;
 

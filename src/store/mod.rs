@@ -18,7 +18,7 @@ pub use redis::{RedisConfig, RedisStore};
 use crate::clock::Clock;
 use crate::telemetry::Metrics;
 
-pub use crate::quota::{Action, ClaimAsk, Op, OpKind, Outcome};
+use crate::quota::{Op, Outcome};
 
 /// Which store to connect to, and how (built from the settings by `configs.rs`).
 #[derive(Clone, Debug)]

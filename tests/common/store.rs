@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tollgate::clock::Clock;
+use tollgate::quota::{Action, ClaimAsk, Op, OpKind, Outcome};
 use tollgate::settings::Settings;
-use tollgate::store::{Action, ClaimAsk, Op, OpKind, Outcome, Store};
+use tollgate::store::Store;
 use tollgate::telemetry::Metrics;
 
 pub const HOUR: u64 = 3_600_000;

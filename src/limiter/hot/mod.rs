@@ -35,8 +35,9 @@ use super::shard;
 use crate::clock::Clock;
 use crate::keys;
 use crate::quota::lease::{Claim, LeasePolicy, Leases, Take, TokenEvents};
+use crate::quota::{Action, Op, OpKind, Outcome};
 use crate::rules::Limit;
-use crate::store::{Action, Op, OpKind, Outcome, Store, StoreError};
+use crate::store::{Store, StoreError};
 use crate::telemetry::{ClassLabels, HotKeyMetrics, LeaseTokenLabels, LocalLabels};
 
 mod housekeeping;

@@ -63,9 +63,9 @@ mod testing {
 
     use super::SimStore;
     use crate::clock::Clock;
+    use crate::quota::Op;
     use crate::quota::OpKind;
     use crate::sim::scenario::{Fault, Latency, StoreModel};
-    use crate::store::Op;
     use crate::store::breaker::Policy;
 
     /// A store of `nodes` nodes on a manual clock: 1 ms round trips, 1,000 scripts a second,

@@ -19,10 +19,11 @@ use rand_distr::{Distribution, LogNormal};
 
 use super::{ClassCalls, lock};
 use crate::clock::Clock;
+use crate::quota::{Op, Outcome};
 use crate::sim::scenario::{FaultKind, Latency, StoreModel};
+use crate::store::MemoryStore;
 use crate::store::breaker::{Policy, Probe};
 use crate::store::redis::slot_of;
-use crate::store::{MemoryStore, Op, Outcome};
 
 /// Buckets a simulated node holds at most (Redis holds them all; the memory store's cap
 /// would evict live buckets and make the simulation wrong, not tell the user).

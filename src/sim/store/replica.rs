@@ -19,9 +19,10 @@ use futures_util::future::{BoxFuture, join_all};
 use super::SimStore;
 use super::node::{Reply, Work};
 use crate::clock::Clock;
+use crate::quota::{Op, Outcome};
 use crate::sim::scenario::FaultKind;
 use crate::store::breaker::{Breakers, probe_until_closed};
-use crate::store::{Backend, Op, Outcome, StoreError, StoreErrorKind};
+use crate::store::{Backend, StoreError, StoreErrorKind};
 use crate::telemetry::StoreMetrics;
 
 /// One replica's client of the simulated store: its own breakers (the Redis client's), and

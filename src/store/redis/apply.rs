@@ -9,7 +9,8 @@ use futures_util::future::join_all;
 
 use super::scripts::OpResults;
 use super::{RedisStore, errors, pool};
-use crate::store::{Op, Outcome, StoreError, StoreErrorKind};
+use crate::quota::{Op, Outcome};
+use crate::store::{StoreError, StoreErrorKind};
 use crate::telemetry::KindLabels;
 
 impl RedisStore {

@@ -13,7 +13,8 @@ use super::RedisStore;
 use super::connect::Conn;
 use super::errors::CallError;
 use super::scripts::{self, OpResults};
-use crate::store::{Op, Outcome, StoreError, StoreErrorKind};
+use crate::quota::{Op, Outcome};
+use crate::store::{StoreError, StoreErrorKind};
 
 impl RedisStore {
     /// One node's ops on `conn`. Gives up by the breakers' rule (`store/breaker.rs`,

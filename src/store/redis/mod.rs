@@ -91,8 +91,9 @@ use outage::OutageLog;
 use pool::Pool;
 
 use super::breaker::{self, Breakers, Policy};
-use super::{Op, Outcome, StoreError, StoreErrorKind};
+use super::{StoreError, StoreErrorKind};
 use crate::clock::Clock;
+use crate::quota::{Op, Outcome};
 use crate::redact::redact_url;
 use crate::telemetry::{Metrics, StoreMetrics};
 
@@ -327,7 +328,7 @@ mod tests {
         assert_eq!(store.state(), "disconnected");
         let op = Op {
             key: "k".into(),
-            kind: crate::store::OpKind::TokenBucket {
+            kind: crate::quota::OpKind::TokenBucket {
                 capacity: 1,
                 refill: 1,
                 window_ms: 1000,

@@ -10,8 +10,8 @@
 
 use super::pool::Pool;
 use super::scripts;
+use crate::quota::{Op, OpKind};
 use crate::store::breaker::Probe;
-use crate::store::{Op, OpKind};
 
 /// The node name of a standalone Redis.
 pub(super) const STANDALONE: &str = "store";

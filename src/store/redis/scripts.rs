@@ -25,7 +25,8 @@ use redis::{RedisError, ServerErrorKind, Value};
 use super::errors::CallError;
 use super::outage::OutageLog;
 use crate::quota::bucket;
-use crate::store::{Action, Op, OpKind, Outcome, StoreError, StoreErrorKind};
+use crate::quota::{Action, Op, OpKind, Outcome};
+use crate::store::{StoreError, StoreErrorKind};
 
 /// `lua/token_bucket.lua`, compiled into the binary.
 pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
