@@ -1,5 +1,9 @@
 //! What serde cannot check: ranges, combinations of settings, the store URL's form (with the
 //! URL it probably means when it is given in another tool's form).
+//!
+//! Data flows one way: the layered [`Settings`] → [`Settings::validate`], which runs one
+//! check per topic (store, TLS, timeouts, counts, limits, leases, RLQS, telemetry,
+//! listeners) in a fixed order → the settings, or the first check's error.
 
 use std::net::SocketAddr;
 
@@ -7,14 +11,25 @@ use super::{Settings, SettingsError};
 use crate::redact::redact_url;
 
 impl Settings {
-    /// Checks what serde cannot: ranges, the store URL's scheme, the key prefix.
+    /// Checks what serde cannot: ranges, the store URL's scheme, the key prefix. The checks
+    /// run by topic in a fixed order, and the first that fails is the error.
     pub fn validate(self) -> Result<Settings, SettingsError> {
-        let bad = |key, message: &str| {
-            Err(SettingsError::Invalid {
-                key,
-                message: message.to_string(),
-            })
-        };
+        self.check_store_url()?;
+        self.check_store_options()?;
+        self.check_tls_pairs()?;
+        self.check_grpc_timeouts()?;
+        self.check_store_wait_and_keys()?;
+        self.check_at_least_one()?;
+        self.check_limits()?;
+        self.check_leases()?;
+        self.check_rlqs()?;
+        self.check_telemetry()?;
+        self.check_listeners()?;
+        Ok(self)
+    }
+
+    /// The store URL's scheme, and no credentials in a unix socket URL's query.
+    fn check_store_url(&self) -> Result<(), SettingsError> {
         if self.store != "memory"
             && ![
                 "redis://",
@@ -45,6 +60,12 @@ impl Settings {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// The store's TLS files need a TLS URL, its credentials are given in one place, and the
+    /// Sentinel credentials need a Sentinel URL.
+    fn check_store_options(&self) -> Result<(), SettingsError> {
         let tls_url = self.store.starts_with("rediss");
         for (key, value) in [
             ("store_tls_ca", &self.store_tls_ca),
@@ -92,6 +113,12 @@ impl Settings {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// TLS on the gRPC listener and to the store: certificates and keys go in pairs, a client
+    /// CA needs TLS, and the store's expected name fits one Redis only.
+    fn check_tls_pairs(&self) -> Result<(), SettingsError> {
         if self.grpc_tls_cert.is_empty() != self.grpc_tls_key.is_empty() {
             return bad(
                 "grpc_tls_cert",
@@ -118,6 +145,11 @@ impl Settings {
                 "store_tls_cert and store_tls_key go together (mutual TLS needs both)",
             );
         }
+        Ok(())
+    }
+
+    /// gRPC's keepalive and request timeout, the latter above the store's.
+    fn check_grpc_timeouts(&self) -> Result<(), SettingsError> {
         if self.grpc_keepalive_interval_ms > 0 && self.grpc_keepalive_timeout_ms == 0 {
             return bad(
                 "grpc_keepalive_timeout_ms",
@@ -134,6 +166,12 @@ impl Settings {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// WAIT for replicas needs Redis and a timeout below the store's; the key prefix must
+    /// leave the Redis Cluster hash tag alone.
+    fn check_store_wait_and_keys(&self) -> Result<(), SettingsError> {
         if self.store_wait_replicas > 0 {
             if self.store == "memory" {
                 return bad(
@@ -159,6 +197,11 @@ impl Settings {
                 "must not contain `{` or `}` (they would move the Redis Cluster hash tag)",
             );
         }
+        Ok(())
+    }
+
+    /// The sizes, counts and intervals for which 0 means nothing sensible.
+    fn check_at_least_one(&self) -> Result<(), SettingsError> {
         for (key, v) in [
             ("store_pool_size", self.store_pool_size as u64),
             ("store_connect_timeout_ms", self.store_connect_timeout_ms),
@@ -207,6 +250,11 @@ impl Settings {
                 return bad(key, "must be at least 1");
             }
         }
+        Ok(())
+    }
+
+    /// The near-limit ratio, and the ceiling on requests served at once.
+    fn check_limits(&self) -> Result<(), SettingsError> {
         // NaN fails both comparisons, so it is refused too.
         if !(self.near_limit_ratio > 0.0 && self.near_limit_ratio <= 1.0) {
             return bad(
@@ -217,12 +265,22 @@ impl Settings {
         if self.max_concurrent_requests > 1_000_000 {
             return bad("max_concurrent_requests", "must be at most 1000000");
         }
+        Ok(())
+    }
+
+    /// Hot keys' leases: a batch and a lifetime with an upper bound.
+    fn check_leases(&self) -> Result<(), SettingsError> {
         if self.lease_max_batch > 1_000_000 {
             return bad("lease_max_batch", "must be at most 1000000");
         }
         if self.lease_ttl_ms > 3_600_000 {
             return bad("lease_ttl_ms", "must be at most 3600000 (an hour)");
         }
+        Ok(())
+    }
+
+    /// RLQS: the report interval, and assignments that outlive it.
+    fn check_rlqs(&self) -> Result<(), SettingsError> {
         if self.rlqs_report_interval_ms > 3_600_000 {
             return bad(
                 "rlqs_report_interval_ms",
@@ -240,6 +298,11 @@ impl Settings {
                 "must be at least 1000, above rlqs_report_interval_ms (an assignment must outlive the interval to the next report), and at most 86400000",
             );
         }
+        Ok(())
+    }
+
+    /// Traces, statsd and the reference's Prometheus port: addresses of the forms they take.
+    fn check_telemetry(&self) -> Result<(), SettingsError> {
         let otlp = &self.otlp_endpoint;
         if !otlp.is_empty() && !otlp.starts_with("http://") {
             return bad(
@@ -268,11 +331,24 @@ impl Settings {
         if !self.prometheus_path.starts_with('/') {
             return bad("prometheus_path", "must start with /, e.g. /metrics");
         }
+        Ok(())
+    }
+
+    /// The admin and gRPC listeners are two ports (port 0 picks a free one for each).
+    fn check_listeners(&self) -> Result<(), SettingsError> {
         if self.grpc_addr == self.admin_addr && self.grpc_addr.port() != 0 {
             return bad("admin_addr", "must differ from grpc_addr");
         }
-        Ok(self)
+        Ok(())
     }
+}
+
+/// The error for `key`, with why.
+fn bad(key: &'static str, message: &str) -> Result<(), SettingsError> {
+    Err(SettingsError::Invalid {
+        key,
+        message: message.to_string(),
+    })
 }
 
 /// Whether `addr` is `[udp://|tcp://]host:port` (`[v6]:port` too) with a host and a port

@@ -1,9 +1,48 @@
-//! The reference's variables that tollgate reads and that change nothing here, each with why:
-//! `reference/mod.rs` names those that are set in one startup warning.
+//! The reference's variables that tollgate reads and that change nothing here, each with why,
+//! and the naming of those that are set in one startup warning.
+//!
+//! Data flows one way: [`IGNORED`] and what the other steps read (the [`Reader`]) →
+//! [`name_ignored`], the last step of `from_reference_env` → one `NAME (why)` line each for
+//! the set variables no step read for a setting.
+
+use super::read::Reader;
+
+/// The xDS variables read when `CONFIG_TYPE=GRPC_XDS_SOTW` (named as ignored otherwise).
+const XDS_MAPPED: &[&str] = &[
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+];
+
+/// Names each variable of [`IGNORED`] that is set and was not read for a setting, in the
+/// table's order. With rules over xDS, the xDS variables tollgate maps are not named (even
+/// when their TLS is off), and the other xDS ones say why tollgate's client does without them.
+pub(super) fn name_ignored(r: &mut Reader, from_xds: bool) {
+    for (name, why) in IGNORED {
+        if r.was_read(name) {
+            continue;
+        }
+        let xds = name.starts_with("CONFIG_GRPC_XDS_") || name.starts_with("XDS_CLIENT_");
+        if from_xds && XDS_MAPPED.contains(name) {
+            continue;
+        }
+        let why = if from_xds && xds {
+            "not used by tollgate's xDS client: it reconnects backing off from 0.5 s to 30 s, and the server's certificate must name the host it is reached by"
+        } else {
+            why
+        };
+        if r.peek(name).is_some() {
+            r.ignore(format!("{name} ({why})"));
+        }
+    }
+}
 
 /// Variables that are read but change nothing here, with why (named in the startup warning
 /// when set). Those that tollgate covers another way say how.
-pub(super) const IGNORED: &[(&str, &str)] = &[
+const IGNORED: &[(&str, &str)] = &[
     ("PROTO", "tollgate listens on TCP"),
     (
         "GRPC_SERVER_TLS_CA_CERT",

@@ -9,15 +9,28 @@
 //! (a Redis type it does not know, a unix socket to a cluster, a client-certificate SAN it
 //! would not check) stops startup with the reason ([`Refused`]), because serving anyway would
 //! limit other traffic than the operator configured. The variables table of
-//! docs/migrating.md#coming-from-envoyproxyratelimit is this file's table.
+//! docs/migrating.md#coming-from-envoyproxyratelimit is this module's mapping.
+//!
+//! How it is laid out: a variable that sets one setting is an entry of `table.rs` (name,
+//! setting, how its value is read, the reference's default); what combines variables, refuses
+//! a combination or chooses among values is a small step here (listeners, rules), in
+//! `redis.rs` (the store URL) or in `telemetry.rs` (traces and stats sinks); `ignored.rs`
+//! names what changes nothing; `read.rs` is the reader they share; `differences.rs` says,
+//! after loading, where the settings decide otherwise than the reference.
 
 use std::time::Duration;
 
 mod differences;
 mod ignored;
+mod read;
+mod redis;
+mod table;
+mod telemetry;
 
 pub use differences::differences;
-use ignored::IGNORED;
+use ignored::name_ignored;
+use read::{Reader, refuse};
+use table::{Group, apply};
 
 /// The reference's variables, as tollgate settings.
 #[derive(Debug, Default, PartialEq)]
@@ -52,118 +65,65 @@ pub struct Refused {
     pub why: String,
 }
 
-/// The xDS variables read when `CONFIG_TYPE=GRPC_XDS_SOTW` (named as ignored otherwise).
-const XDS_MAPPED: &[&str] = &[
-    "CONFIG_GRPC_XDS_NODE_ID",
-    "CONFIG_GRPC_XDS_SERVER_URL",
-    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-];
-
 /// Reads the reference's variables through `get` (empty counts as unset, as in envconfig
 /// with no default) and maps them, or refuses the first value that cannot be honoured.
+///
+/// The steps run in a fixed order, by topic, and that order is the refusals' precedence (the
+/// first value refused is the one reported): each table group (`table.rs`) is read at
+/// its place in it, and the hand-written steps do what a table cannot.
 pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped, Refused> {
-    let set_var = |name: &str| get(name).filter(|v| !v.is_empty());
-    // Every variable read for a setting is noted, for `Mapped::read`.
-    let read = std::cell::RefCell::new(Vec::new());
-    let var = |name: &str| {
-        let value = set_var(name);
-        if value.is_some() {
-            read.borrow_mut().push(name.to_string());
-        }
-        value
-    };
-    let refuse = |name: &'static str, value: &str, why: &str| Refused {
-        name,
-        value: value.to_string(),
-        why: why.to_string(),
-    };
-    let flag = |name: &'static str| -> Result<Option<bool>, Refused> {
-        match var(name) {
-            None => Ok(None),
-            Some(v) => parse_bool(&v)
-                .map(Some)
-                .ok_or_else(|| refuse(name, &v, "not a boolean (true or false)")),
-        }
-    };
-    let (mut env, mut ignored) = (Vec::new(), Vec::new());
-    let mut set = |key: &'static str, value: String| env.push((key, value));
+    let mut r = Reader::new(&get);
+    listeners(&mut r)?;
+    grpc_tls(&mut r)?;
+    apply(&mut r, Group::Logs)?;
+    let from_xds = rules_source(&mut r)?;
+    rules_dir(&mut r);
+    apply(&mut r, Group::Decisions)?;
+    redis::store(&mut r)?;
+    telemetry::tracing(&mut r)?;
+    telemetry::stats(&mut r)?;
+    name_ignored(&mut r, from_xds);
+    Ok(r.finish())
+}
 
-    // Listeners: the reference's HTTP port (PORT, /healthcheck and /json) is tollgate's
-    // admin port; its gRPC port is tollgate's.
-    if let Some(uds) = var("GRPC_UDS") {
+/// The listeners: the reference's HTTP port (PORT, /healthcheck and /json) is tollgate's
+/// admin port; its gRPC port is tollgate's, on TCP only.
+fn listeners(r: &mut Reader) -> Result<(), Refused> {
+    if let Some(uds) = r.var("GRPC_UDS") {
         return Err(refuse(
             "GRPC_UDS",
             &uds,
             "tollgate serves gRPC on TCP only: unset it and use GRPC_HOST/GRPC_PORT",
         ));
     }
-    set(
-        "grpc_addr",
-        address(var("GRPC_HOST"), var("GRPC_PORT"), "8081"),
-    );
-    set("admin_addr", address(var("HOST"), var("PORT"), "8080"));
-    if let Some(age) = var("GRPC_MAX_CONNECTION_AGE") {
-        let ms = go_duration(&age).ok_or_else(|| {
-            refuse(
-                "GRPC_MAX_CONNECTION_AGE",
-                &age,
-                "not a duration such as 24h or 90s",
-            )
-        })?;
-        set("grpc_max_connection_age_ms", ms.as_millis().to_string());
-    }
-    if let Some(grace) = var("GRPC_MAX_CONNECTION_AGE_GRACE") {
-        let ms = go_duration(&grace).ok_or_else(|| {
-            refuse(
-                "GRPC_MAX_CONNECTION_AGE_GRACE",
-                &grace,
-                "not a duration such as 1h or 10s",
-            )
-        })?;
-        set(
-            "grpc_max_connection_age_grace_ms",
-            ms.as_millis().to_string(),
-        );
-    }
-    if flag("GRPC_SERVER_USE_TLS")?.unwrap_or(false) {
-        for (name, key) in [
-            ("GRPC_SERVER_TLS_CERT", "grpc_tls_cert"),
-            ("GRPC_SERVER_TLS_KEY", "grpc_tls_key"),
-            ("GRPC_CLIENT_TLS_CACERT", "grpc_tls_client_ca"),
-        ] {
-            if let Some(v) = var(name) {
-                set(key, v);
-            }
-        }
-        if let Some(san) = var("GRPC_CLIENT_TLS_SAN") {
-            return Err(refuse(
-                "GRPC_CLIENT_TLS_SAN",
-                &san,
-                "tollgate does not check client certificates' SANs: it would admit clients this SAN refuses (use a client CA of their own)",
-            ));
-        }
-    }
+    let grpc = address(r.var("GRPC_HOST"), r.var("GRPC_PORT"), "8081");
+    r.set("grpc_addr", grpc);
+    let admin = address(r.var("HOST"), r.var("PORT"), "8080");
+    r.set("admin_addr", admin);
+    apply(r, Group::Listeners)
+}
 
-    // Logs.
-    if let Some(level) = var("LOG_LEVEL") {
-        let level = level.to_ascii_lowercase();
-        let level = if level == "warning" {
-            "warn".to_string()
-        } else {
-            level
-        };
-        set("log_level", level);
+/// `GRPC_SERVER_USE_TLS=true`: the server's certificate and the clients' CA. A client SAN to
+/// check is refused: tollgate does not check it, and would admit clients it refuses.
+fn grpc_tls(r: &mut Reader) -> Result<(), Refused> {
+    if !r.flag("GRPC_SERVER_USE_TLS")?.unwrap_or(false) {
+        return Ok(());
     }
-    if let Some(format) = var("LOG_FORMAT") {
-        set("log_format", format.to_ascii_lowercase());
+    apply(r, Group::GrpcTls)?;
+    if let Some(san) = r.var("GRPC_CLIENT_TLS_SAN") {
+        return Err(refuse(
+            "GRPC_CLIENT_TLS_SAN",
+            &san,
+            "tollgate does not check client certificates' SANs: it would admit clients this SAN refuses (use a client CA of their own)",
+        ));
     }
+    Ok(())
+}
 
-    // Rules: files under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, as the
-    // reference's runtime loader reads them.
-    let config_type = var("CONFIG_TYPE").unwrap_or_else(|| "FILE".to_string());
+/// Where the rules come from, `CONFIG_TYPE`: files (`FILE`, the default) or an xDS server
+/// (`GRPC_XDS_SOTW`, with its table groups). Whether from xDS.
+fn rules_source(r: &mut Reader) -> Result<bool, Refused> {
+    let config_type = r.var("CONFIG_TYPE").unwrap_or_else(|| "FILE".to_string());
     let from_xds = if config_type.eq_ignore_ascii_case("GRPC_XDS_SOTW") {
         true
     } else if config_type.eq_ignore_ascii_case("FILE") {
@@ -176,311 +136,29 @@ pub fn from_reference_env(get: impl Fn(&str) -> Option<String>) -> Result<Mapped
         ));
     };
     if from_xds {
-        set(
-            "rules_xds_server",
-            var("CONFIG_GRPC_XDS_SERVER_URL").unwrap_or_else(|| "localhost:18000".to_string()),
-        );
-        set(
-            "rules_xds_node_id",
-            var("CONFIG_GRPC_XDS_NODE_ID").unwrap_or_else(|| "default".to_string()),
-        );
-        if flag("CONFIG_GRPC_XDS_SERVER_USE_TLS")?.unwrap_or(false) {
-            for (name, key) in [
-                ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "rules_xds_tls_ca"),
-                ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "rules_xds_tls_cert"),
-                ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "rules_xds_tls_key"),
-            ] {
-                if let Some(v) = var(name) {
-                    set(key, v);
-                }
-            }
+        apply(r, Group::Xds)?;
+        if r.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS")?.unwrap_or(false) {
+            apply(r, Group::XdsTls)?;
         }
     }
+    Ok(from_xds)
+}
+
+/// The rules' files, under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, as the
+/// reference's runtime loader reads them.
+fn rules_dir(r: &mut Reader) {
     let mut rules = std::path::PathBuf::from(
-        var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".to_string()),
+        r.var("RUNTIME_ROOT")
+            .unwrap_or_else(|| "/srv/runtime_data/current".to_string()),
     );
-    if let Some(sub) = var("RUNTIME_SUBDIRECTORY") {
+    if let Some(sub) = r.var("RUNTIME_SUBDIRECTORY") {
         rules.push(sub);
     }
-    rules.push(var("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".to_string()));
-    set("rules", rules.display().to_string());
-    if let Some(on) = flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")? {
-        set("unready_without_rules", on.to_string());
-    }
-
-    // Decisions and responses.
-    if let Some(ratio) = var("NEAR_LIMIT_RATIO") {
-        set("near_limit_ratio", ratio);
-    }
-    if let Some(prefix) = var("CACHE_KEY_PREFIX") {
-        set("key_prefix", prefix);
-    }
-    if let Some(on) = flag("SHADOW_MODE")? {
-        set("shadow_mode", on.to_string());
-    }
-    if let Some(on) = flag("QUOTA_MODE")? {
-        set("quota_mode", on.to_string());
-    }
-    if let Some(on) = flag("LIMIT_RESPONSE_HEADERS_ENABLED")? {
-        set("response_headers", on.to_string());
-    }
-    if let Some(on) = flag("RESPONSE_DYNAMIC_METADATA")? {
-        set("response_dynamic_metadata", on.to_string());
-    }
-
-    // The store. The reference's defaults are Redis over a unix socket (a nutcracker proxy):
-    // that one is refused, with what to set instead.
-    let backend = var("BACKEND_TYPE").unwrap_or_else(|| "redis".to_string());
-    if !backend.eq_ignore_ascii_case("redis") {
-        return Err(refuse(
-            "BACKEND_TYPE",
-            &backend,
-            "tollgate's shared store is Redis (or Valkey): BACKEND_TYPE=redis",
-        ));
-    }
-    let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".to_string());
-    let unix = match socket.to_ascii_lowercase().as_str() {
-        "tcp" => false,
-        "unix" => true,
-        _ => {
-            return Err(refuse(
-                "REDIS_SOCKET_TYPE",
-                &socket,
-                "not a socket type: tcp or unix",
-            ));
-        }
-    };
-    // Unset, the reference dials its nutcracker sidecar's socket.
-    let url = match var("REDIS_URL") {
-        Some(url) => url,
-        None if unix => "/var/run/nutcracker/ratelimit.sock".to_string(),
-        None => {
-            return Err(refuse(
-                "REDIS_URL",
-                "",
-                "unset: the Redis address, host:port (or a comma list of cluster nodes)",
-            ));
-        }
-    };
-    // The reference retries Redis at startup with back-off and opens no port until it
-    // answers (since May 2026; it panicked before): tollgate listens, unready, until then
-    // (unready_until_store_answers), and gives up, as the reference does, only when told to.
-    if let Some(max) = var("REDIS_STARTUP_MAX_ELAPSED_TIME") {
-        let ms = go_duration(&max).ok_or_else(|| {
-            refuse(
-                "REDIS_STARTUP_MAX_ELAPSED_TIME",
-                &max,
-                "not a duration such as 5m or 0 (for ever)",
-            )
-        })?;
-        set("store_startup_timeout_ms", ms.as_millis().to_string());
-    }
-    let tls = flag("REDIS_TLS")?.unwrap_or(false);
-    let redis_type = var("REDIS_TYPE").unwrap_or_else(|| "SINGLE".to_string());
-    let scheme = match redis_type.to_ascii_lowercase().as_str() {
-        "single" => "redis",
-        "cluster" => "redis+cluster",
-        "sentinel" => "redis+sentinel",
-        _ => {
-            return Err(refuse(
-                "REDIS_TYPE",
-                &redis_type,
-                "not a Redis type: SINGLE, CLUSTER or SENTINEL",
-            ));
-        }
-    };
-    if unix && (scheme != "redis" || tls) {
-        return Err(refuse(
-            "REDIS_SOCKET_TYPE",
-            &socket,
-            "a unix socket reaches one Redis without TLS: with REDIS_TYPE=CLUSTER, SENTINEL or REDIS_TLS=true set REDIS_SOCKET_TYPE=tcp",
-        ));
-    }
-    if unix && !url.starts_with('/') {
-        return Err(refuse(
-            "REDIS_URL",
-            &url,
-            "with REDIS_SOCKET_TYPE=unix, the socket's absolute path",
-        ));
-    }
-    let scheme = if tls {
-        scheme.replacen("redis", "rediss", 1)
-    } else {
-        scheme.to_string()
-    };
-    let store = if unix {
-        format!("redis+unix://{url}")
-    } else if scheme.ends_with("sentinel") {
-        // The reference's form is `master,sentinel1:port,sentinel2:port`.
-        let (master, sentinels) = url.split_once(',').ok_or_else(|| {
-            refuse(
-                "REDIS_URL",
-                &url,
-                "a Sentinel URL is master,host:port[,host:port…]",
-            )
-        })?;
-        format!("{scheme}://{sentinels}/{master}")
-    } else {
-        format!("{scheme}://{url}")
-    };
-    set("store", store);
-    if let Some(auth) = var("REDIS_AUTH") {
-        // `password`, or `user:password` for an ACL user.
-        match auth.split_once(':') {
-            Some((user, password)) => {
-                set("store_username", user.to_string());
-                set("store_password", password.to_string());
-            }
-            None => set("store_password", auth),
-        }
-    }
-    if let Some(auth) = var("REDIS_SENTINEL_AUTH") {
-        set("store_sentinel_password", auth);
-    }
-    if tls {
-        for (name, key) in [
-            ("REDIS_TLS_CACERT", "store_tls_ca"),
-            ("REDIS_TLS_CLIENT_CERT", "store_tls_cert"),
-            ("REDIS_TLS_CLIENT_KEY", "store_tls_key"),
-        ] {
-            if let Some(v) = var(name) {
-                set(key, v);
-            }
-        }
-        if flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?.unwrap_or(false) {
-            // Skipping the check would accept any certificate the CA ever signed; naming the
-            // host the certificate carries is the safe form of the same fix.
-            match set_var("TOLLGATE_STORE_TLS_SERVER_NAME") {
-                Some(name) => ignored.push(format!(
-                    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION (the certificate is checked against TOLLGATE_STORE_TLS_SERVER_NAME={name} instead)"
-                )),
-                None => {
-                    return Err(refuse(
-                        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-                        "true",
-                        "tollgate does not skip the check: set TOLLGATE_STORE_TLS_SERVER_NAME to the host name the Redis certificate carries",
-                    ));
-                }
-            }
-        }
-    }
-
-    // Traces: OTLP over gRPC only.
-    if flag("TRACING_ENABLED")?.unwrap_or(false) {
-        let protocol = var("TRACING_EXPORTER_PROTOCOL").unwrap_or_else(|| "http".to_string());
-        let endpoint = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"));
-        match endpoint {
-            Some(endpoint) if protocol.eq_ignore_ascii_case("grpc") => set("otlp_endpoint", endpoint),
-            _ => ignored.push(format!("TRACING_ENABLED (spans go over OTLP/gRPC: TRACING_EXPORTER_PROTOCOL=grpc with OTEL_EXPORTER_OTLP_ENDPOINT, got protocol {protocol})")),
-        }
-    }
-    // statsd as the reference sends it: on unless USE_STATSD=false (its default is true), over
-    // TCP to STATSD_HOST:STATSD_PORT, every STATS_FLUSH_INTERVAL. Prometheus on the admin
-    // port's /metrics is served either way.
-    let on = |name: &str| set_var(name).as_deref().and_then(parse_bool) == Some(true);
-    let use_statsd = flag("USE_STATSD")?.unwrap_or(true) && !on("DISABLE_STATS");
-    if use_statsd
-        && let Some(other) = ["USE_DOG_STATSD", "USE_PROMETHEUS"]
-            .into_iter()
-            .find(|n| on(n))
-    {
-        // The reference stops too: it sends to one stats sink only.
-        return Err(refuse(
-            other,
-            "true",
-            "envoyproxy/ratelimit uses one stats sink and USE_STATSD is true (its default): set USE_STATSD=false",
-        ));
-    }
-    if use_statsd {
-        let host = var("STATSD_HOST").unwrap_or_else(|| "localhost".to_string());
-        let port = var("STATSD_PORT").unwrap_or_else(|| "8125".to_string());
-        set(
-            "statsd_addr",
-            format!("tcp://{}", address(Some(host), Some(port), "")),
-        );
-        if let Some(every) = var("STATS_FLUSH_INTERVAL") {
-            let ms = go_duration(&every)
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    refuse(
-                        "STATS_FLUSH_INTERVAL",
-                        &every,
-                        "not a duration above 0 such as 10s or 500ms",
-                    )
-                })?;
-            set("statsd_flush_interval_ms", ms.as_millis().to_string());
-        }
-    }
-    // Prometheus as the reference serves it (`USE_PROMETHEUS=true`, with statsd off): its
-    // statsd counters through a statsd exporter mapping, on a port of its own (`:9090`,
-    // `/metrics` by default). tollgate's own metrics stay on the admin port's /metrics.
-    // DISABLE_STATS comes first there (no sink, no port), and one sink only.
-    if !use_statsd && !on("DISABLE_STATS") && flag("USE_PROMETHEUS")?.unwrap_or(false) {
-        if on("USE_DOG_STATSD") {
-            return Err(refuse(
-                "USE_DOG_STATSD",
-                "true",
-                "envoyproxy/ratelimit uses one stats sink and USE_PROMETHEUS is true: unset one",
-            ));
-        }
-        let addr = var("PROMETHEUS_ADDR").unwrap_or_else(|| ":9090".to_string());
-        // Go's `:port` is every interface; `localhost` is loopback.
-        let addr = match addr.rsplit_once(':') {
-            Some(("", port)) => format!("0.0.0.0:{port}"),
-            Some(("localhost", port)) => format!("127.0.0.1:{port}"),
-            _ => addr,
-        };
-        set("prometheus_addr", addr);
-        if let Some(path) = var("PROMETHEUS_PATH") {
-            set("prometheus_path", path);
-        }
-        if let Some(mapper) = var("PROMETHEUS_MAPPER_YAML") {
-            set("prometheus_mapper", mapper);
-        }
-    } else {
-        for name in [
-            "PROMETHEUS_ADDR",
-            "PROMETHEUS_PATH",
-            "PROMETHEUS_MAPPER_YAML",
-        ] {
-            if set_var(name).is_some() {
-                ignored.push(format!(
-                    "{name} (the reference's Prometheus port is off: USE_PROMETHEUS=true with USE_STATSD=false)"
-                ));
-            }
-        }
-    }
-    for (name, why) in IGNORED {
-        if read.borrow().iter().any(|r| r == name) {
-            continue;
-        }
-        let xds = name.starts_with("CONFIG_GRPC_XDS_") || name.starts_with("XDS_CLIENT_");
-        if from_xds && XDS_MAPPED.contains(name) {
-            continue;
-        }
-        let why = if from_xds && xds {
-            "not used by tollgate's xDS client: it reconnects backing off from 0.5 s to 30 s, and the server's certificate must name the host it is reached by"
-        } else {
-            why
-        };
-        if set_var(name).is_some() {
-            ignored.push(format!("{name} ({why})"));
-        }
-    }
-    let mut read = read.into_inner();
-    read.sort();
-    read.dedup();
-    let defaults = REFERENCE_DEFAULTS
-        .iter()
-        .map(|(k, v)| (*k, v.to_string()))
-        .collect();
-    Ok(Mapped {
-        env,
-        ignored,
-        read,
-        defaults,
-    })
+    rules.push(
+        r.var("RUNTIME_APPDIRECTORY")
+            .unwrap_or_else(|| "config".to_string()),
+    );
+    r.set("rules", rules.display().to_string());
 }
 
 /// `host:port` from the reference's pair (either may be unset).
