@@ -185,7 +185,7 @@ impl Tally {
 
     /// Counts one limit's decision: in `tollgate_decisions_total` by its class, and, with
     /// statsd on, its hits under the reference's path, split as the reference splits them
-    /// (`telemetry/statsd.rs`): `remaining` is what the store reported after the decision.
+    /// (`telemetry/statsd/`): `remaining` is what the store reported after the decision.
     #[allow(clippy::too_many_arguments)]
     fn count_limit(
         &self,

@@ -233,7 +233,7 @@ pub struct Limit {
     pub class: Arc<str>,
     /// The reference's stats path of this limit: one segment per level of its rule, `key` or
     /// `key_value` (`["tenant_acme", "endpoint"]`); statsd names are made from it
-    /// (`telemetry/statsd.rs`).
+    /// (`telemetry/statsd/`).
     #[serde(skip)]
     pub stat_path: Arc<[String]>,
     /// How many limits before this one on its descriptor have the same numbers (algorithm,

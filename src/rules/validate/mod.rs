@@ -34,7 +34,7 @@ struct RulePath {
     /// metrics class.
     keys: String,
     /// One segment per level, `key` or `key_value` as the reference names it
-    /// (`tenant_acme`, `endpoint`): a limit's statsd path (`telemetry/statsd.rs`).
+    /// (`tenant_acme`, `endpoint`): a limit's statsd path (`telemetry/statsd/`).
     stat: Vec<String>,
 }
 
