@@ -1,8 +1,12 @@
 //! The documentation stays true: every relative link and anchor in the README, ARCHITECTURE.md,
 //! CHANGELOG.md, docs/ and the chart's pages resolves; the README stays a door (at most ~200
 //! lines); and every page of docs/ a comment or message in `src/` points at exists, with its
-//! anchor. (The settings table is held to the code by `settings::tests`, the "what differs"
-//! table by `settings::reference::differences::tests`.)
+//! anchor; every code block of the README and docs/ is loaded or run: a rules file loads, a
+//! simulate scenario loads, any other YAML parses, and each command of a `sh` block names a
+//! `make` target that exists, a `tollgate` subcommand whose flags exist (`tollgate check` and
+//! `tollgate simulate` run on their files), files that exist, and JSON that parses. (The
+//! settings table is held to the code by `settings::tests`, the "what differs" table by
+//! `settings::reference::differences::tests`.)
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -204,4 +208,258 @@ fn src_points_only_at_docs_that_exist() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The fenced code blocks of a page: (info string, line of the fence, text).
+fn code_blocks(text: &str) -> Vec<(String, usize, String)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(String, usize, String)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let fence = line.trim_start().starts_with("```");
+        match (&mut open, fence) {
+            (None, true) => {
+                open = Some((
+                    line.trim_start()[3..].trim().to_string(),
+                    i + 1,
+                    String::new(),
+                ))
+            }
+            (Some(_), true) => blocks.extend(open.take()),
+            (Some((_, _, body)), false) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            (None, false) => {}
+        }
+    }
+    blocks
+}
+
+/// The commands of a `sh` block: comments dropped, `\` continuations joined.
+fn commands(body: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in body.lines() {
+        let line = match line.find(" #") {
+            Some(at) if !line[..at].contains('\'') || line[..at].matches('\'').count() % 2 == 0 => {
+                &line[..at]
+            }
+            _ => line,
+        };
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
+        match line.trim_end().strip_suffix('\\') {
+            Some(part) => current.push_str(part),
+            None => {
+                current.push_str(line);
+                if !current.trim().is_empty() {
+                    out.push(current.trim().to_string());
+                }
+                current.clear();
+            }
+        }
+    }
+    out
+}
+
+/// Splits a command line into words as a shell would for these simple lines: spaces, and
+/// single- or double-quoted words kept whole (quotes dropped).
+fn words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut quote: Option<char> = None;
+    let mut any = false;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, ' ') => {
+                if any || !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+                any = false;
+            }
+            (None, c) => word.push(c),
+        }
+    }
+    if any || !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+fn tollgate(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run tollgate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// What one command of a `sh` block must hold to; `None` when it is not one this test can
+/// check (a loop, a `curl` of a live server without a body).
+fn check_command(line: &str, makefile: &str) -> Option<Result<(), String>> {
+    let w = words(line);
+    let first = w.first()?.as_str();
+    let root = root();
+    let exists = |p: &str| {
+        if root.join(p).exists() {
+            Ok(())
+        } else {
+            Err(format!("{p} does not exist"))
+        }
+    };
+    Some(match first {
+        "make" => {
+            let target = w.get(1)?;
+            if makefile
+                .lines()
+                .any(|l| l.starts_with(&format!("{target}:")))
+            {
+                Ok(())
+            } else {
+                Err(format!("no `{target}` target in the Makefile"))
+            }
+        }
+        "tollgate" | "./target/release/tollgate" => {
+            let sub = w.get(1)?.as_str();
+            let (ok, help) = tollgate(&[sub, "--help"]);
+            if !ok {
+                return Some(Err(format!("`tollgate {sub} --help` failed: {help}")));
+            }
+            for flag in w.iter().filter(|a| a.starts_with("--")) {
+                let name = flag.split('=').next().unwrap_or(flag);
+                // The flag as a whole word of the help (`--key` is not `--keys`).
+                let named = help.match_indices(name).any(|(at, _)| {
+                    !help[at + name.len()..]
+                        .starts_with(|c: char| c.is_alphanumeric() || c == '-' || c == '_')
+                });
+                if !named {
+                    return Some(Err(format!("`tollgate {sub}` has no {name}")));
+                }
+            }
+            for path in w.iter().filter(|a| a.starts_with("examples/")) {
+                if let Err(e) = exists(path) {
+                    return Some(Err(e));
+                }
+            }
+            match sub {
+                "check" => {
+                    let (ok, out) = tollgate(&["check", &w[2]]);
+                    if ok { Ok(()) } else { Err(out) }
+                }
+                "simulate" => tollgate::sim::Scenario::load(&root.join(&w[2]))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                _ => Ok(()),
+            }
+        }
+        "helm" => {
+            let paths = w.iter().filter_map(|w| {
+                if w.starts_with("charts/") {
+                    return Some(w.as_str());
+                }
+                w.split_once('=')
+                    .map(|(_, p)| p)
+                    .filter(|p| p.starts_with("examples/"))
+            });
+            paths
+                .map(exists)
+                .collect::<Result<Vec<()>, String>>()
+                .map(|_| ())
+        }
+        "curl" => {
+            let body = w
+                .iter()
+                .position(|a| a == "-d")
+                .and_then(|i| w.get(i + 1))?;
+            serde_json::from_str::<serde_json::Value>(body)
+                .map(|_| ())
+                .map_err(|e| format!("the body is not JSON: {e}"))
+        }
+        _ => return None,
+    })
+}
+
+/// A YAML block: a rules file loads, a simulate scenario loads (its relative paths from
+/// examples/simulate/), anything else (an Envoy or Gateway fragment) parses as YAML.
+fn check_yaml(body: &str, scratch: &Path) -> Result<&'static str, String> {
+    let yaml = yaml_rust2::YamlLoader::load_from_str(body).map_err(|e| e.to_string())?;
+    let top = yaml.first().ok_or("empty")?;
+    if !top["duration_s"].is_badvalue() {
+        let path = root().join("examples/simulate/from-the-docs.yaml");
+        return tollgate::sim::Scenario::parse(&path, body)
+            .map(|_| "scenario")
+            .map_err(|e| e.to_string());
+    }
+    if !top["domain"].is_badvalue() && !top["descriptors"].is_badvalue() {
+        std::fs::write(scratch.join("rules.yaml"), body).map_err(|e| e.to_string())?;
+        return tollgate::rules::load_path(scratch, tollgate::rules::LoadOptions::default())
+            .map(|_| "rules")
+            .map_err(|e| e.to_string());
+    }
+    Ok("yaml")
+}
+
+#[test]
+fn every_code_block_is_loaded_or_run() {
+    let makefile = std::fs::read_to_string(root().join("Makefile")).unwrap();
+    let mut pages = vec![root().join("README.md")];
+    pages.extend(pages_under_docs());
+    let (mut checked, mut kinds) = (0, HashSet::new());
+    let mut failures = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let name = page.strip_prefix(root()).unwrap().display().to_string();
+        for (info, line, body) in code_blocks(&text) {
+            match info.as_str() {
+                "yaml" => {
+                    let scratch = tempfile::tempdir().unwrap();
+                    match check_yaml(&body, scratch.path()) {
+                        Ok(kind) => {
+                            checked += 1;
+                            kinds.insert(kind);
+                        }
+                        Err(e) => failures.push(format!("{name}:{line}: {e}")),
+                    }
+                }
+                "sh" => {
+                    for command in commands(&body) {
+                        match check_command(&command, &makefile) {
+                            Some(Ok(())) => checked += 1,
+                            Some(Err(e)) => {
+                                failures.push(format!("{name}:{line}: `{command}`: {e}"))
+                            }
+                            None => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Not vacuous: the pages hold rules, a scenario, other YAML and commands.
+    assert!(
+        checked >= 20 && kinds.len() == 3,
+        "{checked} blocks or commands checked, kinds {kinds:?}"
+    );
+}
+
+fn pages_under_docs() -> Vec<PathBuf> {
+    pages()
+        .into_iter()
+        .filter(|p| p.parent().is_some_and(|d| d.ends_with("docs")))
+        .collect()
 }
