@@ -130,7 +130,7 @@ const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "DISABLE_STATS",
-        "metrics are Prometheus on the admin port's /metrics",
+        "not true: the stats sinks are as the other variables say",
     ),
     ("RUNTIME_IGNOREDOTFILES", "dotfiles are always skipped"),
     (

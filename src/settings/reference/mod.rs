@@ -626,8 +626,15 @@ mod tests {
             ignored,
             vec!["STATSD_PORT (statsd is off: USE_STATSD=false, or another stats sink is named)"]
         );
-        let (addr, _, _) = load(&[("DISABLE_STATS", "true")]).unwrap();
+        let (addr, _, ignored) = load(&[("DISABLE_STATS", "true")]).unwrap();
         assert_eq!(addr, "");
+        assert!(ignored.is_empty(), "acted on, not ignored: {ignored:?}");
+        let (addr, _, ignored) = load(&[("DISABLE_STATS", "false")]).unwrap();
+        assert_eq!(addr, "tcp://localhost:8125");
+        assert_eq!(
+            ignored,
+            vec!["DISABLE_STATS (not true: the stats sinks are as the other variables say)"]
+        );
         // Envoy Gateway's telemetry: Prometheus, with statsd off, on its own port.
         let mapped = from_reference_env(env(&[
             ("USE_STATSD", "false"),

@@ -44,6 +44,10 @@ pub(super) fn stats(r: &mut Reader) -> Result<(), Refused> {
 /// `DISABLE_STATS`, over TCP to `STATSD_HOST:STATSD_PORT`, every `STATS_FLUSH_INTERVAL`.
 /// Whether it is on.
 fn statsd(r: &mut Reader) -> Result<bool, Refused> {
+    if r.on("DISABLE_STATS") {
+        // Acted on (every sink off): not one of the variables the warning names as ignored.
+        r.var("DISABLE_STATS");
+    }
     let use_statsd = r.flag("USE_STATSD")?.unwrap_or(true) && !r.on("DISABLE_STATS");
     if !use_statsd {
         return Ok(false);
