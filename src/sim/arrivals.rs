@@ -13,50 +13,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use rand::Rng;
-use rand::rngs::SmallRng;
-use rand_distr::{Distribution, Exp, Zipf};
+use rand_distr::Distribution;
 
 use super::report::Counts;
-use super::scenario::{Arrivals, Pick, Routing, Traffic};
+use super::scenario::{Pick, Routing};
 use super::state::Sim;
 use crate::limiter::{Code, Decision, Request, RequestDescriptor};
 use crate::store::StoreError;
-
-/// One traffic stream's state: its next arrival and its pickers.
-pub(super) struct Stream {
-    pub(super) traffic: Traffic,
-    domain: Arc<str>,
-    keys: Vec<Arc<str>>,
-    pub(super) next_us: f64,
-    /// Exponential gaps (Poisson arrivals), or `None` for even ones.
-    pub(super) gap: Option<Exp<f64>>,
-    zipf: Option<Zipf<f64>>,
-    round_robin: usize,
-}
-
-impl Stream {
-    /// The stream of `t`, its first arrival drawn from `rng`.
-    pub(super) fn new(t: &Traffic, rng: &mut SmallRng) -> Stream {
-        // The scenario check keeps rate_per_s positive and finite, so `Exp::new` takes it.
-        let gap = match t.arrivals {
-            Arrivals::Poisson => Exp::new(t.rate_per_s / 1e6).ok(),
-            Arrivals::Even => None,
-        };
-        let first = match &gap {
-            Some(g) => g.sample(rng),
-            None => 1e6 / t.rate_per_s / 2.0,
-        };
-        Stream {
-            domain: t.domain.as_str().into(),
-            keys: t.entries.iter().map(|(k, _)| k.as_str().into()).collect(),
-            next_us: first,
-            gap,
-            zipf: Zipf::new(t.tenants as f64, t.zipf_exponent).ok(),
-            round_robin: 0,
-            traffic: t.clone(),
-        }
-    }
-}
 
 /// A decision in progress, and what to count when it ends.
 type Pending = Pin<Box<dyn Future<Output = ()> + Send>>;

@@ -37,6 +37,7 @@ pub mod report;
 pub mod scenario;
 mod state;
 pub mod store;
+mod stream;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

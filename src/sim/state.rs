@@ -15,9 +15,9 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use super::Scenario;
-use super::arrivals::Stream;
 use super::report::Counts;
 use super::store::{ClassCalls, ReplicaStore, SimStore};
+use super::stream::Stream;
 use crate::clock::Clock;
 use crate::fleet::{self, MembershipConfig, Replicas};
 use crate::limiter::Limiter;

@@ -24,6 +24,7 @@ use crate::rules::yaml;
 use crate::settings::Settings;
 
 mod check;
+mod fields;
 mod read;
 mod replicas;
 mod store;

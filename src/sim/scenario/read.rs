@@ -1,6 +1,6 @@
 //! The walk over a scenario file: its top-level fields into a [`Scenario`], the `settings:`
-//! checked as `serve` checks them, the `rules:` loaded with those settings, and the field
-//! readers every section uses (each problem recorded with its line, the walk going on).
+//! checked as `serve` checks them, the `rules:` loaded with those settings (each problem recorded
+//! with its line, the walk going on).
 //!
 //! Flow: [`read`] takes the top-level fields → `settings:` ([`settings`], each setting alone
 //! and then together) → `rules:` ([`load_rules`], shaped by the settings) → each section
@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use super::fields::positive_uint;
 use super::replicas::replicas;
 use super::store::store;
 use super::traffic::traffic;
@@ -87,52 +88,6 @@ fn required<'n>(
         out.error(parent.pos, name, "missing (required)");
     }
     found
-}
-
-pub(super) fn positive_uint(out: &mut Problems, node: &Node, field: &str, max: u64) -> Option<u64> {
-    match yaml::uint(out, node, field, max)? {
-        0 => {
-            out.error(node.pos, field, "must be at least 1");
-            None
-        }
-        n => Some(n),
-    }
-}
-
-/// An unquoted number (`0.4`, `20000`, `1e5`) in `min..=max`.
-pub(super) fn number(
-    out: &mut Problems,
-    node: &Node,
-    field: &str,
-    min: f64,
-    max: f64,
-) -> Option<f64> {
-    let parsed = match &node.value {
-        Value::Scalar {
-            text,
-            quoted: false,
-        } => text.parse::<f64>().ok().filter(|x| x.is_finite()),
-        _ => None,
-    };
-    match parsed {
-        Some(x) if (min..=max).contains(&x) => Some(x),
-        Some(x) => {
-            out.error(
-                node.pos,
-                field,
-                format!("{x} is out of range (from {min} to {max})"),
-            );
-            None
-        }
-        None => {
-            out.error(
-                node.pos,
-                field,
-                format!("expected a number, found {}", node.kind()),
-            );
-            None
-        }
-    }
 }
 
 /// `settings:`: any `serve` setting by its file name. Each value is checked alone, so an

@@ -5,7 +5,7 @@
 //! the driver resizes the fleet by, and the checks count started replicas from.
 
 use super::MAX_REPLICAS;
-use super::read::{number, positive_uint};
+use super::fields::{number, positive_uint};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node};
 

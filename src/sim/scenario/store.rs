@@ -5,7 +5,7 @@
 //! → [`fault`] for each fault, [`partition`] for a partition's replicas → a [`StoreModel`],
 //! which `sim::store` builds its nodes from.
 
-use super::read::{number, positive_uint};
+use super::fields::{number, positive_uint};
 use super::{MAX_DURATION_S, MAX_NODES, MAX_REPLICAS};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node};

@@ -6,7 +6,7 @@
 //! ([`Template::render`]) with the index its pick draws.
 
 use super::MAX_RATE;
-use super::read::{number, positive_uint};
+use super::fields::{number, positive_uint};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node};
 
