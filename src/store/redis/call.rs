@@ -32,7 +32,9 @@ impl RedisStore {
         let mut wait = self.breakers.wait();
         let mut deadline = wait.first_deadline(&self.breakers);
         let done = loop {
-            let sleep = clock.sleep(Duration::from_micros(
+            // tokio's timer directly: this client runs on the system clock (the simulator's
+            // runs the same rule on its own), and the clock handle would box the sleep.
+            let sleep = tokio::time::sleep(Duration::from_micros(
                 deadline.saturating_sub(clock.mono_us()),
             ));
             tokio::select! {
