@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make fuzz`: runs each cargo-fuzz target (fuzz/fuzz_targets/, the bodies in src/fuzzing.rs)
-# for FUZZ_SECONDS seconds (default 45, so about 3 minutes for the four), starting from the
+# for FUZZ_SECONDS seconds (default 45, so about 5 minutes for the six), starting from the
 # committed seeds in fuzz/seeds/<target> plus whatever earlier runs left in fuzz/corpus/<target>
 # (not committed). A crash stops the run with libFuzzer's report; the input is saved under
 # fuzz/artifacts/ and belongs, minimized (`cargo +nightly fuzz tmin`), in
@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${FUZZ_SECONDS:-45}
-TARGETS=${FUZZ_TARGETS:-"rules_yaml key_encoding proto_request json_body"}
+TARGETS=${FUZZ_TARGETS:-"rules_yaml key_encoding proto_request json_body reference_env xds_config"}
 LOGS=target/fuzz-logs
 mkdir -p "$LOGS"
 

@@ -18,7 +18,7 @@ use crate::rules::load::load_sources;
 use crate::rules::{Algorithm, LoadOptions, Rate, Unit};
 use crate::service::json::JsonRequest;
 use crate::service::to_request;
-use crate::settings::Settings;
+use crate::settings::{KEYS, ServeArgs, Settings, from_reference_env};
 
 /// A fuzz target's body: the fuzzer's bytes in, a panic if the path's invariant breaks.
 pub type Body = fn(&[u8]);
@@ -29,6 +29,8 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("key_encoding", key_encoding),
     ("proto_request", proto_request),
     ("json_body", json_body),
+    ("reference_env", reference_env),
+    ("xds_config", xds_config),
 ];
 
 /// The rules loader on any file: loaded or refused with an error, never a panic or a hang.
@@ -127,5 +129,115 @@ pub fn key_encoding(data: &[u8]) {
             "{} bytes for {parts} parts",
             k.len()
         );
+    }
+}
+
+/// envoyproxy/ratelimit's environment (`NAME=VALUE` lines; `TOLLGATE_*` names are dropped, so
+/// no settings file is read) through the whole start-up path of a replica started as
+/// `ratelimit`: mapped or refused with its reason, never a panic. The mapping is a function of
+/// the environment (the same twice), names only settings that exist, and reads or names as
+/// ignored only variables that are set; the settings it gives load or are refused with an
+/// error.
+pub fn reference_env(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let vars: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| !k.starts_with("TOLLGATE_"))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let get = |name: &str| {
+        vars.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let is_set = |name: &str| get(name).is_some_and(|v| !v.is_empty());
+    let first = from_reference_env(get);
+    let again = from_reference_env(get);
+    match (&first, &again) {
+        (Ok(a), Ok(b)) => {
+            assert_eq!(
+                (&a.env, &a.ignored, &a.read),
+                (&b.env, &b.ignored, &b.read),
+                "the same environment mapped twice differently"
+            );
+            for (key, _) in a.env.iter().chain(&a.defaults) {
+                assert!(
+                    KEYS.iter().any(|k| k.name == *key),
+                    "mapped to an unknown setting {key}"
+                );
+            }
+            for name in &a.read {
+                assert!(is_set(name), "{name} read but not set");
+            }
+            for line in &a.ignored {
+                let name = line.split(' ').next().unwrap_or_default();
+                assert!(is_set(name), "{name} named as ignored but not set: {line}");
+            }
+        }
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+        _ => panic!("the same environment mapped once and refused once"),
+    }
+    let args = ServeArgs {
+        reference_env: true,
+        ..ServeArgs::default()
+    };
+    let _ = Settings::load(&args.sources(get));
+}
+
+/// One xDS `RateLimitConfig` resource (its protobuf bytes), as the rules' xDS source takes it:
+/// a rule set or an error naming the resource, never a panic; a rule set never holds an empty
+/// domain (every path that builds rules refuses it, as a rules file does).
+pub fn xds_config(data: &[u8]) {
+    use envoy_types::pb::google::protobuf::Any;
+    let resource = Any {
+        type_url: crate::rules::xds::TYPE_URL.to_string(),
+        value: data.to_vec(),
+    };
+    if let Ok(set) = crate::rules::xds::rule_set(&[resource], LoadOptions::default()) {
+        assert!(
+            set.domains.keys().all(|d| !d.is_empty()),
+            "an empty domain loaded from xDS"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed(target: &str, name: &str) -> Vec<u8> {
+        let path =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("fuzz/seeds/{target}/{name}"));
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// The committed seeds reach the paths their targets are for (a seed refused at its first
+    /// check would leave the fuzzer to find the rest by chance).
+    #[test]
+    fn the_new_targets_seeds_reach_their_paths() {
+        use envoy_types::pb::google::protobuf::Any;
+        for name in ["edge.bin", "unlimited.bin"] {
+            let resource = Any {
+                type_url: crate::rules::xds::TYPE_URL.to_string(),
+                value: seed("xds_config", name),
+            };
+            let set = crate::rules::xds::rule_set(&[resource], LoadOptions::default())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(set.domains.len(), 1, "{name}");
+        }
+        for name in ["cluster-statsd.env", "gateway-prometheus.env"] {
+            let text = String::from_utf8(seed("reference_env", name)).unwrap();
+            let get = |k: &str| {
+                text.lines()
+                    .filter_map(|l| l.split_once('='))
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            };
+            let mapped = from_reference_env(get).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(mapped.env.len() >= 5, "{name}: {:?}", mapped.env);
+            reference_env(text.as_bytes());
+        }
     }
 }
