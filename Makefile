@@ -7,7 +7,7 @@ RUN_ADMIN ?= 127.0.0.1:8080
 APP_VERSION := $(shell sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}.*/\1/p' charts/tollgate/Chart.yaml)
 IMAGE := tollgate:$(APP_VERSION)
 
-.PHONY: help run test deps lint bench soak fuzz e2e envoy-demo chart-lint check-rules image
+.PHONY: help run test deps lint bench soak fuzz fuzz-long e2e envoy-demo chart-lint check-rules image
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ soak: deps ## steady load on Redis for SOAK_DURATION s (600) over 1,000,000 keys
 
 fuzz: ## cargo-fuzz each target for FUZZ_SECONDS (45) from fuzz/seeds; needs the nightly toolchain (installs cargo-fuzz if missing)
 	@bash scripts/fuzz.sh
+
+fuzz-long: ## each fuzz target to 10,000,000 executions (FUZZ_RUNS); hours on 2 cores: the slowest, reference_env, runs ~2,200 a second
+	@FUZZ_RUNS=$${FUZZ_RUNS:-10000000} bash scripts/fuzz.sh
 
 e2e: deps ## only the end-to-end tests through a real Envoy
 	$(CARGO) test --test envoy_e2e

@@ -6,11 +6,22 @@
 # fuzz/artifacts/ and belongs, minimized (`cargo +nightly fuzz tmin`), in
 # fuzz/regressions/<target>/, which `make test` replays (tests/fuzz_replay.rs).
 #
+# With FUZZ_RUNS (`make fuzz-long`: 10,000,000), each target runs until it has executed that
+# many inputs instead, with no time bound, and fails if it executed fewer.
+#
 # It fails, naming the target, when a target does not build, when libFuzzer exits with an
 # error, or when it executed nothing; the last line lists each target with its executions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${FUZZ_SECONDS:-45}
+RUNS=${FUZZ_RUNS:-}
+if [ -n "$RUNS" ]; then
+  BOUND=(-runs="$RUNS")
+  WHAT="$RUNS executions"
+else
+  BOUND=(-max_total_time="$SECONDS_PER_TARGET")
+  WHAT="${SECONDS_PER_TARGET} s"
+fi
 TARGETS=${FUZZ_TARGETS:-"rules_yaml key_encoding proto_request json_body reference_env xds_config"}
 LOGS=target/fuzz-logs
 mkdir -p "$LOGS"
@@ -31,10 +42,10 @@ for t in $TARGETS; do
     echo "make fuzz: $t does not build (the whole log: $LOGS/$t.build.log)" >&2
     exit 1
   fi
-  echo "make fuzz: $t for ${SECONDS_PER_TARGET} s" >&2
+  echo "make fuzz: $t for $WHAT" >&2
   status=0
   cargo +nightly fuzz run --fuzz-dir fuzz -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
-    -max_total_time="$SECONDS_PER_TARGET" -rss_limit_mb=2048 -print_final_stats=1 \
+    "${BOUND[@]}" -rss_limit_mb=2048 -print_final_stats=1 \
     >"$LOGS/$t.log" 2>&1 || status=$?
   grep -E '^(#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss_mb)|panicked|SUMMARY|Test unit written|ERROR' \
     "$LOGS/$t.log" >&2 || true
@@ -48,6 +59,10 @@ for t in $TARGETS; do
   if [ -z "$execs" ] || [ "$execs" -eq 0 ]; then
     tail -20 "$LOGS/$t.log" >&2
     echo "make fuzz: $t executed nothing (the log: $LOGS/$t.log)" >&2
+    exit 1
+  fi
+  if [ -n "$RUNS" ] && [ "$execs" -lt "$RUNS" ]; then
+    echo "make fuzz: $t executed $execs of $RUNS (the log: $LOGS/$t.log)" >&2
     exit 1
   fi
   summary="$summary $t=$execs"
