@@ -31,6 +31,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("json_body", json_body),
     ("reference_env", reference_env),
     ("xds_config", xds_config),
+    ("rlqs_reports", rlqs_reports),
 ];
 
 /// The rules loader on any file: loaded or refused with an error, never a panic or a hang.
@@ -203,6 +204,123 @@ pub fn xds_config(data: &[u8]) {
     }
 }
 
+/// A token bucket of this many tokens, in the domain [`rlqs_reports`] streams to.
+const RLQS_CAPACITY: u64 = 600;
+const RLQS_RULES: &str = "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 600}\n";
+
+/// RLQS usage reports over one stream, as a peer may send them: reports split at `0xFE`, each
+/// a domain byte (`quota`, none, or another) then 5 bytes per bucket usage (a tenant of four,
+/// with an extra entry when the high bit is set; allowed as a u16; denied; elapsed in 100 ms),
+/// on one memory store whose clock does not move. Each report is answered or ends the stream
+/// with an error, never a panic, and the stream never holds more bucket ids than its cap.
+/// The bound: whatever the peer reports, the tokens assigned to a tenant never exceed the
+/// bucket's capacity plus the tokens its reports gave back (held − allowed at each settle).
+pub fn rlqs_reports(data: &[u8]) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
+        return;
+    };
+    runtime.block_on(rlqs_stream(data));
+}
+
+/// The body of [`rlqs_reports`]; the tokens assigned in all (for the seeds' test).
+async fn rlqs_stream(data: &[u8]) -> u64 {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use crate::clock::Clock;
+    use crate::fleet::Replicas;
+    use crate::limiter::Limiter;
+    use crate::rlqs::{Assignment, BucketKey, Rlqs, Session, Usage};
+    use crate::store::{MemoryStore, Store};
+    use crate::telemetry::Metrics;
+
+    let source = (PathBuf::from("quota.yaml"), RLQS_RULES.to_string());
+    let rules = load_sources(&[source], LoadOptions::default()).expect("the fixed rules load");
+    let settings = Settings::default();
+    let clock = Clock::manual(1_700_000_000_000);
+    let metrics = Arc::new(Metrics::new());
+    let config = configs::limiter_config(
+        &settings,
+        Arc::new(Replicas::new(0, 1)),
+        clock.clone(),
+        false,
+    );
+    let limiter = Limiter::new(
+        Store::Memory(MemoryStore::new(clock.clone())),
+        config,
+        metrics.clone(),
+    );
+    let rlqs = Rlqs::new(configs::rlqs_config(&settings, clock), metrics.rlqs.clone());
+    let Ok(mut session) = Session::open(&rlqs, None) else {
+        return 0;
+    };
+    // Per tenant: the last assignment not settled yet, all assigned, all given back.
+    let (mut held, mut granted, mut returned) = (
+        HashMap::<String, u64>::new(),
+        HashMap::<String, u64>::new(),
+        HashMap::<String, u64>::new(),
+    );
+    let tenant_of = |id: &BucketKey| match id.as_slice() {
+        [(k, v)] if k == "tenant" => Some(v.clone()),
+        _ => None,
+    };
+    for report in data.split(|&b| b == 0xFE).take(64) {
+        let Some((&d, rest)) = report.split_first() else {
+            continue;
+        };
+        let domain = ["quota", "", "other"][usize::from(d % 3)];
+        let usages: Vec<Usage> = rest
+            .chunks_exact(5)
+            .map(|u| {
+                let tenant = ("tenant".to_string(), format!("t{}", u[0] % 4));
+                let id = if u[0] & 0x80 != 0 {
+                    vec![("extra".to_string(), "x".to_string()), tenant]
+                } else {
+                    vec![tenant]
+                };
+                Usage {
+                    id,
+                    allowed: u64::from(u16::from_le_bytes([u[1], u[2]])),
+                    denied: u64::from(u[3]),
+                    elapsed_ms: u64::from(u[4]) * 100,
+                }
+            })
+            .collect();
+        // What each tenant says it admitted in this report (a repeated id counts once each).
+        let mut allowed: HashMap<String, u64> = HashMap::new();
+        for u in &usages {
+            if let Some(t) = tenant_of(&u.id) {
+                let a = allowed.entry(t).or_default();
+                *a = a.saturating_add(u.allowed);
+            }
+        }
+        let Ok(actions) = session.report(&limiter, &rules, domain, usages).await else {
+            break;
+        };
+        for (tenant, a) in allowed {
+            let h = held.remove(&tenant).unwrap_or(0);
+            *returned.entry(tenant).or_default() += h.saturating_sub(a);
+        }
+        for action in actions {
+            let (Some(tenant), Assignment::Tokens { tokens, .. }) =
+                (tenant_of(&action.id), action.assignment)
+            else {
+                continue;
+            };
+            held.insert(tenant.clone(), tokens);
+            let g = granted.entry(tenant.clone()).or_default();
+            *g += tokens;
+            let back = returned.get(&tenant).copied().unwrap_or(0);
+            assert!(
+                *g <= RLQS_CAPACITY + back,
+                "{tenant}: {g} tokens assigned from a bucket of {RLQS_CAPACITY} given back {back}"
+            );
+        }
+        assert!(session.buckets() <= session.config().max_buckets_per_stream);
+    }
+    granted.values().sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +356,14 @@ mod tests {
             let mapped = from_reference_env(get).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(mapped.env.len() >= 5, "{name}: {:?}", mapped.env);
             reference_env(text.as_bytes());
+        }
+        // The RLQS seeds are answered with tokens: the bound is checked on real assignments.
+        for name in ["settle-and-claim.bin", "repeated-ids.bin"] {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let granted = runtime.block_on(rlqs_stream(&seed("rlqs_reports", name)));
+            assert!(granted > 0, "{name}: no tokens assigned");
         }
     }
 }
