@@ -159,21 +159,34 @@ async fn a_killed_primary_is_replaced_by_its_replica_and_the_quota_is_exact_agai
         resumed.elapsed()
     );
 
-    // No lasting errors: over the next second of load no store call fails.
-    let errors_before: f64 = servers.iter().map(failed_calls).sum();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let errors_after: f64 = servers.iter().map(failed_calls).sum();
+    // No lasting errors: within 5 s a whole second of load passes with no failed store call. (A
+    // straggler may still fail just after the quota is exact again: a call sent before, or a
+    // pooled connection whose slot map the promotion has not reached yet.)
+    let settled = Instant::now();
+    let mut failed_in_last_second = Vec::new();
+    loop {
+        let errors_before: f64 = servers.iter().map(failed_calls).sum();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let errors_after: f64 = servers.iter().map(failed_calls).sum();
+        failed_in_last_second.push(errors_after - errors_before);
+        if errors_after == errors_before || settled.elapsed() >= Duration::from_secs(5) {
+            break;
+        }
+    }
     stop.store(true, Ordering::Relaxed);
     for l in load {
         l.await.unwrap();
     }
     assert_eq!(
-        errors_after, errors_before,
-        "store calls still failing after the promotion"
+        failed_in_last_second.last(),
+        Some(&0.0),
+        "store calls still failing 5 s after the quota was exact again (failed calls per second: {failed_in_last_second:?})"
     );
+    eprintln!("failed store calls per second after that: {failed_in_last_second:?}");
     let slowest = Duration::from_micros(slowest_us.load(Ordering::Relaxed));
+    let failed_in_all: f64 = servers.iter().map(failed_calls).sum();
     eprintln!(
-        "{} requests answered during the fault; slowest {slowest:?}; failed store calls in all: {errors_after}",
+        "{} requests answered during the fault; slowest {slowest:?}; failed store calls in all: {failed_in_all}",
         answered.load(Ordering::Relaxed)
     );
     // A request waits at most the store timeout, then the fallback answers; the margin is
