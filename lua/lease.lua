@@ -69,7 +69,9 @@ if algorithm == 1 then
       return nil
     end
     local ms = math.ceil((target - tokens) * window_ms / refill)
-    local step = math.max(math.ceil(target * EPSILON * window_ms / refill), 1)
+    -- The ulp that matters is the larger number's: the target's, or a debt's (a charge).
+    local scale = math.max(target, math.abs(tokens))
+    local step = math.max(math.ceil(scale * EPSILON * window_ms / refill), 1)
     for _ = 1, 4 do
       if tokens + refilled(ms) >= target then
         break
