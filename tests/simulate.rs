@@ -11,7 +11,9 @@
 //!    each new replica admits the whole quota.
 //! 3. Sharding without the retry refuses about √((N−1)/(2πC)) of a full bucket's requests
 //!    (C = 10,000, N = 8: 1.06 %); the retry takes most of that away.
-//! 4. The command: `--json`, `--out` (CSV and pictures), file:line errors, same seed → same
+//! 4. Per window of the limit's length: a run whose whole-run total nets to ~0 (twice the
+//!    quota for 10 s, half of it for 26 s) still reports its worst window, and when.
+//! 5. The command: `--json`, `--out` (CSV and pictures), file:line errors, same seed → same
 //!    result.
 
 mod common;
@@ -177,6 +179,56 @@ fn a_replica_count_that_lags_a_scale_out_during_an_outage_admits_twice_the_quota
     );
 }
 
+/// The whole run nets to about zero, but no window does: 10 replicas, the store down from 10 s to
+/// 51 s, a scale-out to 20 at 15 s (the new replicas divide by the floor, 10: twice the quota)
+/// and a scale-in to 5 at 25 s (the 5 left still divide by 10: half the quota). One tenant
+/// offered 4× its 100/s.
+const NETTED: &str = "duration_s: 56\nseed: 3\nsettings: {fallback: local, fallback_min_replicas: 10}\nstore:\n  faults: [{at_s: 10, for_s: 41, kind: down}]\nreplicas:\n  start: 10\n  changes: [{at_s: 15, to: 20}, {at_s: 25, to: 5}]\ntraffic:\n  - {domain: edge, entries: [{key: tenant, value: one}], rate_per_s: 400}\n";
+
+#[test]
+fn a_run_that_nets_to_zero_still_reports_its_worst_window_and_when() {
+    let dir = common::temp_dir("simulate-netted");
+    let s = scenario(dir.path(), QUOTA_RULES, NETTED);
+    let r = run(&s, false).expect("simulated");
+    let t = &r.total;
+    // The whole-run totals cannot see it: over and under cancel within the bucket.
+    let net = (t.admitted as f64 - t.ideal as f64).abs() / t.ideal as f64;
+    assert!(
+        net < 0.02 && t.over_admitted_pct < 2.0 && t.false_rejected_pct < 2.0,
+        "the run nets to ~0: admitted {} ideal {} ({:.3} % / {:.3} %)",
+        t.admitted,
+        t.ideal,
+        t.over_admitted_pct,
+        t.false_rejected_pct
+    );
+    // Per window of the limit's length (1 s), it is far over while 20 replicas hold a tenth
+    // each, and far under while 5 do.
+    let over = t.windows.over.worst.as_ref().expect("a window over");
+    assert!(
+        (15.0..25.0).contains(&over.from_s) && over.to_s == over.from_s + 1.0,
+        "{over:?}"
+    );
+    assert!(over.pct >= 80.0 && over.limit == 100, "{over:?}");
+    assert!(over.bucket.contains("tenant=one"), "{over:?}");
+    let under = t.windows.under.worst.as_ref().expect("a window under");
+    assert!((25.0..51.0).contains(&under.from_s), "{under:?}");
+    assert!(under.pct >= 40.0, "{under:?}");
+    // Every window of 15..25 s is over, every one of 26..51 s under: about a sixth and a half.
+    assert!(t.windows.over.windows_pct >= 15.0, "{:?}", t.windows.over);
+    assert!(t.windows.under.windows_pct >= 40.0, "{:?}", t.windows.under);
+    assert!(t.windows.over.hits > 800 && t.windows.under.hits > 800);
+    let second = t.worst_second.over.as_ref().expect("a second over");
+    assert!((15..25).contains(&second.t_s), "{second:?}");
+    // The class says the same, and so does the text a person reads.
+    assert_eq!(r.classes[0].windows.over.hits, t.windows.over.hits);
+    let text = r.text();
+    let line = format!("{}–{} s", over.from_s, over.to_s);
+    assert!(
+        text.contains("windows over") && text.contains(&line),
+        "the text names the worst window ({line}):\n{text}"
+    );
+}
+
 const SHARD_RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: day, requests_per_unit: 10000, shards: 8}\n";
 
 /// The falsely rejected share (%) of exactly one full bucket's worth of requests (10,000 in
@@ -260,6 +312,7 @@ fn the_command_prints_json_writes_csv_and_pictures_and_reports_bad_scenarios_by_
         "store_calls_per_s",
         "latency_ms",
         "fallback_decisions",
+        "windows",
     ] {
         assert!(report["total"].get(field).is_some(), "total.{field}");
         assert!(
@@ -294,6 +347,10 @@ fn the_command_prints_json_writes_csv_and_pictures_and_reports_bad_scenarios_by_
         let svg = std::fs::read_to_string(out.join(picture)).expect(picture);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("down (node 1)"), "{picture} marks the fault");
+    }
+    let admitted = std::fs::read_to_string(out.join("admitted.svg")).expect("admitted.svg");
+    if report["total"]["windows"]["over"]["worst"].is_object() {
+        assert!(admitted.contains("worst window"), "admitted.svg marks it");
     }
 
     std::fs::write(

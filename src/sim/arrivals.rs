@@ -88,14 +88,16 @@ impl Sim<'_> {
             let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
             for (class, desc, op) in &ideal {
                 let known = counts.buckets.len();
-                let b = counts.bucket(&op.key, class);
+                let b = counts.bucket(&op.key, class, &op.kind);
                 if b == known {
                     self.class_calls.name(&op.key, counts.buckets[b].class);
                 }
                 let bucket = &mut counts.buckets[b];
+                let ok = descriptor_ok(*desc);
                 bucket.offered += op.cost;
-                bucket.ideal += if descriptor_ok(*desc) { op.cost } else { 0 };
-                buckets.push((b, op.cost, *desc));
+                bucket.ideal += if ok { op.cost } else { 0 };
+                let window = bucket.windows.arrived(now, op.cost, ok);
+                buckets.push((b, op.cost, *desc, window));
             }
             counts.arrived(second, allowed.iter().all(|&ok| ok));
         }
@@ -147,7 +149,7 @@ fn record(
     second: u64,
     latency_us: u64,
     decision: &Result<Decision, StoreError>,
-    buckets: &[(usize, u64, usize)],
+    buckets: &[(usize, u64, usize, u64)],
 ) {
     let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
     let (admitted, fallback, error) = match decision {
@@ -155,14 +157,14 @@ fn record(
         // The `error` mode: the request failed (Envoy's failure mode decides), counted apart.
         Err(_) => (false, false, true),
     };
-    let per_bucket: Vec<(usize, u64, bool)> = buckets
+    let per_bucket: Vec<(usize, u64, bool, u64)> = buckets
         .iter()
-        .map(|&(b, hits, desc)| {
+        .map(|&(b, hits, desc, window)| {
             let ok = match decision {
                 Ok(d) => d.statuses.get(desc).is_some_and(|s| s.code == Code::Ok),
                 Err(_) => false,
             };
-            (b, hits, ok)
+            (b, hits, ok, window)
         })
         .collect();
     counts.decided(second, latency_us, admitted, fallback, error, &per_bucket);

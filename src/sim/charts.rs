@@ -1,7 +1,8 @@
 //! The pictures of a run (`--out DIR`): which charts, with which series and markers, from the
 //! scenario and its report.
 //!
-//! Flow: the scenario's faults and fleet changes become markers → each chart takes its
+//! Flow: the scenario's faults and fleet changes become markers (and, on the admitted picture,
+//! the worst window and the worst second over the ideal) → each chart takes its
 //! series from the report's per-second rows → [`write_out`](super::write_out) draws each with
 //! [`plot::svg`] into its file.
 
@@ -32,6 +33,23 @@ pub(super) fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str,
             label: format!("{size} → {to} replicas"),
         });
         size = to;
+    }
+    // The admitted picture also marks where the fleet was furthest over the ideal: the worst
+    // window of a limit's length (one bucket) and the worst second (the whole fleet).
+    let mut worst = markers.clone();
+    if let Some(w) = &report.total.windows.over.worst {
+        worst.push(plot::Marker {
+            at_s: w.from_s,
+            until_s: Some(w.to_s),
+            label: format!("worst window: +{:.1} % of {}'s limit", w.pct, w.bucket),
+        });
+    }
+    if let Some(s) = &report.total.worst_second.over {
+        worst.push(plot::Marker {
+            at_s: s.t_s as f64 + 0.5,
+            until_s: None,
+            label: format!("worst second: +{:.1} %", s.pct),
+        });
     }
     let points = |f: &dyn Fn(&report::Row) -> f64| -> Vec<(f64, f64)> {
         report
@@ -66,7 +84,7 @@ pub(super) fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str,
                         r.admitted as f64
                     }),
                 ],
-                markers: markers.clone(),
+                markers: worst,
                 y_max: None,
             },
         ),

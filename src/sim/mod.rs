@@ -38,6 +38,7 @@ pub mod scenario;
 mod state;
 pub mod store;
 mod stream;
+mod windows;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -46,6 +47,7 @@ use charts::charts;
 pub use report::Report;
 pub use scenario::Scenario;
 use state::Sim;
+pub use windows::{SideReport, WindowReport, Worst};
 
 /// `tollgate simulate` flags.
 #[derive(clap::Args, Clone, Debug)]

@@ -16,13 +16,17 @@ use std::sync::Arc;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-/// One bucket's hits.
-#[derive(Clone, Copy, Debug, Default)]
+use super::windows::{Figures, Track, WindowReport};
+use crate::quota::OpKind;
+
+/// One bucket's hits, and its windows of the limit's length.
+#[derive(Clone, Debug, Default)]
 pub(super) struct BucketCount {
     pub(super) class: usize,
     pub(super) offered: u64,
     pub(super) admitted: u64,
     pub(super) ideal: u64,
+    pub(super) windows: Track,
 }
 
 /// One virtual second.
@@ -44,6 +48,8 @@ pub(super) struct ClassCount {
     pub(super) name: Arc<str>,
     pub(super) latency: Histogram<u64>,
     pub(super) fallback: u64,
+    /// Its buckets' closed windows.
+    pub(super) windows: Figures,
 }
 
 /// Everything counted while the simulation runs.
@@ -90,8 +96,8 @@ impl Counts {
         }
     }
 
-    /// The index of bucket `key` of class `class`, counted from now on.
-    pub(super) fn bucket(&mut self, key: &str, class: &Arc<str>) -> usize {
+    /// The index of bucket `key` of class `class`, a limit of `kind`, counted from now on.
+    pub(super) fn bucket(&mut self, key: &str, class: &Arc<str>, kind: &OpKind) -> usize {
         if let Some(&i) = self.bucket_ids.get(key) {
             return i;
         }
@@ -102,12 +108,14 @@ impl Counts {
                     name: class.clone(),
                     latency: histogram(),
                     fallback: 0,
+                    windows: Figures::new(),
                 });
                 self.classes.len() - 1
             }
         };
         self.buckets.push(BucketCount {
             class,
+            windows: Track::new(kind),
             ..BucketCount::default()
         });
         self.bucket_ids
@@ -130,7 +138,8 @@ impl Counts {
     }
 
     /// The decision of a request that arrived at `second` ended after `latency_us`.
-    /// `buckets`: its buckets with each one's hits and whether its descriptor was admitted.
+    /// `buckets`: its buckets with each one's hits, whether its descriptor was admitted, and
+    /// the bucket's window the request arrived in.
     pub(super) fn decided(
         &mut self,
         second: u64,
@@ -138,7 +147,7 @@ impl Counts {
         admitted: bool,
         fallback: bool,
         error: bool,
-        buckets: &[(usize, u64, bool)],
+        buckets: &[(usize, u64, bool, u64)],
     ) {
         self.decided += 1;
         self.admitted += u64::from(admitted);
@@ -152,10 +161,14 @@ impl Counts {
         // A request counts once per class for latency and fallback (whether the fallback
         // decided any of its ops: the decision says so per request, not per limit).
         let mut seen: Vec<usize> = Vec::with_capacity(buckets.len());
-        for &(b, hits, ok) in buckets {
+        for &(b, hits, ok, window) in buckets {
             let bucket = &mut self.buckets[b];
-            bucket.admitted += if ok { hits } else { 0 };
+            let admitted = if ok { hits } else { 0 };
+            bucket.admitted += admitted;
             let class = bucket.class;
+            for closed in bucket.windows.decided(b, window, admitted) {
+                self.classes[class].windows.add(closed);
+            }
             if !seen.contains(&class) {
                 seen.push(class);
                 let c = &mut self.classes[class];
@@ -262,9 +275,32 @@ pub struct ClassReport {
     pub store_calls_per_s: Calls,
     pub latency_ms: Latency,
     pub fallback_decisions: u64,
+    /// Per window of the limit's length, per bucket: what a whole-run total can hide.
+    pub windows: WindowReport,
 }
 
-/// The whole run, counted in requests (the over/false shares in hits, summed over buckets).
+/// One virtual second of the whole fleet against the ideal.
+#[derive(Clone, Debug, Serialize)]
+pub struct Second {
+    pub t_s: u64,
+    pub admitted: u64,
+    pub ideal: u64,
+    /// Requests off the ideal.
+    pub requests: u64,
+    /// The same, % of the ideal's.
+    pub pct: f64,
+}
+
+/// The seconds furthest over and under the ideal (absent when none was).
+#[derive(Debug, Serialize)]
+pub struct WorstSeconds {
+    pub over: Option<Second>,
+    pub under: Option<Second>,
+}
+
+/// The whole run, counted in requests. `over_admitted_*` and `false_rejected_*` are whole-run
+/// totals per bucket (over and under net out within a bucket: see `windows` for the figures
+/// that do not).
 #[derive(Debug, Serialize)]
 pub struct Total {
     pub offered: u64,
@@ -274,6 +310,9 @@ pub struct Total {
     pub false_rejected_pct: f64,
     pub over_admitted_hits: u64,
     pub false_rejected_hits: u64,
+    /// Per window of each limit's length, per bucket, over every class.
+    pub windows: WindowReport,
+    pub worst_second: WorstSeconds,
     pub store_calls_per_s: StoreCalls,
     pub latency_ms: Latency,
     pub fallback_decisions: u64,
@@ -324,6 +363,21 @@ impl Counts {
             max: n.iter().take(seconds).copied().max().unwrap_or(0),
         };
         let per_node: Vec<Calls> = calls.iter().map(|n| per_second(n)).collect();
+        // The run ended: the windows still open close as they are.
+        for (b, bucket) in self.buckets.iter_mut().enumerate() {
+            for closed in bucket.windows.close_all(b) {
+                self.classes[bucket.class].windows.add(closed);
+            }
+        }
+        let mut keys = vec![String::new(); self.buckets.len()];
+        for (key, &b) in &self.bucket_ids {
+            keys[b] = key.clone();
+        }
+        let key = |b: usize| keys.get(b).cloned().unwrap_or_default();
+        let mut all_windows = Figures::new();
+        for c in &self.classes {
+            all_windows.merge(&c.windows);
+        }
         let all: Vec<&BucketCount> = self.buckets.iter().collect();
         let whole = errors(&all);
         let classes = self
@@ -349,6 +403,7 @@ impl Counts {
                     ),
                     latency_ms: latency(&c.latency),
                     fallback_decisions: c.fallback,
+                    windows: c.windows.report(&key),
                 }
             })
             .collect();
@@ -364,6 +419,8 @@ impl Counts {
                 false_rejected_pct: whole.under_pct,
                 over_admitted_hits: whole.over,
                 false_rejected_hits: whole.under,
+                windows: all_windows.report(&key),
+                worst_second: worst_seconds(&self.rows),
                 store_calls_per_s: StoreCalls {
                     mean: round(
                         self.rows.iter().map(|r| r.store_calls).sum::<u64>() as f64
@@ -381,6 +438,45 @@ impl Counts {
             series: self.rows,
             run: speed,
         }
+    }
+}
+
+/// Two lines: the windows over the ideal and under it, with the worst of each and when.
+fn windows_text(indent: &str, w: &WindowReport) -> String {
+    let side = |name: &str, s: &super::windows::SideReport, sign: char| {
+        format!(
+            "{indent}windows {name}: {:.3} % of {} (p99 {:.1} % of the limit, {} hits in all){}\n",
+            s.windows_pct,
+            w.windows,
+            s.p99_pct,
+            s.hits,
+            match &s.worst {
+                Some(worst) => format!("; worst {}", worst.text(sign)),
+                None => String::new(),
+            }
+        )
+    };
+    side("over", &w.over, '+') + &side("under", &w.under, '-')
+}
+
+/// The seconds of the run furthest over and under the ideal, in requests.
+fn worst_seconds(rows: &[Row]) -> WorstSeconds {
+    let second = |r: &Row, requests: u64| Second {
+        t_s: r.t_s,
+        admitted: r.admitted,
+        ideal: r.ideal,
+        requests,
+        pct: round(100.0 * requests as f64 / r.ideal.max(1) as f64, 3),
+    };
+    let worst = |off: &dyn Fn(&Row) -> u64| {
+        rows.iter()
+            .filter(|r| off(r) > 0)
+            .max_by_key(|r| (off(r) * 1_000_000 / r.ideal.max(1), off(r)))
+            .map(|r| second(r, off(r)))
+    };
+    WorstSeconds {
+        over: worst(&|r| r.admitted.saturating_sub(r.ideal)),
+        under: worst(&|r| r.ideal.saturating_sub(r.admitted)),
     }
 }
 
@@ -406,11 +502,13 @@ impl Report {
         out
     }
 
-    /// A few lines for a person at a terminal.
+    /// A few lines for a person at a terminal: the whole-run totals, then per window of each
+    /// limit's length the worst window over and under the ideal and when, the worst seconds,
+    /// and the same per class.
     pub fn text(&self) -> String {
         let t = &self.total;
         let mut out = format!(
-            "{}: {} s virtual, seed {}\n  offered {}  admitted {}  ideal {}  over-admitted {:.3} %  falsely rejected {:.3} %\n  store calls/s mean {} max {}  decision latency p50 {} ms p99 {} ms p99.9 {} ms  fallback decisions {}  errors {}\n",
+            "{}: {} s virtual, seed {}\n  offered {}  admitted {}  ideal {}  whole-run totals: over-admitted {:.3} %  falsely rejected {:.3} %\n  store calls/s mean {} max {}  decision latency p50 {} ms p99 {} ms p99.9 {} ms  fallback decisions {}  errors {}\n",
             self.scenario,
             self.duration_s,
             self.seed,
@@ -427,9 +525,22 @@ impl Report {
             t.fallback_decisions,
             t.errors,
         );
+        out.push_str(&windows_text("  ", &t.windows));
+        let seconds = |name: &str, s: &Option<Second>, sign: char| match s {
+            Some(s) => format!(
+                "{name} {} s (admitted {}, ideal {}: {sign}{} requests, {:.1} %)",
+                s.t_s, s.admitted, s.ideal, s.requests, s.pct
+            ),
+            None => format!("{name} none"),
+        };
+        out.push_str(&format!(
+            "  worst seconds: {}; {}\n",
+            seconds("over", &t.worst_second.over, '+'),
+            seconds("under", &t.worst_second.under, '-'),
+        ));
         for c in &self.classes {
             out.push_str(&format!(
-                "  class {}: {} buckets, offered {} admitted {} ideal {} hits, over {:.3} %, false rejections {:.3} %, p99 {} ms\n",
+                "  class {}: {} buckets, offered {} admitted {} ideal {} hits, whole-run over {:.3} %, false rejections {:.3} %, p99 {} ms\n",
                 c.class,
                 c.buckets,
                 c.offered,
@@ -439,6 +550,9 @@ impl Report {
                 c.false_rejected_pct,
                 c.latency_ms.p99
             ));
+            if self.classes.len() > 1 {
+                out.push_str(&windows_text("    ", &c.windows));
+            }
         }
         out.push_str(&format!(
             "  ran {} decisions in {:.1} s ({:.0} decisions/s)\n",
