@@ -265,6 +265,21 @@ pub struct Wait {
 }
 
 impl Wait {
+    /// When the node will have been silent to this call for the timeout, if it answers
+    /// nothing more: the last reply heard (or the call's start) + the timeout + the time the
+    /// process was too busy to look. Until then [`Wait::next`] only says to look again then.
+    pub fn silent_until(&self, breakers: &Breakers, node: &Arc<str>) -> u64 {
+        let heard = breakers
+            .last_reply(node)
+            .map_or(self.started, |t| t.max(self.started));
+        heard + micros(breakers.policy.timeout) + self.lag
+    }
+
+    /// The hard limit: the call gives up then, whatever the node does.
+    pub fn hard(&self) -> u64 {
+        self.hard
+    }
+
     /// When to look at the call first: `timeout` after it started.
     pub fn first_deadline(&self, breakers: &Breakers) -> u64 {
         (self.started + micros(breakers.policy.timeout)).min(self.hard)
@@ -287,10 +302,7 @@ impl Wait {
     ) -> Option<u64> {
         self.lag += fired.saturating_sub(deadline) + now.saturating_sub(fired);
         let timeout = micros(breakers.policy.timeout);
-        let heard = breakers
-            .last_reply(node)
-            .map_or(self.started, |t| t.max(self.started));
-        let silent_until = heard + timeout + self.lag;
+        let silent_until = self.silent_until(breakers, node);
         if now >= self.hard {
             return None;
         }

@@ -11,7 +11,7 @@
 //! heartbeats skip the breakers ([`ReplicaStore::membership_call`]).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, join_all};
@@ -21,7 +21,7 @@ use super::node::{Reply, Work};
 use crate::clock::Clock;
 use crate::quota::{Op, Outcome};
 use crate::sim::scenario::FaultKind;
-use crate::store::breaker::{Breakers, probe_until_closed};
+use crate::store::breaker::{Breakers, Wait, probe_until_closed};
 use crate::store::{Backend, StoreError, StoreErrorKind};
 use crate::telemetry::StoreMetrics;
 
@@ -32,16 +32,73 @@ pub struct ReplicaStore {
     store: Arc<SimStore>,
     index: u32,
     breakers: Arc<Breakers>,
+    /// Per node: the calls waiting for its silence (see [`Silence`]).
+    silence: Vec<Arc<Silence>>,
+}
+
+/// One node's silence as this replica hears it.
+///
+/// The give-up rule looks at a waiting call every `store_timeout_ms` while the node keeps
+/// answering other calls (`Wait::next` then only says "look again when it will have been
+/// silent"). Behind an overloaded node a call waits up to the hard limit, so a fleet's waiting
+/// calls would wake ~100 times each for nothing, and the simulation's cost per decision would
+/// grow with the backlog. Instead such a call waits here: one watcher task per node and
+/// replica sleeps until the node will have been silent for the timeout
+/// ([`Wait::silent_until`]), again while replies keep coming, and wakes the waiting calls the
+/// moment the silence is reached, when the rule looks at them exactly as it would have.
+#[derive(Debug, Default)]
+struct Silence {
+    reached: tokio::sync::Notify,
+    waiting: AtomicUsize,
+    watched: AtomicBool,
+}
+
+/// One call's place among a node's [`Silence`] waiters, given up when the call stops waiting.
+struct Waiting<'a>(&'a Silence);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl ReplicaStore {
     pub fn new(store: Arc<SimStore>, index: u32, metrics: StoreMetrics) -> Self {
         let breakers = Breakers::new(store.policy, store.clock.clone(), metrics);
         ReplicaStore {
+            silence: (0..store.nodes.len()).map(|_| Arc::default()).collect(),
             store,
             index,
             breakers: Arc::new(breakers),
         }
+    }
+
+    /// Starts `node`'s silence watcher unless one runs: it sleeps until the node will have
+    /// been silent for the timeout since its last reply (again, while replies keep coming),
+    /// then wakes every call waiting for that, and ends; it also ends when nobody waits.
+    fn watch_silence(&self, node: usize) {
+        let silence = self.silence[node].clone();
+        if silence.watched.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (breakers, name) = (self.breakers.clone(), self.store.names[node].clone());
+        let clock = self.store.clock.clone();
+        let timeout_us = self.store.policy.timeout.as_micros() as u64;
+        self.store.clock.spawn(async move {
+            while silence.waiting.load(Ordering::Relaxed) > 0 {
+                let at = breakers
+                    .last_reply(&name)
+                    .unwrap_or(0)
+                    .saturating_add(timeout_us);
+                let now = clock.mono_us();
+                if now >= at {
+                    silence.reached.notify_waiters();
+                    break;
+                }
+                clock.sleep(Duration::from_micros(at - now)).await;
+            }
+            silence.watched.store(false, Ordering::Relaxed);
+        });
     }
 
     /// Notes how a call to `node` ended, as `RedisStore` does; a breaker this opened is probed
@@ -189,18 +246,23 @@ impl ReplicaStore {
     }
 
     /// Waits for the reply by the Redis client's give-up rule ([`Breakers::wait`]): until the
-    /// node has been silent to this replica for the timeout, or the hard limit.
+    /// node has been silent to this replica for the timeout, or the hard limit. While the node
+    /// keeps answering other calls, the call waits on the node's [`Silence`] instead of looking
+    /// again every timeout: it is woken at the same moments the rule would act on.
     async fn wait(
         &self,
         node: usize,
         mut reply: Option<tokio::sync::oneshot::Receiver<Result<Reply, StoreError>>>,
     ) -> Result<Reply, StoreError> {
         let clock = &self.store.clock;
+        let name = &self.store.names[node];
         let mut wait = self.breakers.wait();
         let mut deadline = wait.first_deadline(&self.breakers);
+        let mut on_silence = false;
         loop {
             let left = Duration::from_micros(deadline.saturating_sub(clock.mono_us()));
             let answered = match &mut reply {
+                Some(reply) if on_silence => self.until_silence(node, left, reply).await,
                 Some(reply) => clock.timeout(left, reply).await,
                 // A partition: nothing comes back.
                 None => {
@@ -216,11 +278,20 @@ impl ReplicaStore {
                         "simulated call dropped",
                     ));
                 }
-                // The node may have replied to another call meanwhile: the rule looks again.
+                // The node may have replied to another call meanwhile: the rule looks again
+                // (woken by the silence, the look is on time: that moment is its deadline).
                 Err(_) => {
                     let now = clock.mono_us();
-                    match wait.next(&self.breakers, &self.store.names[node], deadline, now, now) {
-                        Some(next) => deadline = next,
+                    let looked = if on_silence { now } else { deadline };
+                    match wait.next(&self.breakers, name, looked, now, now) {
+                        Some(next) => {
+                            deadline = next;
+                            on_silence = reply.is_some()
+                                && waits_on_silence(&wait, &self.breakers, name, next);
+                            if on_silence {
+                                deadline = wait.hard();
+                            }
+                        }
                         None => {
                             return Err(StoreError::new(
                                 StoreErrorKind::Timeout,
@@ -232,6 +303,36 @@ impl ReplicaStore {
             }
         }
     }
+
+    /// Waits for `reply`, the node's silence, or `left` (the hard limit), whichever is first.
+    async fn until_silence(
+        &self,
+        node: usize,
+        left: Duration,
+        reply: &mut tokio::sync::oneshot::Receiver<Result<Reply, StoreError>>,
+    ) -> Result<
+        Result<Result<Reply, StoreError>, tokio::sync::oneshot::error::RecvError>,
+        crate::clock::Elapsed,
+    > {
+        let silence = &self.silence[node];
+        silence.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(silence);
+        // Created before the watcher can run: a silence reached from now on wakes it.
+        let reached = silence.reached.notified();
+        self.watch_silence(node);
+        tokio::select! {
+            biased;
+            out = reply => Ok(out),
+            () = reached => Err(crate::clock::Elapsed),
+            () = self.store.clock.sleep(left) => Err(crate::clock::Elapsed),
+        }
+    }
+}
+
+/// Whether `next`, what the rule said after a look, only means "look again once the node will
+/// have been silent" (it answered meanwhile), not the last short pause or the hard limit.
+fn waits_on_silence(wait: &Wait, breakers: &Breakers, node: &Arc<str>, next: u64) -> bool {
+    next < wait.hard() && next == wait.silent_until(breakers, node)
 }
 
 /// How long from now until `at_us` on `clock` (zero if past).
