@@ -12,7 +12,7 @@
 //! driven through leases, expiries and outages with no real waiting (`tokio::time::pause`
 //! alone does not move wall time). Tasks still run on the tokio runtime they are spawned on.
 
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,40 +35,14 @@ pub enum Clock {
 pub struct ManualTime {
     mono_us: AtomicU64,
     wall_us: AtomicU64,
-    /// Sleeps waiting on the monotonic reading, earliest deadline first, woken by
-    /// `advance_us`. A heap, not a list: a simulated fleet has thousands of sleeping tasks.
-    sleepers: Mutex<BinaryHeap<Sleeper>>,
+    /// Sleeps waiting on the monotonic reading, by (deadline, registration order), woken by
+    /// `advance_us`. Ordered, not a list: a simulated fleet has hundreds of thousands of
+    /// sleeping tasks. A sleep dropped before its deadline (a timeout whose future won) takes
+    /// its entry out at once: a waker left behind would keep its task's memory alive until the
+    /// deadline, and a fleet's timeouts mostly end that way.
+    sleepers: Mutex<BTreeMap<(u64, u64), Waker>>,
     /// Orders sleepers of one deadline by when they were registered.
     registered: AtomicU64,
-}
-
-/// One registered sleep: its deadline (µs), a sequence number, and the task to wake.
-#[derive(Debug)]
-struct Sleeper {
-    deadline: u64,
-    seq: u64,
-    waker: Waker,
-}
-
-impl PartialEq for Sleeper {
-    fn eq(&self, other: &Self) -> bool {
-        (self.deadline, self.seq) == (other.deadline, other.seq)
-    }
-}
-
-impl Eq for Sleeper {}
-
-impl PartialOrd for Sleeper {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Sleeper {
-    /// Reversed, so the std max-heap pops the earliest deadline first.
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (other.deadline, other.seq).cmp(&(self.deadline, self.seq))
-    }
 }
 
 /// A wait that ran out (from [`Clock::timeout`]).
@@ -87,7 +61,7 @@ impl Clock {
         Clock::Manual(Arc::new(ManualTime {
             mono_us: AtomicU64::new(0),
             wall_us: AtomicU64::new(wall_ms.saturating_mul(1_000)),
-            sleepers: Mutex::new(BinaryHeap::new()),
+            sleepers: Mutex::new(BTreeMap::new()),
             registered: AtomicU64::new(0),
         }))
     }
@@ -137,8 +111,11 @@ impl Clock {
             let mut due = Vec::new();
             {
                 let mut sleepers = t.sleepers.lock().unwrap_or_else(|p| p.into_inner());
-                while sleepers.peek().is_some_and(|s| s.deadline <= now) {
-                    due.extend(sleepers.pop().map(|s| s.waker));
+                while let Some(entry) = sleepers.first_entry() {
+                    if entry.key().0 > now {
+                        break;
+                    }
+                    due.push(entry.remove());
                 }
             }
             // Woken outside the lock: a woken task may register its next sleep at once.
@@ -157,8 +134,8 @@ impl Clock {
                 .sleepers
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .peek()
-                .map(|s| s.deadline),
+                .first_key_value()
+                .map(|(&(deadline, _), _)| deadline),
         }
     }
 
@@ -223,9 +200,9 @@ pub enum Sleep {
     Manual {
         time: Arc<ManualTime>,
         deadline: u64,
-        /// The task this sleep last registered to wake: polled again by the same task (for
-        /// another reason), it does not register again.
-        registered: Option<Waker>,
+        /// Its entry among the sleepers (the registration number) and the task it wakes:
+        /// polled again by the same task, it does not register again; by another, it moves.
+        registered: Option<(u64, Waker)>,
     },
 }
 
@@ -245,21 +222,37 @@ impl Future for Sleep {
                 if time.mono_us.load(Ordering::SeqCst) >= *deadline {
                     return Poll::Ready(());
                 }
-                // Its entry is still in the heap (it has not been woken: the deadline is
-                // ahead) and wakes the same task: nothing to add.
-                if registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    return Poll::Pending;
+                // Its entry is still there (the deadline is ahead, so it has not been woken)
+                // and wakes the same task: nothing to change.
+                if let Some((seq, waker)) = registered.as_ref() {
+                    if waker.will_wake(cx.waker()) && sleepers.contains_key(&(*deadline, *seq)) {
+                        return Poll::Pending;
+                    }
+                    sleepers.remove(&(*deadline, *seq));
                 }
-                // A new task (or the first poll): one more entry. The older one, when due,
-                // wakes its task once for nothing. Entries never outlive their deadline.
-                *registered = Some(cx.waker().clone());
-                sleepers.push(Sleeper {
-                    deadline: *deadline,
-                    seq: time.registered.fetch_add(1, Ordering::Relaxed),
-                    waker: cx.waker().clone(),
-                });
+                let seq = time.registered.fetch_add(1, Ordering::Relaxed);
+                sleepers.insert((*deadline, seq), cx.waker().clone());
+                *registered = Some((seq, cx.waker().clone()));
                 Poll::Pending
             }
+        }
+    }
+}
+
+impl Drop for Sleep {
+    /// A manual sleep dropped before its deadline takes its entry (and the waker that keeps
+    /// its task alive) out of the sleepers.
+    fn drop(&mut self) {
+        if let Sleep::Manual {
+            time,
+            deadline,
+            registered: Some((seq, _)),
+        } = self
+        {
+            time.sleepers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(*deadline, *seq));
         }
     }
 }
