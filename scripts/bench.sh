@@ -15,7 +15,8 @@
 # Bounded: BENCH_DURATION seconds per closed-loop row (default 6) plus 2 s warm-up, and
 # BENCH_OPEN_DURATION (default 3) plus 1 s per open-loop point. Last, the CPU-heavy attacks of
 # tests/hostile_peers.rs on the release binary (legitimate p99 under 100 ms), and `tollgate
-# simulate` on 500 replicas × 2,000 req/s (its decisions per CPU second). About 9 minutes.
+# simulate` on three fleets of 500 replicas × 2,000 req/s (leased, store-bound, overloaded: decisions
+# per CPU second and peak RSS of each). About 15 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || bash scripts/deps.sh
@@ -213,22 +214,30 @@ TOLLGATE_TEST_BINARY="$PWD/$BIN" \
   > "$TMP/rlqs-state.txt" 2>&1 || echo "bench: the RLQS state benchmark failed (see below)" >&2
 
 # --- the simulator ------------------------------------------------------------------------
-# `tollgate simulate` on docs/simulate.md's worked example: 500 replicas × 2,000 req/s for 20 s of
-# virtual time (20 M decisions); its wall and CPU time (one thread: CPU time is the steadier
-# figure on a shared machine) and decisions per CPU second.
-echo "bench: tollgate simulate, 500 replicas × 2,000 req/s for 20 s…" >&2
+# `tollgate simulate` on three 500-replica fleets of docs/simulate.md, each in one process (one
+# thread: CPU time is the steadier figure on a shared machine): fleet-500 (leased: most decisions
+# answered from memory, 20 M decisions), fleet-500-tail (store-bound: most decisions a store
+# call, the store keeping up, 10 M) and fleet-500-overloaded (the same tail on a primary of a
+# ninth of the demand: calls queue, time out, breakers open and probe, 20 M). Each prints its
+# wall and CPU time, decisions per CPU second and its own peak RSS. The goal for the overloaded
+# case (issue 48): 20 M decisions in under 3 minutes of one core and under 1 GB.
+echo "bench: tollgate simulate, three fleets of 500 replicas (about 6 minutes)…" >&2
 python3 - "$BIN" > "$TMP/simulate.txt" 2>&1 <<'PY' || echo "bench: the simulation failed (see below)" >&2
-import json, resource, subprocess, sys, time
-start = time.time()
-out = subprocess.run([sys.argv[1], "simulate", "examples/simulate/fleet-500.yaml", "--json"],
-                     capture_output=True, text=True, check=True).stdout
-wall = time.time() - start
-usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-cpu = usage.ru_utime + usage.ru_stime
-r = json.loads(out)
-n = r["run"]["decisions"]
-print(f"tollgate simulate examples/simulate/fleet-500.yaml: {n:,} decisions in {wall:.1f} s wall, "
-      f"{cpu:.1f} s CPU ({n / cpu:,.0f} decisions per CPU second), peak RSS {usage.ru_maxrss // 1024} MB")
+import json, os, subprocess, sys, time
+for name in ["fleet-500", "fleet-500-tail", "fleet-500-overloaded"]:
+    path = f"examples/simulate/{name}.yaml"
+    start = time.time()
+    child = subprocess.Popen([sys.argv[1], "simulate", path, "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.time() - start
+    if status != 0:
+        sys.exit(f"{path}: exit status {status}")
+    cpu = usage.ru_utime + usage.ru_stime
+    n = json.loads(out)["run"]["decisions"]
+    print(f"tollgate simulate {path}: {n:,} decisions in {wall:.1f} s wall, "
+          f"{cpu:.1f} s CPU ({n / cpu:,.0f} decisions per CPU second), peak RSS {usage.ru_maxrss // 1024} MB")
 PY
 
 mkdir -p "$(dirname "$SVG")"
