@@ -9,6 +9,19 @@
 use super::report::{self, Report};
 use super::{Scenario, plot};
 
+/// The descriptor part of a bucket key, for a label: `edge|tenant=t2` of
+/// `tollgate:{edge|tenant=t2|tb:1000:1000}` (the key as it is when it has no such part).
+fn descriptor(key: &str) -> &str {
+    let inner = match (key.find('{'), key.rfind('}')) {
+        (Some(a), Some(b)) if a < b => &key[a + 1..b],
+        _ => return key,
+    };
+    match inner.rfind('|') {
+        Some(i) if inner[i + 1..].contains(':') => &inner[..i],
+        _ => inner,
+    }
+}
+
 /// The four pictures: admitted against the ideal, store calls, the fallback's share, the
 /// replica count.
 pub(super) fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str, plot::Chart)> {
@@ -41,7 +54,11 @@ pub(super) fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str,
         worst.push(plot::Marker {
             at_s: w.from_s,
             until_s: Some(w.to_s),
-            label: format!("worst window: +{:.1} % of {}'s limit", w.pct, w.bucket),
+            label: format!(
+                "worst window: +{:.1} % of the limit ({})",
+                w.pct,
+                descriptor(&w.bucket)
+            ),
         });
     }
     if let Some(s) = &report.total.worst_second.over {
@@ -138,4 +155,17 @@ pub(super) fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str,
             },
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_label_names_the_descriptor_not_the_whole_key() {
+        assert_eq!(
+            super::descriptor("tollgate:{edge|tenant=t2|tb:1000:1000}"),
+            "edge|tenant=t2"
+        );
+        assert_eq!(super::descriptor("plain"), "plain");
+        assert_eq!(super::descriptor("p:{a|b=c}"), "a|b=c");
+    }
 }
