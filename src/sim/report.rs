@@ -16,6 +16,7 @@ use std::sync::Arc;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+pub(super) use super::windows::round;
 use super::windows::{Figures, Track, WindowReport};
 use crate::quota::OpKind;
 
@@ -216,11 +217,6 @@ fn errors(buckets: &[&BucketCount]) -> Errors {
         admitted,
         ideal,
     }
-}
-
-pub(super) fn round(x: f64, digits: i32) -> f64 {
-    let m = 10f64.powi(digits);
-    (x * m).round() / m
 }
 
 #[derive(Debug, Serialize)]

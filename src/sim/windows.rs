@@ -22,8 +22,13 @@ use std::collections::VecDeque;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::report::round;
 use crate::quota::OpKind;
+
+/// `x` to `digits` decimals (the report's figures).
+pub(super) fn round(x: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (x * m).round() / m
+}
 
 /// One window of one bucket, still open.
 #[derive(Clone, Copy, Debug)]
