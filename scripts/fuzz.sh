@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make fuzz`: runs each cargo-fuzz target (fuzz/fuzz_targets/, the bodies in src/fuzzing.rs)
-# for FUZZ_SECONDS seconds (default 45, so about 6 minutes for the seven), starting from the
+# for FUZZ_SECONDS seconds (default 45, so about 7 minutes for the nine), starting from the
 # committed seeds in fuzz/seeds/<target> plus whatever earlier runs left in fuzz/corpus/<target>
 # (not committed). A crash stops the run with libFuzzer's report; the input is saved under
 # fuzz/artifacts/ and belongs, minimized (`cargo +nightly fuzz tmin`), in
@@ -22,7 +22,7 @@ else
   BOUND=(-max_total_time="$SECONDS_PER_TARGET")
   WHAT="${SECONDS_PER_TARGET} s"
 fi
-TARGETS=${FUZZ_TARGETS:-"rules_yaml key_encoding proto_request json_body reference_env xds_config rlqs_reports"}
+TARGETS=${FUZZ_TARGETS:-"rules_yaml key_encoding proto_request json_body reference_env xds_config rlqs_reports limit_overrides simulate_scenario"}
 LOGS=target/fuzz-logs
 mkdir -p "$LOGS"
 

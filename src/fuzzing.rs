@@ -32,6 +32,8 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("reference_env", reference_env),
     ("xds_config", xds_config),
     ("rlqs_reports", rlqs_reports),
+    ("limit_overrides", limit_overrides),
+    ("simulate_scenario", simulate_scenario),
 ];
 
 /// The rules loader on any file: loaded or refused with an error, never a panic or a hang.
@@ -321,6 +323,217 @@ async fn rlqs_stream(data: &[u8]) -> u64 {
     granted.values().sum()
 }
 
+/// The rules every fuzzed scenario names (`rules: rules/`, in a directory of this process).
+const SCENARIO_RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
+
+/// The directory [`simulate_scenario`] reads scenarios from: `rules/edge.yaml` and nothing else.
+fn scenario_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-fuzz-scenario-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(dir.join("rules"));
+        let _ = std::fs::write(dir.join("rules/edge.yaml"), SCENARIO_RULES);
+        dir
+    })
+}
+
+/// A `tollgate simulate` scenario file (YAML), checked as the command checks it (not run): a
+/// scenario within its own bounds, or errors that each name a line, never a panic. Only
+/// scenarios whose `rules:` is `rules/` are read (the same YAML parser decides it): any other
+/// path would have the fuzzer load whatever directory it names, the whole file system included.
+pub fn simulate_scenario(data: &[u8]) {
+    use crate::rules::yaml::{self, Value};
+    use crate::sim::Scenario;
+    use crate::sim::scenario::{MAX_DURATION_S, MAX_NODES, MAX_RATE, MAX_REPLICAS};
+
+    let text = String::from_utf8_lossy(data);
+    if let Ok(Some(root)) = yaml::parse(&text)
+        && let Value::Map(fields) = &root.value
+    {
+        let names_other_rules = fields.iter().any(|(k, v)| {
+            matches!(&k.value, Value::Scalar { text, .. } if text == "rules")
+                && !matches!(&v.value, Value::Scalar { text, .. } if text == "rules/")
+        });
+        if names_other_rules {
+            return;
+        }
+    }
+    match Scenario::parse(&scenario_dir().join("s.yaml"), &text) {
+        Ok(s) => {
+            assert!(
+                (1..=MAX_DURATION_S).contains(&s.duration_s),
+                "{}",
+                s.duration_s
+            );
+            assert!((1..=MAX_NODES).contains(&u64::from(s.store.nodes)));
+            let sizes =
+                std::iter::once(s.replicas.start).chain(s.replicas.changes.iter().map(|c| c.1));
+            for n in sizes {
+                assert!(u64::from(n) <= MAX_REPLICAS, "{n} replicas");
+            }
+            assert!(!s.traffic.is_empty(), "a scenario without traffic");
+            for t in &s.traffic {
+                assert!(s.rules.domains.contains_key(&t.domain), "{}", t.domain);
+                assert!(
+                    t.rate_per_s > 0.0 && t.rate_per_s <= MAX_RATE,
+                    "{}",
+                    t.rate_per_s
+                );
+            }
+        }
+        Err(e) => {
+            assert!(!e.errors.is_empty(), "refused without a reason");
+            for problem in &e.errors {
+                assert!(
+                    problem.line >= 1 && !problem.message.is_empty(),
+                    "{problem}"
+                );
+            }
+        }
+    }
+}
+
+/// One bucket of [`limit_overrides`]: a tenant, and its override's size and unit (none: the rule).
+type OverrideBucket = (u8, Option<(u32, i32)>);
+
+/// The rule [`limit_overrides`] overrides: 5 a minute per tenant.
+const OVERRIDE_RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+const OVERRIDE_RULE_LIMIT: u64 = 5;
+
+/// Envoy's per-descriptor `limit` overrides and `hits_addend`s, through the gRPC path
+/// (`to_request` with the default bounds, then `Limiter::decide`) on one memory store whose
+/// clock does not move. The first byte picks the default algorithm (an override's); then
+/// requests split at `0xFE`, each a request-level `hits_addend` byte and 6 bytes per descriptor
+/// (flags: an override, a descriptor `hits_addend`, a huge one; a tenant of three; the
+/// override's requests per unit as a u16; its unit as the proto sends it, unknown ones
+/// included; the hits). The bound: whatever Envoy sends, the hits admitted into one bucket (a
+/// tenant's rule, or a tenant's override of one size and unit) never exceed what it holds, the
+/// override's `requests_per_unit` or the rule's 5; a request is decided or refused with
+/// INVALID_ARGUMENT, never a panic.
+pub fn limit_overrides(data: &[u8]) {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
+        return;
+    };
+    runtime.block_on(override_stream(data));
+}
+
+/// The body of [`limit_overrides`]; the hits admitted in all (for the seeds' test).
+async fn override_stream(data: &[u8]) -> u64 {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+    use envoy_types::pb::google::protobuf::UInt64Value;
+
+    use crate::clock::Clock;
+    use crate::fleet::Replicas;
+    use crate::limiter::{Code, Limiter};
+    use crate::store::{MemoryStore, Store};
+    use crate::telemetry::Metrics;
+
+    let Some((&algorithm, rest)) = data.split_first() else {
+        return 0;
+    };
+    let source = (PathBuf::from("edge.yaml"), OVERRIDE_RULES.to_string());
+    let rules = load_sources(&[source], LoadOptions::default()).expect("the fixed rules load");
+    let settings = Settings {
+        default_algorithm: [
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+        ][usize::from(algorithm % 4)],
+        ..Settings::default()
+    };
+    let bounds = configs::bounds(&settings);
+    let clock = Clock::manual(1_700_000_000_000);
+    let config = configs::limiter_config(
+        &settings,
+        Arc::new(Replicas::new(0, 1)),
+        clock.clone(),
+        false,
+    );
+    let limiter = Limiter::new(
+        Store::Memory(MemoryStore::new(clock)),
+        config,
+        Arc::new(Metrics::new()),
+    );
+    // Per bucket (tenant, override): the hits admitted, and what the bucket holds.
+    let mut admitted: HashMap<OverrideBucket, (u64, u64)> = HashMap::new();
+    let mut total = 0;
+    for request in rest.split(|&b| b == 0xFE).take(64) {
+        let Some((&request_hits, descriptors)) = request.split_first() else {
+            continue;
+        };
+        let mut buckets = Vec::new();
+        let proto = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: descriptors
+                .chunks_exact(6)
+                .map(|d| {
+                    let (flags, tenant) = (d[0], d[1] % 3);
+                    let rpu = u32::from(u16::from_le_bytes([d[2], d[3]]));
+                    let unit = i32::from(d[4]);
+                    let limit = (flags & 1 != 0).then_some(RateLimitOverride {
+                        requests_per_unit: rpu,
+                        unit,
+                    });
+                    let hits = if flags & 4 != 0 {
+                        u64::from(d[5]) << 40
+                    } else {
+                        u64::from(d[5])
+                    };
+                    let cap = match limit {
+                        Some(_) => u64::from(rpu),
+                        None => OVERRIDE_RULE_LIMIT,
+                    };
+                    buckets.push(((tenant, limit.map(|l| (rpu, l.unit))), cap));
+                    RateLimitDescriptor {
+                        entries: vec![Entry {
+                            key: "tenant".into(),
+                            value: format!("t{tenant}"),
+                        }],
+                        limit,
+                        hits_addend: (flags & 2 != 0).then_some(UInt64Value { value: hits }),
+                        ..Default::default()
+                    }
+                })
+                .collect(),
+            hits_addend: u32::from(request_hits),
+        };
+        let req = match to_request(&proto, &bounds) {
+            Ok(req) => req,
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+                continue;
+            }
+        };
+        let decision = match limiter.decide(&rules, &req).await {
+            Ok(d) => d,
+            Err(e) => panic!("a memory store failed: {e}"),
+        };
+        for (i, (bucket, cap)) in buckets.into_iter().enumerate() {
+            let d = &req.descriptors[i];
+            let cost = d.hits_addend.unwrap_or(req.hits_addend.max(1));
+            if decision.statuses[i].code != Code::Ok {
+                continue;
+            }
+            let (sum, held) = admitted.entry(bucket).or_insert((0, cap));
+            *sum = sum.saturating_add(cost);
+            total += cost;
+            assert!(
+                *sum <= *held,
+                "{bucket:?}: {sum} hits admitted into a bucket of {held}"
+            );
+        }
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,6 +570,31 @@ mod tests {
             assert!(mapped.env.len() >= 5, "{name}: {:?}", mapped.env);
             reference_env(text.as_bytes());
         }
+        // The override seeds, decided as the rules say. overrides.bin (token bucket): 1 + 2 of
+        // tenant 0's override of 3 (the next 2 refused), 1 + 2 of tenant 1's rule of 5 (then 3
+        // + 3 refused), a check (0) and 1 of tenant 2's; an unknown unit and a hits_addend of
+        // 2^40 refused: 7. every-algorithm.bin (sliding log; 60,000 an hour is past its cap, a
+        // sliding window): 200 + 200 of it, 3 of 4 a week (3 more refused), 2 of 2 a day: 405.
+        for (name, want) in [("overrides.bin", 7), ("every-algorithm.bin", 405)] {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let admitted = runtime.block_on(override_stream(&seed("limit_overrides", name)));
+            assert_eq!(admitted, want, "{name}");
+        }
+        // The scenario seeds: one loads (and its rules are the fuzz directory's), one is
+        // refused with its lines.
+        let text = String::from_utf8(seed("simulate_scenario", "small.yaml")).unwrap();
+        let s = crate::sim::Scenario::parse(&scenario_dir().join("s.yaml"), &text)
+            .unwrap_or_else(|e| panic!("small.yaml: {e}"));
+        assert_eq!((s.duration_s, s.store.nodes, s.traffic.len()), (5, 3, 2));
+        simulate_scenario(text.as_bytes());
+        let bad = String::from_utf8(seed("simulate_scenario", "bad.yaml")).unwrap();
+        let e = crate::sim::Scenario::parse(&scenario_dir().join("s.yaml"), &bad)
+            .expect_err("bad.yaml is refused");
+        assert!(e.errors.len() >= 3, "{e}");
+        // A scenario naming any other rules is not read (it could name `/`).
+        simulate_scenario(b"rules: /\nduration_s: 1\n");
         // The RLQS seeds are answered with tokens: the bound is checked on real assignments.
         for name in ["settle-and-claim.bin", "repeated-ids.bin"] {
             let runtime = tokio::runtime::Builder::new_current_thread()

@@ -53,10 +53,10 @@ pub struct Scenario {
 
 /// The most of a few numbers, so a typo cannot ask for a week of virtual time or a million
 /// replicas (the simulation would run out of memory instead of saying why).
-const MAX_DURATION_S: u64 = 86_400;
-const MAX_REPLICAS: u64 = 5_000;
-const MAX_NODES: u64 = 64;
-const MAX_RATE: f64 = 10_000_000.0;
+pub(crate) const MAX_DURATION_S: u64 = 86_400;
+pub(crate) const MAX_REPLICAS: u64 = 5_000;
+pub(crate) const MAX_NODES: u64 = 64;
+pub(crate) const MAX_RATE: f64 = 10_000_000.0;
 
 impl Scenario {
     /// Reads and checks the scenario file at `path`.
