@@ -39,7 +39,7 @@ soak: deps ## steady load on Redis for SOAK_DURATION s (600) over 1,000,000 keys
 fuzz: ## cargo-fuzz each target for FUZZ_SECONDS (45) from fuzz/seeds; needs the nightly toolchain (installs cargo-fuzz if missing)
 	@bash scripts/fuzz.sh
 
-fuzz-long: ## each fuzz target to 10,000,000 executions (FUZZ_RUNS); ~7 h on 2 cores (the slowest, rlqs_reports, runs ~600 a second)
+fuzz-long: ## each fuzz target to 10,000,000 executions (FUZZ_RUNS); ~12 h on 2 cores (the slowest, rlqs_reports, runs ~600 a second); weekly on GitHub (.github/workflows/fuzz.yml)
 	@FUZZ_RUNS=$${FUZZ_RUNS:-10000000} bash scripts/fuzz.sh
 
 e2e: deps ## only the end-to-end tests through a real Envoy
