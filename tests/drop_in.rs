@@ -312,11 +312,11 @@ async fn started_as_ratelimit_it_decides_as_the_reference_does() {
         // All 12 in one second: begun and ended in the same one (a batch slower than a
         // second can end later in the next second than it began in this one).
         if at >= started && epoch_second() == second {
-            measured = Some((answers, at));
+            measured = Some((answers, started, at));
             break;
         }
     }
-    let (answers, at) = measured.expect("12 calls within one second in 5 tries");
+    let (answers, started, at) = measured.expect("12 calls within one second in 5 tries");
     let admitted = answers.iter().filter(|r| r.overall_code == 1).count();
     assert_eq!(
         admitted, 10,
@@ -328,10 +328,12 @@ async fn started_as_ratelimit_it_decides_as_the_reference_does() {
         .as_ref()
         .map(|d| d.seconds as u64 * 1000 + d.nanos as u64 / 1_000_000)
         .unwrap_or_default();
-    // The window's end: what is left of this second, not the time the bucket takes to refill.
-    assert!(
-        reset <= 1000 && reset.abs_diff(1000 - at) < 150,
-        "duration_until_reset {reset} ms at {at} ms into the second"
+    // The window's end, in whole seconds rounded up as the reference reports it: what is left
+    // of this second is 1 s (the check once compared it with 1000 − the batch's end in ms, and
+    // failed on a busy machine whose batch ended 206 ms into the second).
+    assert_eq!(
+        reset, 1000,
+        "duration_until_reset {reset} ms for a batch from {started} to {at} ms into the second"
     );
 
     // Redis away: the call fails, so Envoy's failure_mode_deny decides, as with the reference.
