@@ -206,6 +206,31 @@ pub fn xds_config(data: &[u8]) {
     }
 }
 
+/// A limiter of `settings` on a memory store on `clock`, one replica: what the bodies that
+/// decide ([`rlqs_reports`], [`limit_overrides`]) decide with.
+fn memory_limiter(
+    settings: &Settings,
+    clock: &crate::clock::Clock,
+    metrics: std::sync::Arc<crate::telemetry::Metrics>,
+) -> crate::limiter::Limiter {
+    use std::sync::Arc;
+
+    use crate::fleet::Replicas;
+    use crate::store::{MemoryStore, Store};
+
+    let config = configs::limiter_config(
+        settings,
+        Arc::new(Replicas::new(0, 1)),
+        clock.clone(),
+        false,
+    );
+    crate::limiter::Limiter::new(
+        Store::Memory(MemoryStore::new(clock.clone())),
+        config,
+        metrics,
+    )
+}
+
 /// A token bucket of this many tokens, in the domain [`rlqs_reports`] streams to.
 const RLQS_CAPACITY: u64 = 600;
 const RLQS_RULES: &str = "domain: quota\nrlqs: true\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 600}\n";
@@ -230,10 +255,7 @@ async fn rlqs_stream(data: &[u8]) -> u64 {
     use std::sync::Arc;
 
     use crate::clock::Clock;
-    use crate::fleet::Replicas;
-    use crate::limiter::Limiter;
     use crate::rlqs::{Assignment, BucketKey, Rlqs, Session, Usage};
-    use crate::store::{MemoryStore, Store};
     use crate::telemetry::Metrics;
 
     let source = (PathBuf::from("quota.yaml"), RLQS_RULES.to_string());
@@ -241,17 +263,7 @@ async fn rlqs_stream(data: &[u8]) -> u64 {
     let settings = Settings::default();
     let clock = Clock::manual(1_700_000_000_000);
     let metrics = Arc::new(Metrics::new());
-    let config = configs::limiter_config(
-        &settings,
-        Arc::new(Replicas::new(0, 1)),
-        clock.clone(),
-        false,
-    );
-    let limiter = Limiter::new(
-        Store::Memory(MemoryStore::new(clock.clone())),
-        config,
-        metrics.clone(),
-    );
+    let limiter = memory_limiter(&settings, &clock, metrics.clone());
     let rlqs = Rlqs::new(configs::rlqs_config(&settings, clock), metrics.rlqs.clone());
     let Ok(mut session) = Session::open(&rlqs, None) else {
         return 0;
@@ -430,9 +442,7 @@ async fn override_stream(data: &[u8]) -> u64 {
     use envoy_types::pb::google::protobuf::UInt64Value;
 
     use crate::clock::Clock;
-    use crate::fleet::Replicas;
-    use crate::limiter::{Code, Limiter};
-    use crate::store::{MemoryStore, Store};
+    use crate::limiter::Code;
     use crate::telemetry::Metrics;
 
     let Some((&algorithm, rest)) = data.split_first() else {
@@ -451,17 +461,7 @@ async fn override_stream(data: &[u8]) -> u64 {
     };
     let bounds = configs::bounds(&settings);
     let clock = Clock::manual(1_700_000_000_000);
-    let config = configs::limiter_config(
-        &settings,
-        Arc::new(Replicas::new(0, 1)),
-        clock.clone(),
-        false,
-    );
-    let limiter = Limiter::new(
-        Store::Memory(MemoryStore::new(clock)),
-        config,
-        Arc::new(Metrics::new()),
-    );
+    let limiter = memory_limiter(&settings, &clock, Arc::new(Metrics::new()));
     // Per bucket (tenant, override): the hits admitted, and what the bucket holds.
     let mut admitted: HashMap<OverrideBucket, (u64, u64)> = HashMap::new();
     let mut total = 0;

@@ -72,3 +72,18 @@ pub enum OpKind {
         window_ms: u64,
     },
 }
+
+impl OpKind {
+    /// The tokens one window gives (a token bucket's refill, a window's limit) and the
+    /// window's length in ms.
+    pub fn per_window(&self) -> (u64, u64) {
+        match *self {
+            OpKind::TokenBucket {
+                refill, window_ms, ..
+            } => (refill, window_ms),
+            OpKind::FixedWindow { limit, window_ms }
+            | OpKind::SlidingWindow { limit, window_ms }
+            | OpKind::SlidingLog { limit, window_ms } => (limit, window_ms),
+        }
+    }
+}

@@ -34,14 +34,7 @@ pub fn supply(kind: OpKind, remaining: u64, interval_ms: u64) -> u64 {
 /// window's limit, over the interval's share of the window), at least 1: the most an Envoy is
 /// granted beyond its measured demand, and a new Envoy's first claim ([`want`]).
 pub fn refill_per_interval(kind: OpKind, interval_ms: u64) -> u64 {
-    let (per_window, window_ms) = match kind {
-        OpKind::TokenBucket {
-            refill, window_ms, ..
-        } => (refill, window_ms),
-        OpKind::FixedWindow { limit, window_ms }
-        | OpKind::SlidingWindow { limit, window_ms }
-        | OpKind::SlidingLog { limit, window_ms } => (limit, window_ms),
-    };
+    let (per_window, window_ms) = kind.per_window();
     let n =
         (u128::from(per_window) * u128::from(interval_ms)).div_ceil(u128::from(window_ms.max(1)));
     u64::try_from(n).unwrap_or(u64::MAX).max(1)

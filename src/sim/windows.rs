@@ -61,14 +61,7 @@ pub(super) struct Closed {
 impl Track {
     /// The windows of a bucket of `kind`.
     pub(super) fn new(kind: &OpKind) -> Self {
-        let (limit, window_ms) = match *kind {
-            OpKind::TokenBucket {
-                refill, window_ms, ..
-            } => (refill, window_ms),
-            OpKind::FixedWindow { limit, window_ms }
-            | OpKind::SlidingWindow { limit, window_ms }
-            | OpKind::SlidingLog { limit, window_ms } => (limit, window_ms),
-        };
+        let (limit, window_ms) = kind.per_window();
         Track {
             window_us: window_ms.max(1).saturating_mul(1_000),
             limit,
