@@ -362,3 +362,6 @@ grep -E "^RLQS against RLS|panicked" "$TMP/rlqs.txt" || tail -20 "$TMP/rlqs.txt"
 grep -E "^RLQS state|panicked" "$TMP/rlqs-state.txt" || tail -20 "$TMP/rlqs-state.txt"
 echo
 cat "$TMP/simulate.txt"
+echo
+# What one exact decision costs on each store, batched and not (its own servers and Redis).
+bash scripts/store_cost.sh

@@ -115,6 +115,8 @@ pub fn redis_config(s: &Settings) -> RedisConfig {
         sentinel_password: s.store_sentinel_password.clone(),
         wait_replicas: s.store_wait_replicas,
         wait_timeout_ms: s.store_wait_timeout_ms,
+        batch_in_flight: s.store_batch_in_flight,
+        batch_max_ops: s.store_batch_max_ops,
     }
 }
 

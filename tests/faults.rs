@@ -324,8 +324,26 @@ async fn redis_noscript_is_recovered() {
     let redis = TestRedis::start();
     let store = connect(&redis.url(), 2_000).await;
     noscript_is_recovered(&store, || redis.cmd::<()>(&["SCRIPT", "FLUSH"]), "ns:").await;
-    // The six ops that met NOSCRIPT were re-sent with EVAL, once each; after that EVALSHA
-    // finds the scripts again (the third request needed no EVAL).
+    // The request's six ops go as one batch script call (`store_batch_max_ops` > 1, the
+    // default): it met NOSCRIPT and was re-sent with EVAL once; after that EVALSHA finds the
+    // script again (the third request needed no EVAL).
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_eval:calls=1,"), "{stats}");
+    // Unbatched, one script call per op: the six that met NOSCRIPT were re-sent with EVAL,
+    // once each.
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let unbatched = tollgate::settings::Settings {
+        store_batch_max_ops: 1,
+        ..common::store::settings(&redis.url(), 2_000)
+    };
+    let store = Store::connect(
+        tollgate::configs::store_config(&unbatched),
+        tollgate::clock::Clock::system(),
+        &tollgate::telemetry::Metrics::new(),
+    )
+    .await
+    .unwrap();
+    noscript_is_recovered(&store, || redis.cmd::<()>(&["SCRIPT", "FLUSH"]), "ns1:").await;
     let stats: String = redis.cmd(&["INFO", "commandstats"]);
     assert!(stats.contains("cmdstat_eval:calls=6,"), "{stats}");
 }

@@ -71,6 +71,7 @@ async fn the_simulation_agrees_with_three_real_replicas_on_one_real_redis() {
                 concurrency: 1,
                 max_in_flight: 10_000,
                 target_pid: None,
+                store_pids: Vec::new(),
                 duration: Duration::from_secs(SECONDS),
                 warmup: Duration::ZERO,
                 domain: "bench".into(),

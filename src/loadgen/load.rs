@@ -19,7 +19,7 @@ use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
-use super::cpu::CpuClock;
+use super::cpu::{CpuClock, CpuTime};
 use super::{BenchConfig, BenchError};
 
 /// The result of a load run, closed or open loop.
@@ -66,6 +66,9 @@ pub struct BenchReport {
     /// time: sockets, wake-ups), which shows what a cheaper client can and cannot remove.
     pub server_user_us_per_request: Option<f64>,
     pub server_system_us_per_request: Option<f64>,
+    /// `--store-pid`: the store processes' CPU time (user + system, summed) over the window ÷
+    /// `requests` (the store's cost of a decision, its protocol work included).
+    pub store_cpu_us_per_request: Option<f64>,
     pub concurrency: usize,
     pub connections: usize,
     pub keys: u64,
@@ -121,6 +124,9 @@ impl BenchReport {
             out += &format!(
                 "\n  server CPU {cpu:.1} µs per request (user {user:.1}, system {system:.1})"
             );
+        }
+        if let Some(cpu) = self.store_cpu_us_per_request {
+            out += &format!("\n  store CPU {cpu:.1} µs per request");
         }
         if let Some(e) = &self.first_error {
             out += &format!("\n  first error: {e}");
@@ -269,6 +275,11 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
         return Err(BenchError::NothingToSend);
     }
     let cpu = cfg.target_pid.map(CpuClock::open).transpose()?;
+    let store_cpu: Vec<CpuClock> = cfg
+        .store_pids
+        .iter()
+        .map(|&pid| CpuClock::open(pid))
+        .collect::<Result<_, _>>()?;
     let keys = Arc::new(KeySpace::new(cfg.keys, cfg.zipf)?);
     let clients = connect(&cfg.target, cfg.connections).await?;
     let cfg = Arc::new(cfg);
@@ -325,6 +336,10 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
     tokio::time::sleep(cfg.warmup).await;
     recording.store(true, Ordering::SeqCst);
     let cpu_start = cpu.as_ref().map(CpuClock::read).transpose()?;
+    let store_start: Vec<CpuTime> = store_cpu
+        .iter()
+        .map(CpuClock::read)
+        .collect::<Result<_, _>>()?;
     let started = Instant::now();
     let mut last = 0;
     while started.elapsed() < cfg.duration {
@@ -346,6 +361,10 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
         (Some(clock), Some(start)) => Some(clock.read()?.since(start)),
         _ => None,
     };
+    let mut store_used = Duration::ZERO;
+    for (clock, start) in store_cpu.iter().zip(store_start) {
+        store_used += clock.read()?.since(start).total();
+    }
     stop.store(true, Ordering::SeqCst);
     let mut all = histogram();
     for t in tasks {
@@ -385,6 +404,8 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
         server_cpu_us_per_request: cpu_used.map(|t| per_request(t.total(), requests)),
         server_user_us_per_request: cpu_used.map(|t| per_request(t.user, requests)),
         server_system_us_per_request: cpu_used.map(|t| per_request(t.system, requests)),
+        store_cpu_us_per_request: (!store_cpu.is_empty())
+            .then(|| per_request(store_used, requests)),
         concurrency: cfg.concurrency,
         connections: clients.len(),
         keys: cfg.keys,

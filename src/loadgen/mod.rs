@@ -62,6 +62,10 @@ pub struct BenchArgs {
     /// The server's PID, when it runs on this machine: report its CPU µs per request.
     #[arg(long)]
     pub target_pid: Option<u32>,
+    /// The store's PIDs, when it runs on this machine (a redis-server; repeat the flag for each
+    /// node of a cluster): report their CPU µs per request too (closed loop).
+    #[arg(long = "store-pid")]
+    pub store_pid: Vec<u32>,
     /// Seconds to measure.
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
@@ -109,6 +113,7 @@ impl BenchArgs {
             concurrency: self.concurrency,
             max_in_flight: self.max_in_flight,
             target_pid: self.target_pid,
+            store_pids: self.store_pid.clone(),
             duration: secs(self.duration, "duration")?,
             warmup: secs(self.warmup, "warmup")?,
             domain: self.domain.clone(),
@@ -159,6 +164,8 @@ pub struct BenchConfig {
     pub max_in_flight: usize,
     /// The server's PID, for its CPU time per request.
     pub target_pid: Option<u32>,
+    /// The store's processes, for their CPU time per request (closed loop).
+    pub store_pids: Vec<u32>,
     pub duration: Duration,
     pub warmup: Duration,
     pub domain: String,

@@ -217,6 +217,7 @@ pub async fn run_open(cfg: BenchConfig, rate: f64) -> Result<BenchReport, BenchE
         server_cpu_us_per_request: paced.cpu_used.map(|t| per_request(t.total(), requests)),
         server_user_us_per_request: paced.cpu_used.map(|t| per_request(t.user, requests)),
         server_system_us_per_request: paced.cpu_used.map(|t| per_request(t.system, requests)),
+        store_cpu_us_per_request: None,
         concurrency: cfg.max_in_flight,
         connections,
         keys: cfg.keys,

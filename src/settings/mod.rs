@@ -145,6 +145,10 @@ settings! {
         "after each store call's writes, WAIT until this many Redis replicas hold them (narrows what a failover can forget; 0: off)";
     store_wait_timeout_ms: u64 = 5,
         "how long that WAIT may take (1 ms or more, below store_timeout_ms); a WAIT that comes back short is counted, logged and not retried";
+    store_batch_in_flight: usize = 2,
+        "store calls a replica keeps in flight to one Redis node (standalone or Sentinel) before the decisions that arrive wait and go together, as one script call, when a call returns (1 to 1,024)";
+    store_batch_max_ops: usize = 64,
+        "the most bucket ops one batched store call carries (1 to 1,024; 1: no batching, one script call per op as before)";
     grpc_tls_cert: String = String::new(),
         "PEM certificate chain for TLS on the gRPC port (with grpc_tls_key; empty: plain h2c)";
     grpc_tls_key: String = String::new(),

@@ -191,6 +191,14 @@ impl Settings {
                 );
             }
         }
+        for (name, value) in [
+            ("store_batch_in_flight", self.store_batch_in_flight),
+            ("store_batch_max_ops", self.store_batch_max_ops),
+        ] {
+            if !(1..=1_024).contains(&value) {
+                return bad(name, "must be between 1 and 1,024");
+            }
+        }
         if self.key_prefix.contains(['{', '}']) {
             return bad(
                 "key_prefix",

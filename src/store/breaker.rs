@@ -161,7 +161,14 @@ impl Breakers {
 
     /// The give-up rule for one call to `node` that starts now.
     pub fn wait(&self) -> Wait {
-        let started = self.clock.mono_us();
+        self.wait_since(self.clock.mono_us())
+    }
+
+    /// The give-up rule for a call whose caller has waited since `started` (µs on the
+    /// breakers' clock): decisions that queued for a batch (`store/redis/batch.rs`) count the
+    /// node's silence, and the hard limit, from when they queued, not from when their batch
+    /// went out.
+    pub fn wait_since(&self, started: u64) -> Wait {
         Wait {
             started,
             hard: started.saturating_add(micros(self.policy.max_wait)),

@@ -136,8 +136,8 @@ impl StoreError {
 #[derive(Debug)]
 pub enum Store {
     Memory(MemoryStore),
-    /// Boxed: it is several times the size of the memory store's handle.
-    Redis(Box<RedisStore>),
+    /// Shared: a batch of queued decisions (`redis/batch.rs`) runs in a task of its own.
+    Redis(std::sync::Arc<RedisStore>),
     /// Any other [`Backend`]: a test's or a simulator's store (latency, faults).
     Custom(std::sync::Arc<dyn Backend>),
 }
@@ -192,7 +192,7 @@ impl Store {
             // Redis keeps its own clock (`TIME`), so every replica agrees.
             StoreConfig::Redis(redis) => RedisStore::connect(*redis, metrics)
                 .await
-                .map(|r| Store::Redis(Box::new(r))),
+                .map(|r| Store::Redis(std::sync::Arc::new(r))),
         }
     }
 

@@ -41,6 +41,7 @@ pub const STORE_CONNECTIONS: &str = "tollgate_store_connections";
 pub const FALLBACK_ACTIVE: &str = "tollgate_fallback_active";
 pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions";
 pub const STORE_WAIT_SHORT: &str = "tollgate_store_wait_short";
+pub const STORE_BATCH_OPS: &str = "tollgate_store_batch_ops";
 pub const REFUSED: &str = "tollgate_refused";
 pub const UNKNOWN_DOMAINS: &str = "tollgate_unknown_domain_requests";
 pub const REPLICAS: &str = "tollgate_replicas";
@@ -242,6 +243,8 @@ pub struct StoreMetrics {
     pub breaker_transitions: Family<TransitionLabels, Counter>,
     /// Store calls whose `WAIT` (`store_wait_replicas`) came back short.
     pub wait_short: Counter,
+    /// Ops per batch call (decisions that queued for a busy node and went as one call).
+    pub batch_ops: Histogram,
 }
 
 impl StoreMetrics {
@@ -354,6 +357,12 @@ impl Metrics {
             "Store calls whose WAIT (store_wait_replicas) was acknowledged by fewer replicas within store_wait_timeout_ms: their writes could be lost in a failover",
             wait_short.clone(),
         );
+        let batch_ops = Histogram::new(exponential_buckets(1.0, 2.0, 11));
+        registry.register(
+            STORE_BATCH_OPS,
+            "Bucket ops per batched store call: decisions that arrived while store_batch_in_flight calls to their Redis node were in flight, sent together as one script call",
+            batch_ops.clone(),
+        );
         let replicas = Gauge::default();
         registry.register(
             REPLICAS,
@@ -435,6 +444,7 @@ impl Metrics {
                 fallback_active,
                 breaker_transitions,
                 wait_short,
+                batch_ops,
             },
             replicas,
             replicas_from_membership,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures_util::future::join_all;
 
+use super::batch::{Slot, Turn, unanswered};
 use super::scripts::OpResults;
 use super::{RedisStore, errors, pool};
 use crate::quota::{Op, Outcome};
@@ -14,26 +15,53 @@ use crate::store::{StoreError, StoreErrorKind};
 use crate::telemetry::KindLabels;
 
 impl RedisStore {
-    /// Every op of `ops` on `node`, as one call.
+    /// Every op of `ops` on `node`: now, as one call, or (a standalone Redis whose calls from
+    /// this replica are all in flight) queued to go with others as one batch (`batch.rs`).
     pub(super) async fn apply_on(
-        &self,
+        self: &Arc<Self>,
         node: Arc<str>,
         ops: &[Op],
     ) -> Vec<Result<Outcome, StoreError>> {
-        let result = if self.breakers.is_open(&node) {
-            Err(circuit_open(&node))
+        let now = self.breakers.clock().mono_us();
+        if !self.batching.enabled() || self.pool.slots().is_some() {
+            let group: Vec<&Op> = ops.iter().collect();
+            return self.apply_now(&node, &group, now).await;
+        }
+        match self.batching.enter(ops, now) {
+            Turn::Now => {
+                // Passed on to the queue when the call is done, or if this caller gives up.
+                let _slot = Slot {
+                    store: self.clone(),
+                    node: node.clone(),
+                };
+                let group: Vec<&Op> = ops.iter().collect();
+                self.apply_now(&node, &group, now).await
+            }
+            Turn::Queued(answer) => answer.await.unwrap_or_else(|_| unanswered(ops.len())),
+        }
+    }
+
+    /// Every op of `ops` on `node`, as one call now; `since`: when the oldest of its callers
+    /// started waiting (the give-up rule counts from then).
+    pub(super) async fn apply_now(
+        &self,
+        node: &Arc<str>,
+        ops: &[&Op],
+        since: u64,
+    ) -> Vec<Result<Outcome, StoreError>> {
+        let result = if self.breakers.is_open(node) {
+            Err(circuit_open(node))
         } else {
             let result = match self.pool.pick() {
                 None => Err(self.not_connected()),
                 Some(picked) => {
-                    let group: Vec<&Op> = ops.iter().collect();
                     let mut conn = (*picked.conn).clone();
-                    let result = self.call(&node, &mut conn, &group).await;
+                    let result = self.call(node, &mut conn, ops, since).await;
                     self.judge(&picked, std::slice::from_ref(&result));
                     result
                 }
             };
-            self.settle(&node, &result);
+            self.settle(node, &result);
             result
         };
         match result {
@@ -73,10 +101,11 @@ impl RedisStore {
                     calls.iter().map(|_| Err(e.clone())).collect()
                 }
                 Some(picked) => {
+                    let now = self.breakers.clock().mono_us();
                     let results = join_all(calls.iter().map(|(node, at)| {
                         let group: Vec<&Op> = at.iter().map(|&i| &ops[i]).collect();
                         let mut conn = (*picked.conn).clone();
-                        async move { self.call(node, &mut conn, &group).await }
+                        async move { self.call(node, &mut conn, &group, now).await }
                     }))
                     .await;
                     self.judge(&picked, &results);

@@ -10,6 +10,7 @@ use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 
 use super::RedisStore;
+use super::batch_script;
 use super::connect::Conn;
 use super::errors::CallError;
 use super::scripts::{self, OpResults};
@@ -19,17 +20,18 @@ use crate::store::{StoreError, StoreErrorKind};
 impl RedisStore {
     /// One node's ops on `conn`. Gives up by the breakers' rule (`store/breaker.rs`,
     /// [`crate::store::breaker::Wait`]): when `node` has been silent for the timeout, or after
-    /// `max_wait`.
+    /// `max_wait`, both counted from `since` (when the call's oldest caller started waiting).
     pub(super) async fn call(
         &self,
         node: &Arc<str>,
         conn: &mut Conn,
         ops: &[&Op],
+        since: u64,
     ) -> Result<OpResults, StoreError> {
-        let run = run(conn, ops, &self.pool.scripts);
+        let run = run(conn, ops, &self.pool.scripts, self.batching.enabled());
         tokio::pin!(run);
         let clock = self.breakers.clock();
-        let mut wait = self.breakers.wait();
+        let mut wait = self.breakers.wait_since(since);
         let mut deadline = wait.first_deadline(&self.breakers);
         let done = loop {
             // tokio's timer directly: this client runs on the system clock (the simulator's
@@ -79,15 +81,20 @@ impl RedisStore {
     }
 }
 
-/// Runs `ops` on `conn`: one pipeline (standalone) or one pipeline per hash slot, concurrently
-/// (cluster). Results come back in the order of `ops`; a slot's pipeline that failed fails its
-/// own ops only.
+/// Runs `ops` on `conn`: standalone, one batch script call when there are several and
+/// `batch` is on (else one pipeline of a script call each); on a cluster, one pipeline per hash
+/// slot, concurrently. Results come back in the order of `ops`; a slot's pipeline that failed
+/// fails its own ops only.
 async fn run(
     conn: &mut Conn,
     ops: &[&Op],
     scripts: &scripts::Scripts,
+    batch: bool,
 ) -> Result<OpResults, CallError> {
     let c = match conn {
+        Conn::Standalone(c) if batch && ops.len() > 1 => {
+            return batch_script::eval_batch(c, ops, scripts).await;
+        }
         Conn::Standalone(c) => return scripts::eval_ops(c, ops, scripts).await,
         Conn::Cluster(c) => c,
     };

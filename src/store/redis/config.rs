@@ -40,6 +40,10 @@ pub struct RedisConfig {
     /// many ms (see [`scripts`]).
     pub wait_replicas: u64,
     pub wait_timeout_ms: u64,
+    /// Batching (`batch.rs`): calls a replica keeps in flight to one node before new
+    /// decisions queue, and the most ops one batch call carries (1: no batching).
+    pub batch_in_flight: usize,
+    pub batch_max_ops: usize,
 }
 
 #[cfg(test)]
@@ -65,6 +69,8 @@ impl RedisConfig {
             sentinel_password: String::new(),
             wait_replicas: 0,
             wait_timeout_ms: 5,
+            batch_in_flight: 2,
+            batch_max_ops: 64,
         }
     }
 }

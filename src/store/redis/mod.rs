@@ -3,11 +3,13 @@
 //!
 //! # How a request flows
 //!
-//! [`RedisStore::apply`] gets all bucket ops of one request, takes a connection from the
-//! [`pool`] and runs each op as one `EVALSHA` of a Lua script ([`scripts`]):
+//! [`RedisStore::apply_each`] gets all bucket ops of one request, takes a connection from the
+//! [`pool`] and runs each op as a Lua script ([`scripts`]):
 //!
-//! - **Standalone**: every op of the request goes out as one pipeline on one connection: one
-//!   round trip per request, however many descriptors it has.
+//! - **Standalone** (and Sentinel): every op of the request goes out as one call: one round
+//!   trip per request, however many descriptors it has (one `EVALSHA`, or one batch script
+//!   call for several, [`batch_script`]). While `store_batch_in_flight` calls are out, the
+//!   requests that arrive wait and go together as one batch call when one returns ([`batch`]).
 //! - **Cluster**: a cluster pipeline must stay within one hash slot, so ops are grouped by slot
 //!   (`Slot::for_key`; every key of one bucket shares its hash tag) and the groups go out
 //!   concurrently; the request waits for the slowest node, not for the sum of them.
@@ -47,6 +49,8 @@
 //! - [`apply`]: a request's ops grouped by node, one call per node; what the results tell the
 //!   pool, the breakers and the metrics.
 //! - [`call`]: one node's call (its pipelines) and when it gives up.
+//! - [`batch`]: decisions that wait for a busy node and go together as one call;
+//!   [`batch_script`]: that call's script (`lua/batch.lua` around the algorithm scripts).
 //! - [`connect`]: the URL → standalone, cluster or Sentinel client ([`client`], [`sentinel`]);
 //!   one live connection (`Conn`).
 //! - [`pool`]: the long-lived connections, and the keeper task that makes, checks and replaces
@@ -62,6 +66,8 @@
 //!   of replica id → expiry on the Redis clock, under its own hash tag.
 
 mod apply;
+mod batch;
+mod batch_script;
 mod call;
 mod client;
 mod config;
@@ -76,6 +82,7 @@ mod sentinel;
 mod slots;
 mod version;
 
+pub use batch_script::{BATCH_LUA, BATCHED_LUA, batch_lua};
 pub use config::RedisConfig;
 pub use scripts::{
     FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA,
@@ -112,6 +119,8 @@ pub struct RedisStore {
     breakers: Arc<Breakers>,
     /// The node name of every op of a standalone Redis.
     standalone: Arc<str>,
+    /// Decisions that wait for a busy node and go as one call (`batch.rs`).
+    batching: batch::Batching,
     membership: redis::Script,
 }
 
@@ -182,6 +191,7 @@ impl RedisStore {
                 metrics.store.clone(),
             )),
             standalone: probe::STANDALONE.into(),
+            batching: batch::Batching::new(cfg.batch_in_flight, cfg.batch_max_ops),
             membership: redis::Script::new(MEMBERSHIP_LUA),
         })
     }
@@ -189,7 +199,7 @@ impl RedisStore {
     /// Applies `ops` and returns one result per op, in order (see the module doc for how the
     /// ops travel). Each node's part gives up only when that node stays silent (see "When a
     /// call gives up"); the parts of different cluster nodes run concurrently.
-    pub async fn apply_each(&self, ops: &[Op]) -> Vec<Result<Outcome, StoreError>> {
+    pub async fn apply_each(self: &Arc<Self>, ops: &[Op]) -> Vec<Result<Outcome, StoreError>> {
         let Some(first) = ops.first() else {
             return Vec::new();
         };
@@ -324,7 +334,7 @@ mod tests {
         let metrics = Metrics::new();
         // Long timeouts: a refusal seen well before them was known at once.
         let cfg = RedisConfig::for_tests("redis://127.0.0.1:1", 2, 2_000, 2_000);
-        let store = RedisStore::connect(cfg, &metrics).await.unwrap();
+        let store = Arc::new(RedisStore::connect(cfg, &metrics).await.unwrap());
         assert_eq!(store.state(), "disconnected");
         let op = Op {
             key: "k".into(),

@@ -22,6 +22,7 @@
 use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind, Value};
 
+use super::batch_script::BATCH_LUA;
 use super::errors::CallError;
 use super::outage::OutageLog;
 use crate::quota::bucket;
@@ -156,7 +157,7 @@ pub(super) struct Wait {
 
 impl Wait {
     /// Notes a `WAIT` reply: the number of replicas that acknowledged (or an error).
-    fn record(&self, reply: &Value) {
+    pub(super) fn record(&self, reply: &Value) {
         let acked = match reply {
             Value::Int(n) => u64::try_from(*n).ok(),
             _ => None,
@@ -191,6 +192,8 @@ pub(super) struct Scripts {
     sliding_window: String,
     sliding_log: String,
     lease: String,
+    /// `lua/batch.lua` with the scripts above (`batch_script.rs`).
+    batch: String,
     wait: Option<Wait>,
 }
 
@@ -204,6 +207,7 @@ impl Scripts {
                 .to_string(),
             sliding_log: redis::Script::new(SLIDING_LOG_LUA).get_hash().to_string(),
             lease: redis::Script::new(LEASE_LUA).get_hash().to_string(),
+            batch: redis::Script::new(&BATCH_LUA).get_hash().to_string(),
             wait,
         }
     }
@@ -218,6 +222,16 @@ impl Scripts {
         }
     }
 
+    /// The batch script's SHA1 (`batch_script.rs`).
+    pub(super) fn batch_sha(&self) -> &str {
+        &self.batch
+    }
+
+    /// The `WAIT` that follows each call's scripts, if any.
+    pub(super) fn wait(&self) -> Option<&Wait> {
+        self.wait.as_ref()
+    }
+
     /// Caches every script on `conn` (`SCRIPT LOAD`; on a cluster it goes to every primary).
     /// A refusal (an ACL without SCRIPT, say) is not fatal: `NOSCRIPT` falls back to `EVAL`.
     pub(super) async fn load<C: ConnectionLike>(&self, conn: &mut C) -> Result<(), RedisError> {
@@ -227,6 +241,7 @@ impl Scripts {
             (SLIDING_WINDOW_LUA, &self.sliding_window),
             (SLIDING_LOG_LUA, &self.sliding_log),
             (LEASE_LUA, &self.lease),
+            (BATCH_LUA.as_str(), &self.batch),
         ] {
             let load = redis::cmd("SCRIPT")
                 .arg("LOAD")
@@ -349,7 +364,7 @@ async fn pipeline<'a, 'o, C: ConnectionLike>(
 
 /// `{allowed, remaining, reset_ms, retry_ms}` (a take) or `{granted, remaining, reset_ms,
 /// retry_ms}` (`lease.lua`) → [`Outcome`].
-fn parse_outcome(reply: Value, op: &Op) -> Result<Outcome, CallError> {
+pub(super) fn parse_outcome(reply: Value, op: &Op) -> Result<Outcome, CallError> {
     let items = match reply {
         Value::Array(items) => items,
         Value::ServerError(e) => return Err(CallError::Redis(e.into())),

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# What one exact decision costs, side by side in one run (part of `make bench`; alone: `bash
+# scripts/store_cost.sh`): the no-op RLS baseline, the memory store, Redis with decisions batched
+# per node (the default), Redis without (`--store-batch-max-ops 1`: one script call per op, as
+# before batching), and a 3-node Redis Cluster; each at 1 and at 64 requests in flight over
+# 10,000 keys. Per row: req/s, p50, tollgate's CPU µs per request and that minus the no-op's at
+# the same concurrency, the store's CPU µs per decision (redis-server's own user + system time
+# from /proc, every node of the cluster summed: its protocol work included) and its script calls
+# per decision (INFO commandstats). CPU time, not req/s, is the figure to compare on a shared
+# machine. BENCH_COST_DURATION seconds per row (default 6) + 2 s warm-up; two passes in opposite
+# orders, each row's better pass shown.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v redis-server >/dev/null || bash scripts/deps.sh
+
+DURATION=${BENCH_COST_DURATION:-6}
+KEYS=10000
+cargo build --release -q
+BIN=target/release/tollgate
+TMP=$(mktemp -d /tmp/tollgate-cost.XXXXXX)
+PIDS=()
+NAME=store-cost
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
+trap cleanup EXIT INT TERM
+
+RP=$(free_port); start_redis "$RP"; REDIS_PID=${PIDS[-1]}
+start_cluster; CLUSTER_PIDS=("${PIDS[@]: -3}")
+mkdir -p "$TMP/rules"
+cat > "$TMP/rules/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  # High enough that every request is a decision that admits (and writes its bucket).
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+YAML
+
+start_tollgate() { # name store [extra flags…]; sets GRPC and PID
+  local name=$1 store=$2 admin; shift 2; GRPC=$(free_port); admin=$(free_port)
+  "$BIN" serve --rules "$TMP/rules" --store "$store" --grpc-addr 127.0.0.1:$GRPC --admin-addr 127.0.0.1:$admin \
+    --log-level warn "$@" >/dev/null 2>"$TMP/$name.log" &
+  PIDS+=($!); PID=$!
+  wait_for curl -sf "127.0.0.1:$admin/readyz"
+}
+NOOP=$(free_port)
+"$BIN" bench-baseline --grpc-addr 127.0.0.1:$NOOP >/dev/null 2>"$TMP/noop.log" &
+PIDS+=($!); NOOP_PID=$!
+wait_for bash -c "exec 3<>/dev/tcp/127.0.0.1/$NOOP"
+start_tollgate memory memory; MEM=$GRPC; MEM_PID=$PID
+start_tollgate batched "redis://127.0.0.1:$RP" --key-prefix batched:; BAT=$GRPC; BAT_PID=$PID
+start_tollgate unbatched "redis://127.0.0.1:$RP" --key-prefix unbatched: --store-batch-max-ops 1; UNB=$GRPC; UNB_PID=$PID
+start_tollgate cluster "$CLUSTER_URL"; CLU=$GRPC; CLU_PID=$PID
+
+script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
+  local total=0 n
+  for p in "$@"; do
+    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s += $3} END {print s+0}')
+    total=$((total + n))
+  done
+  echo "$total"
+}
+
+RESULTS="$TMP/cost.jsonl"
+: > "$RESULTS"
+run() { # label target server-pid in-flight "store-pids" redis-ports…
+  local label=$1 target=$2 pid=$3 inflight=$4 store_pids=$5; shift 5
+  local before after flags=() conns=4
+  [ "$inflight" -lt 4 ] && conns=$inflight
+  for p in $store_pids; do flags+=(--store-pid "$p"); done
+  before=$(script_calls "$@")
+  echo "store-cost: $label, $inflight in flight…" >&2
+  line=$("$BIN" bench --target "127.0.0.1:$target" --duration "$DURATION" --warmup 2 \
+     --concurrency "$inflight" --connections "$conns" --keys $KEYS --key tenant --label "$label" \
+     --target-pid "$pid" "${flags[@]}" --quiet | tail -1)
+  after=$(script_calls "$@")
+  echo "$line" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); d["script_calls"]=int(sys.argv[1]); print(json.dumps(d))' \
+    "$((after - before))" >> "$RESULTS"
+}
+
+for pass in 1 2; do
+  order="baseline memory batched unbatched cluster"
+  [ $pass = 2 ] && order="cluster unbatched batched memory baseline"
+  for inflight in 1 64; do
+    for s in $order; do
+      case $s in
+        baseline) run baseline "$NOOP" "$NOOP_PID" $inflight "" ;;
+        memory) run memory "$MEM" "$MEM_PID" $inflight "" ;;
+        batched) run redis-batched "$BAT" "$BAT_PID" $inflight "$REDIS_PID" "$RP" ;;
+        unbatched) run redis-unbatched "$UNB" "$UNB_PID" $inflight "$REDIS_PID" "$RP" ;;
+        cluster) run cluster "$CLU" "$CLU_PID" $inflight "${CLUSTER_PIDS[*]}" "$C1" "$C2" "$C3" ;;
+      esac
+    done
+  done
+done
+
+python3 - "$RESULTS" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+best = {}
+for r in rows:
+    k = (r["label"], r["concurrency"])
+    cpu = r.get("server_cpu_us_per_request") or 1e9
+    if k not in best or cpu < (best[k].get("server_cpu_us_per_request") or 1e9):
+        best[k] = r
+print()
+print("What one exact decision costs (10,000 keys; each row the better of two passes):")
+print()
+print("| path | in flight | req/s | p50 µs | tollgate CPU µs / request | over the no-op | store CPU µs / decision | script calls / decision |")
+print("|---|---|---|---|---|---|---|---|")
+for inflight in (1, 64):
+    base = best.get(("baseline", inflight), {}).get("server_cpu_us_per_request")
+    for label in ("baseline", "memory", "redis-batched", "redis-unbatched", "cluster"):
+        r = best.get((label, inflight))
+        if not r:
+            continue
+        cpu = r.get("server_cpu_us_per_request")
+        over = f"{cpu - base:+.1f}" if cpu is not None and base is not None and label != "baseline" else "–"
+        store = r.get("store_cpu_us_per_request")
+        store = f"{store:.1f}" if store is not None else "–"
+        n = r["total_requests"] * r["descriptors"] or 1
+        calls = f'{r["script_calls"] / n:.3f}' if label not in ("baseline", "memory") else "–"
+        print(f'| {label} | {inflight} | {r["rps"]:,.0f} | {r["p50_us"]} | {cpu:.1f} | {over} | {store} | {calls} |')
+PY

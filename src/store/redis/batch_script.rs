@@ -1,0 +1,184 @@
+//! `lua/batch.lua`: several ops in one script call. The script is put together here from the
+//! algorithm scripts of `lua/`, unchanged but for their `TIME` (read once per batch), so a
+//! batched op runs exactly the code it runs alone (`tests/lua_batch.rs` holds a batch to the
+//! same answers and state as the ops one by one). Sent by [`eval_batch`] as one `EVALSHA`
+//! (one `EVAL` retry on `NOSCRIPT`), followed by the `WAIT` when there is one; its reply is one
+//! reply per op, each parsed as its own script's.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{ServerErrorKind, Value};
+
+use super::errors::CallError;
+use super::scripts::{
+    FIXED_WINDOW_LUA, LEASE_LUA, OpResults, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, ScriptCall,
+    Scripts, TOKEN_BUCKET_LUA, parse_outcome,
+};
+use crate::quota::Op;
+
+/// The dispatcher, `lua/batch.lua`.
+const DISPATCH_LUA: &str = include_str!("../../../lua/batch.lua");
+
+/// The scripts a batch can run, by their number in `ARGV` (1-based, as `lua/batch.lua` says).
+pub const BATCHED_LUA: [&str; 5] = [
+    TOKEN_BUCKET_LUA,
+    FIXED_WINDOW_LUA,
+    SLIDING_WINDOW_LUA,
+    SLIDING_LOG_LUA,
+    LEASE_LUA,
+];
+
+/// What every algorithm script reads the clock with, once.
+const TIME: &str = "redis.call('TIME')";
+
+/// The batch script as sent: [`batch_lua`] of the scripts of `lua/` on Redis `TIME`.
+pub static BATCH_LUA: LazyLock<String> = LazyLock::new(|| batch_lua(BATCHED_LUA, TIME));
+
+/// The batch script of `scripts` (in [`BATCHED_LUA`]'s order): `batch_time` = `time` (a Lua
+/// expression giving `{seconds, microseconds}`, as `TIME` does), each script wrapped as
+/// `SCRIPTS[n] = function(KEYS, ARGV) … end` with its `redis.call('TIME')` reading
+/// `batch_time`, then the dispatcher. Public so the tests can build it on a test clock.
+pub fn batch_lua(scripts: [&str; 5], time: &str) -> String {
+    let mut lua = String::with_capacity(scripts.iter().map(|s| s.len() + 64).sum::<usize>() + 2048);
+    lua.push_str("local batch_time = ");
+    lua.push_str(time);
+    lua.push_str("\nlocal SCRIPTS = {}\n");
+    for (i, script) in scripts.iter().enumerate() {
+        lua.push_str(&format!("SCRIPTS[{}] = function(KEYS, ARGV)\n", i + 1));
+        lua.push_str(&script.replace(TIME, "batch_time"));
+        lua.push_str("\nend\n");
+    }
+    lua.push_str(DISPATCH_LUA);
+    lua
+}
+
+/// An op's script number in the batch and its `ARGV`.
+fn numbered(call: &ScriptCall) -> u64 {
+    match call {
+        ScriptCall::TokenBucket(_) => 1,
+        ScriptCall::FixedWindow(_) => 2,
+        ScriptCall::SlidingWindow(_) => 3,
+        ScriptCall::SlidingLog(_) => 4,
+        ScriptCall::Lease(_) => 5,
+    }
+}
+
+/// Runs `ops` as one batch script call on `conn` (every key on this node): one `EVALSHA`,
+/// retried once as `EVAL` on `NOSCRIPT` (nothing ran then), then the `WAIT` if there is one.
+/// One result per op; `Err` only when the call itself failed.
+pub(super) async fn eval_batch<C: ConnectionLike>(
+    conn: &mut C,
+    ops: &[&Op],
+    scripts: &Scripts,
+) -> Result<OpResults, CallError> {
+    let reply = match send(conn, ops, scripts, false).await? {
+        Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript) => {
+            send(conn, ops, scripts, true).await?
+        }
+        reply => reply,
+    };
+    let replies = match reply {
+        Value::Array(replies) if replies.len() == ops.len() => replies,
+        Value::ServerError(e) => return Err(CallError::Redis(e.into())),
+        other => {
+            return Err(CallError::Reply(format!(
+                "a batch of {} ops answered {other:?}",
+                ops.len()
+            )));
+        }
+    };
+    Ok(replies
+        .into_iter()
+        .zip(ops)
+        .map(|(reply, op)| parse_outcome(reply, op).map_err(CallError::into_store_error))
+        .collect())
+}
+
+/// One batch call (`EVALSHA`, or `EVAL` with the source), then the `WAIT`; the script's reply,
+/// an error reply included.
+async fn send<C: ConnectionLike>(
+    conn: &mut C,
+    ops: &[&Op],
+    scripts: &Scripts,
+    source: bool,
+) -> Result<Value, CallError> {
+    let mut cmd = redis::Cmd::with_capacity(
+        3 + ops.len() * 10,
+        64 + ops.iter().map(|op| op.key.len() + 180).sum::<usize>(),
+    );
+    if source {
+        cmd.arg("EVAL").arg(BATCH_LUA.as_str());
+    } else {
+        cmd.arg("EVALSHA").arg(scripts.batch_sha());
+    }
+    cmd.arg(ops.len());
+    for op in ops {
+        cmd.arg(&op.key);
+    }
+    for op in ops {
+        let call = ScriptCall::for_op(op);
+        cmd.arg(numbered(&call)).arg(call.argv());
+    }
+    let mut pipe = redis::Pipeline::with_capacity(2);
+    pipe.ignore_errors();
+    pipe.add_command(cmd);
+    let wait = scripts.wait();
+    if let Some(w) = wait {
+        pipe.cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
+    }
+    let mut replies: Vec<Value> = pipe.query_async(conn).await?;
+    if replies.len() != 1 + usize::from(wait.is_some()) {
+        return Err(CallError::Reply(format!(
+            "{} replies for a batch{}",
+            replies.len(),
+            if wait.is_some() { " and a WAIT" } else { "" }
+        )));
+    }
+    if let Some(w) = wait
+        && let Some(reply) = replies.pop()
+    {
+        w.record(&reply);
+    }
+    Ok(replies.remove(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_batched_script_reads_time_once_and_takes_one_key() {
+        for script in BATCHED_LUA {
+            let name = script.lines().next().unwrap_or_default();
+            assert_eq!(script.matches(TIME).count(), 1, "{name}");
+            assert!(!script.contains("KEYS[2]"), "{name}");
+        }
+        let lua = &*BATCH_LUA;
+        assert_eq!(
+            lua.matches(TIME).count(),
+            1,
+            "TIME once, for the whole batch"
+        );
+        assert_eq!(lua.matches("= function(KEYS, ARGV)").count(), 5);
+    }
+
+    #[test]
+    fn each_call_has_the_number_and_the_argument_count_the_dispatcher_expects() {
+        // NARGS in lua/batch.lua, by script number.
+        let nargs = [5, 4, 4, 3, 8];
+        assert!(DISPATCH_LUA.contains("local NARGS = {5, 4, 4, 3, 8}"));
+        let calls = [
+            ScriptCall::TokenBucket([0; 5]),
+            ScriptCall::FixedWindow([0; 4]),
+            ScriptCall::SlidingWindow([0; 4]),
+            ScriptCall::SlidingLog([0; 3]),
+            ScriptCall::Lease([0; 8]),
+        ];
+        for (i, call) in calls.iter().enumerate() {
+            assert_eq!(numbered(call) as usize, i + 1);
+            assert_eq!(call.argv().len(), nargs[i]);
+            assert_eq!(call.source(), BATCHED_LUA[i]);
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! `lua/batch.lua` runs each op exactly as its own script would, in order: random sequences of
+//! batches (proptest: 1 to 8 ops over four buckets, one per algorithm, the same bucket several
+//! times in one batch; takes of cost 0, 1, the limit, above it and `u64::MAX`, with and
+//! without overdraft, lease claims and give-backs; times that go forward, stand still, jump a
+//! window or step back) run in a real `redis-server` once as one batch script call and once
+//! as the single scripts one by one, on a copy of the buckets, at the same instant: every op's
+//! reply and every bucket's stored state (`DUMP`) and TTL must be identical.
+//!
+//! As in `tests/lua_mirror.rs`, Redis cannot be given a fake clock: both run with `TIME`
+//! replaced by two trailing ARGV the test sets, and `PEXPIRE` writes its TTL into a key of its
+//! own, so a state never expires in the middle of a case and the TTLs are compared exactly.
+
+mod common;
+
+use ::redis::Value;
+use common::redis::TestRedis;
+use common::store::{charged, claim, fw, give_back, sw, tb};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+use tollgate::quota::{Op, OpKind};
+use tollgate::store::redis::{BATCHED_LUA, ScriptCall, batch_lua};
+
+const BASE_MS: u64 = 1_700_000_000_123;
+const TIME: &str = "redis.call('TIME')";
+const PEXPIRE: &str = "redis.call('PEXPIRE', KEYS[1], ";
+
+/// `script` on the test clock (the last two ARGV), its TTL written to `<key>~ttl`.
+fn on_test_clock(script: &str) -> String {
+    assert_eq!(script.matches(TIME).count(), 1);
+    assert!(script.contains(PEXPIRE), "every script sets a TTL");
+    script
+        .replace(TIME, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
+        .replace(PEXPIRE, "redis.call('SET', KEYS[1] .. '~ttl', ")
+}
+
+/// The bucket of algorithm `which` (0 token bucket, 1 fixed window, 2 sliding window,
+/// 3 sliding log) under `prefix`, and an op on it.
+fn op_on(prefix: &str, which: usize, cost: u64, variant: u8) -> Op {
+    let key = format!("{prefix}{{b{which}}}");
+    let limit = 5;
+    let base = match which {
+        0 => tb(&key, limit, 2, 1_000, cost),
+        1 => fw(&key, limit, 1_000, cost),
+        2 => sw(&key, limit, 1_000, cost),
+        _ => Op::take(
+            key,
+            OpKind::SlidingLog {
+                limit,
+                window_ms: 1_000,
+            },
+            cost,
+        ),
+    };
+    // Leases only on a token bucket or a fixed window (the rules allow no others).
+    match variant % 4 {
+        1 => charged(base, true),
+        2 if which < 2 => {
+            let need = cost.clamp(1, limit + 1);
+            claim(base, need, need.max(limit), 2)
+        }
+        3 if which < 2 => give_back(base, cost.min(limit)),
+        _ => base,
+    }
+}
+
+/// Each reply as its integers (an error reply as its message, so a difference shows).
+fn ints(reply: &Value) -> Result<Vec<i64>, String> {
+    match reply {
+        Value::Array(items) => items
+            .iter()
+            .map(|v| match v {
+                Value::Int(n) => Ok(*n),
+                other => Err(format!("{other:?}")),
+            })
+            .collect(),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+fn dump(conn: &mut ::redis::Connection, key: &str) -> (Option<Vec<u8>>, Option<String>) {
+    let state: Option<Vec<u8>> = ::redis::cmd("DUMP").arg(key).query(conn).unwrap();
+    let ttl: Option<String> = ::redis::cmd("GET")
+        .arg(format!("{key}~ttl"))
+        .query(conn)
+        .unwrap();
+    (state, ttl)
+}
+
+#[test]
+fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
+    let redis = TestRedis::start();
+    let conn = std::cell::RefCell::new(redis.conn());
+    let singles: Vec<String> = BATCHED_LUA.iter().map(|s| on_test_clock(s)).collect();
+    let patched: Vec<String> = BATCHED_LUA
+        .iter()
+        .map(|s| s.replace(PEXPIRE, "redis.call('SET', KEYS[1] .. '~ttl', "))
+        .collect();
+    let batch = batch_lua(
+        std::array::from_fn(|i| patched[i].as_str()),
+        "{ARGV[#ARGV - 1], ARGV[#ARGV]}",
+    );
+    let cost = prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(2),
+        Just(5),
+        Just(6),
+        Just(u64::MAX)
+    ];
+    let step = (
+        prop_oneof![Just(0i64), 1..400i64, Just(1_000), Just(2_500), -300..0i64],
+        prop::collection::vec((0usize..4, cost, 0u8..4), 1..8),
+    );
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let case = std::cell::Cell::new(0u32);
+    let result = runner.run(&prop::collection::vec(step, 1..12), |steps| {
+        case.set(case.get() + 1);
+        let (a, b) = (format!("a{}:", case.get()), format!("s{}:", case.get()));
+        let mut conn = conn.borrow_mut();
+        let conn = &mut *conn;
+        let mut now = BASE_MS as i64;
+        for (dt, picks) in &steps {
+            now += dt;
+            let (secs, micros) = (now / 1000, (now % 1000) * 1000);
+            // The batch on the `a` buckets.
+            let ops: Vec<Op> = picks.iter().map(|&(w, c, v)| op_on(&a, w, c, v)).collect();
+            let mut cmd = ::redis::cmd("EVAL");
+            cmd.arg(&batch).arg(ops.len());
+            for op in &ops {
+                cmd.arg(&op.key);
+            }
+            for op in &ops {
+                let call = ScriptCall::for_op(op);
+                let number = BATCHED_LUA
+                    .iter()
+                    .position(|s| *s == call.source())
+                    .unwrap()
+                    + 1;
+                cmd.arg(number).arg(call.argv());
+            }
+            cmd.arg(secs).arg(micros);
+            let replies: Vec<Value> = cmd.query(conn).unwrap();
+            prop_assert_eq!(replies.len(), ops.len());
+            // The same ops one by one on the `s` buckets, each with its own script.
+            for ((&(w, c, v), batched), op) in picks.iter().zip(&replies).zip(&ops) {
+                let single = op_on(&b, w, c, v);
+                let call = ScriptCall::for_op(&single);
+                let script = &singles[BATCHED_LUA
+                    .iter()
+                    .position(|s| *s == call.source())
+                    .unwrap()];
+                let reply: Value = ::redis::cmd("EVAL")
+                    .arg(script)
+                    .arg(1)
+                    .arg(&single.key)
+                    .arg(call.argv())
+                    .arg(secs)
+                    .arg(micros)
+                    .query(conn)
+                    .unwrap();
+                prop_assert_eq!(ints(batched), ints(&reply), "{:?} at {}", op, now);
+            }
+            for w in 0..4 {
+                let key_a = format!("{a}{{b{w}}}");
+                let key_b = format!("{b}{{b{w}}}");
+                prop_assert_eq!(
+                    dump(conn, &key_a),
+                    dump(conn, &key_b),
+                    "bucket {} after {:?} at {}",
+                    w,
+                    picks,
+                    now
+                );
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn an_op_that_fails_in_a_batch_fails_alone() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn();
+    // A key of the wrong type between two good ones.
+    let _: () = ::redis::cmd("SET")
+        .arg("x{b0}")
+        .arg("not a bucket")
+        .query(&mut conn)
+        .unwrap();
+    let ops = [
+        tb("ok{1}", 5, 1, 1_000, 1),
+        tb("x{b0}", 5, 1, 1_000, 1),
+        tb("ok{2}", 5, 1, 1_000, 2),
+    ];
+    let lua = &*tollgate::store::redis::BATCH_LUA;
+    let mut cmd = ::redis::cmd("EVAL");
+    cmd.arg(lua).arg(ops.len());
+    for op in &ops {
+        cmd.arg(&op.key);
+    }
+    for op in &ops {
+        cmd.arg(1).arg(ScriptCall::for_op(op).argv());
+    }
+    // As the store sends it (`store/redis/batch_script.rs`): in a pipeline that keeps errors
+    // as replies, so an op's error reply inside the batch's array is the op's alone.
+    let mut pipe = ::redis::pipe();
+    pipe.ignore_errors().add_command(cmd);
+    let mut replies: Vec<Value> = pipe.query(&mut conn).unwrap();
+    let reply = replies.remove(0);
+    let Value::Array(replies) = reply else {
+        panic!("expected an array, got {reply:?}")
+    };
+    assert_eq!(ints(&replies[0]).unwrap()[..2], [1, 4]);
+    match &replies[1] {
+        Value::ServerError(e) => assert!(
+            format!("{e:?}").contains("WRONGTYPE"),
+            "the op's own error: {e:?}"
+        ),
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+    assert_eq!(ints(&replies[2]).unwrap()[..2], [1, 3]);
+}
