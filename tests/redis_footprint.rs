@@ -1,5 +1,5 @@
-//! What one decision costs Redis, as the README reports it: one EVALSHA per bucket op (all of
-//! a request's ops in one pipeline: one round trip, no EVAL on a healthy Redis), and one small
+//! What one decision costs Redis, as docs/redis.md reports it: one script call per request (all
+//! of its ops in one batch call: one round trip, no EVAL on a healthy Redis), and one small
 //! hash per bucket with a TTL that ends when it no longer matters.
 
 mod common;
@@ -14,75 +14,81 @@ use tollgate::rules::{Algorithm, Rate, Unit};
 use tollgate::store::Store;
 use tollgate::telemetry::Metrics;
 
-/// EVALSHA calls per decision: one per bucket op, all of a request's ops in one pipeline,
-/// which is one round trip: the calls go through a proxy that counts the chunks carrying
-/// scripts that tollgate writes, and each request waits for its answer before the next is
-/// sent, so one chunk per request is one write per request (ops sent one by one: two).
+/// Script calls per request: all of a request's ops in one call (one batch script call for
+/// several, `store_batch_max_ops` > 1, the default; unbatched, one `EVALSHA` per op in one
+/// pipeline), which is one round trip: the calls go through a proxy that counts the chunks
+/// carrying scripts that tollgate writes, and each request waits for its answer before the
+/// next is sent, so one chunk per request is one write per request (ops sent one by one: two).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_evalsha_per_bucket_op_in_one_round_trip_per_request() {
-    let redis = TestRedis::start();
-    let proxy = Proxy::start(format!("127.0.0.1:{}", redis.port()).parse().unwrap()).await;
-    let metrics = Metrics::new();
-    let store = Store::connect(
-        tollgate::configs::store_config(&settings(&proxy.url(), 2_000)),
-        Clock::system(),
-        &metrics,
-    )
-    .await
-    .expect("store");
-    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
-    let chunks_before = proxy.script_chunks_sent();
-    let (requests, ops_per_request) = (100u64, 2u64);
-    for i in 0..requests {
-        let ops: Vec<Op> = (0..ops_per_request)
-            .map(|j| {
-                let k = key("stat:", &format!("k{}", (i + j) % 7));
-                // Both ops of a request on different scripts: every script was loaded at
-                // connect, so none needs an EVAL.
-                if j == 0 {
-                    tb(&k, 1_000, 1_000, HOUR, 1)
-                } else {
-                    sw(&format!("{k}sw"), 1_000, HOUR, 1)
-                }
-            })
-            .collect();
-        store.apply(&ops).await.expect("apply");
+async fn one_script_call_per_request_in_one_round_trip() {
+    for batched in [true, false] {
+        let redis = TestRedis::start();
+        let proxy = Proxy::start(format!("127.0.0.1:{}", redis.port()).parse().unwrap()).await;
+        let metrics = Metrics::new();
+        let s = tollgate::settings::Settings {
+            store_batch_max_ops: if batched { 64 } else { 1 },
+            ..settings(&proxy.url(), 2_000)
+        };
+        let store = Store::connect(
+            tollgate::configs::store_config(&s),
+            Clock::system(),
+            &metrics,
+        )
+        .await
+        .expect("store");
+        redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+        let chunks_before = proxy.script_chunks_sent();
+        let (requests, ops_per_request) = (100u64, 2u64);
+        for i in 0..requests {
+            let ops: Vec<Op> = (0..ops_per_request)
+                .map(|j| {
+                    let k = key("stat:", &format!("k{}", (i + j) % 7));
+                    // Both ops of a request on different scripts: every script was loaded at
+                    // connect, so none needs an EVAL.
+                    if j == 0 {
+                        tb(&k, 1_000, 1_000, HOUR, 1)
+                    } else {
+                        sw(&format!("{k}sw"), 1_000, HOUR, 1)
+                    }
+                })
+                .collect();
+            store.apply(&ops).await.expect("apply");
+        }
+        let round_trips = proxy.script_chunks_sent() - chunks_before;
+        let stats: String = redis.cmd(&["INFO", "commandstats"]);
+        let calls = |name: &str| -> u64 {
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        let evalsha = calls("evalsha");
+        eprintln!(
+            "batched {batched}: EVALSHA calls: {evalsha} for {requests} requests of {ops_per_request} ops = {:.2} per request; EVAL calls: {}; round trips: {round_trips}",
+            evalsha as f64 / requests as f64,
+            calls("eval"),
+        );
+        let per_request = if batched { 1 } else { ops_per_request };
+        assert_eq!(evalsha, requests * per_request, "batched {batched}");
+        assert_eq!(
+            round_trips, requests,
+            "one round trip (one write) per request"
+        );
+        assert_eq!(calls("eval"), 0, "no NOSCRIPT fallback on a healthy Redis");
+        let text = metrics.render();
+        assert!(
+            text.contains(&format!(
+                "tollgate_store_call_duration_seconds_count{{op=\"apply\"}} {requests}"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("tollgate_store_connections{state=\"connected\"} 4"),
+            "{text}"
+        );
     }
-    let round_trips = proxy.script_chunks_sent() - chunks_before;
-    let stats: String = redis.cmd(&["INFO", "commandstats"]);
-    let calls = |name: &str| -> u64 {
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
-    let evalsha = calls("evalsha");
-    eprintln!(
-        "EVALSHA calls: {evalsha} for {requests} requests of {ops_per_request} ops = {:.2} per decision (descriptor op), {:.2} per request; EVAL calls: {}",
-        evalsha as f64 / (requests * ops_per_request) as f64,
-        evalsha as f64 / requests as f64,
-        calls("eval"),
-    );
-    eprintln!("round trips: {round_trips} for {requests} requests");
-    assert_eq!(evalsha, requests * ops_per_request);
-    assert_eq!(
-        round_trips, requests,
-        "one round trip (one write) per request"
-    );
-    assert_eq!(calls("eval"), 0, "no NOSCRIPT fallback on a healthy Redis");
-    let text = metrics.render();
-    assert!(
-        text.contains(&format!(
-            "tollgate_store_call_duration_seconds_count{{op=\"apply\"}} {requests}"
-        )),
-        "{text}"
-    );
-    assert!(
-        text.contains("tollgate_store_connections{state=\"connected\"} 4"),
-        "{text}"
-    );
 }
 
 /// The size of one token bucket in Redis, with a ~40-byte key.

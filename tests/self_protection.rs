@@ -34,6 +34,9 @@ async fn past_max_concurrent_requests_a_request_is_refused_at_once() {
         .arg("key-prefix", &common::redis::unique_prefix("cap"))
         .arg("store-timeout-ms", "2000")
         .arg("max-concurrent-requests", "4")
+        // All four go on the wire at once (batching would queue two of them in tollgate, where
+        // they hold their slots all the same but the proxy cannot see them arrive).
+        .arg("store-batch-in-flight", "4")
         .start();
     let client = server.client().await;
     let ask = |tenant: &str| request("edge", &[&[("tenant", tenant)]]);
