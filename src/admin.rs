@@ -258,7 +258,7 @@ async fn json_decide(
             return (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response();
         }
     };
-    let parent = RemoteParent::from_headers(|name| headers.get(name)?.to_str().ok());
+    let parent = || RemoteParent::from_headers(|name| headers.get(name)?.to_str().ok());
     match s.handler.should_rate_limit(&req, parent).await {
         Ok(resp) => {
             let out = JsonResponse::from_proto(&resp);

@@ -37,11 +37,13 @@ pub struct Handler {
 
 impl Handler {
     /// Validates, decides and builds the response; records the request's metrics.
-    /// `parent` is the caller's span (from Envoy's trace headers), when it sent one.
+    /// `parent` reads the caller's span from Envoy's trace headers, when it sent one: called
+    /// only when the request span is exported (`otlp_endpoint`), so a request pays no header
+    /// look-ups for a trace nobody records.
     pub async fn should_rate_limit(
         &self,
         req: &RateLimitRequest,
-        parent: Option<RemoteParent>,
+        parent: impl FnOnce() -> Option<RemoteParent>,
     ) -> Result<RateLimitResponse, tonic::Status> {
         let started = Instant::now();
         let Ok(_admitted) = self.admission.try_acquire() else {
@@ -61,8 +63,8 @@ impl Handler {
             descriptors = req.descriptors.len(),
             result = tracing::field::Empty,
         );
-        if let Some(parent) = parent
-            && !span.is_disabled()
+        if !span.is_disabled()
+            && let Some(parent) = parent()
         {
             // Fails only when no OpenTelemetry layer is installed, i.e. the span is not exported.
             let _ = span.set_parent(parent.context());
@@ -79,15 +81,14 @@ impl Handler {
             .requests
             .get_or_create(&RequestLabels { code })
             .inc();
-        self.metrics
-            .request_duration
-            .observe(started.elapsed().as_secs_f64());
+        let took = started.elapsed();
+        self.metrics.request_duration.observe(took.as_secs_f64());
         let error = match code {
             "error" => Some(CallError::Redis),
             "invalid" => Some(CallError::Service),
             _ => None,
         };
-        self.metrics.statsd.call(started.elapsed(), error);
+        self.metrics.statsd.call(took, error);
         result
     }
 

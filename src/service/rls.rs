@@ -18,7 +18,7 @@ impl RateLimitService for Rls {
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let metadata = request.metadata();
-        let parent = RemoteParent::from_headers(|name| metadata.get(name)?.to_str().ok());
+        let parent = || RemoteParent::from_headers(|name| metadata.get(name)?.to_str().ok());
         self.0
             .should_rate_limit(request.get_ref(), parent)
             .await
