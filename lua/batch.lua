@@ -3,7 +3,7 @@
 -- (`src/store/redis/batch.rs`): one EVALSHA instead of one per op saves Redis the per-call
 -- work (parsing, the script's setup, the reply) and reads `TIME` once for all of them.
 --
--- This file is the dispatcher. Before it, `src/store/redis/batch_script.rs` defines
+-- This file is the dispatcher. Before it, `src/store/redis/lua.rs` defines
 -- `batch_time` (one `TIME`) and `SCRIPTS[n]`: each algorithm script of `lua/`, unchanged but for
 -- its `TIME` (it reads `batch_time`), wrapped as `function(KEYS, ARGV) … end`:
 --   1 token_bucket.lua, 2 fixed_window.lua, 3 sliding_window.lua, 4 sliding_log.lua,

@@ -44,6 +44,46 @@ pub fn bucket_key<'a>(
     index: usize,
     shard: Option<u32>,
 ) -> String {
+    let mut key = descriptor_part(prefix, domain, entries);
+    // The limit's part, `|<tag>:<window ms>:[ov]<rpu>[b<burst>][:<index>]`, with the digits
+    // written by hand: this runs for every descriptor of every request, and `write!`'s
+    // formatting machinery cost as much as the rest of the key.
+    key.push('|');
+    key.push_str(rate.algorithm.key_tag());
+    key.push(':');
+    push_u64(&mut key, rate.window_ms());
+    key.push(':');
+    if index == OVERRIDE_INDEX {
+        key.push_str("ov");
+        push_u64(&mut key, u64::from(rate.requests_per_unit));
+    } else {
+        push_u64(&mut key, u64::from(rate.requests_per_unit));
+        if let (_, _, rpu, Some(burst)) = rate.numbers()
+            && burst != u64::from(rpu)
+        {
+            key.push('b');
+            push_u64(&mut key, burst);
+        }
+        if index > 0 {
+            key.push(':');
+            push_u64(&mut key, index as u64);
+        }
+    }
+    if let Some(i) = shard {
+        key.push_str("|#");
+        push_u64(&mut key, u64::from(i));
+    }
+    key.push('}');
+    key
+}
+
+/// The key up to the limit's part: the prefix, the tag's opening brace, the domain and the
+/// escaped entries.
+fn descriptor_part<'a>(
+    prefix: &str,
+    domain: &str,
+    entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
     let mut key = String::with_capacity(prefix.len() + 64);
     key.push_str(prefix);
     key.push('{');
@@ -54,26 +94,23 @@ pub fn bucket_key<'a>(
         key.push('=');
         push_part(&mut key, v);
     }
-    // Writing to a String cannot fail.
-    let (tag, window) = (rate.algorithm.key_tag(), rate.window_ms());
-    if index == OVERRIDE_INDEX {
-        let _ = write!(key, "|{tag}:{window}:ov{}", rate.requests_per_unit);
-    } else {
-        let _ = write!(key, "|{tag}:{window}:{}", rate.requests_per_unit);
-        if let (_, _, rpu, Some(burst)) = rate.numbers()
-            && burst != u64::from(rpu)
-        {
-            let _ = write!(key, "b{burst}");
-        }
-        if index > 0 {
-            let _ = write!(key, ":{index}");
-        }
-    }
-    if let Some(i) = shard {
-        let _ = write!(key, "|#{i}");
-    }
-    key.push('}');
     key
+}
+
+/// Appends `n` in decimal, as `write!(out, "{n}")` does.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // ASCII digits are always valid UTF-8: the `unwrap_or` never applies.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 /// The key of shard `to` of the same bucket as the shard key `key` (one [`bucket_key`] built
@@ -101,6 +138,11 @@ fn needs_escape(b: u8) -> bool {
 
 /// Appends `part` escaped, or its hash when the escaped form would be too long.
 fn push_part(out: &mut String, part: &str) {
+    // The common case, nothing to escape and short enough: one pass, one copy.
+    if part.len() <= MAX_PART && !part.bytes().any(needs_escape) {
+        out.push_str(part);
+        return;
+    }
     let escaped_len: usize = part
         .bytes()
         .map(|b| if needs_escape(b) { 3 } else { 1 })
@@ -398,8 +440,95 @@ mod tests {
         )
     }
 
+    /// The key as `write!` spelled it before the digits were written by hand: a key is a
+    /// bucket's identity in Redis, so a new build must spell every key exactly as the old.
+    fn key_as_written(
+        domain: &str,
+        entries: &[(String, String)],
+        rate: &Rate,
+        index: usize,
+        shard: Option<u32>,
+    ) -> String {
+        let mut key = descriptor_part(
+            "tg:",
+            domain,
+            entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        let (tag, window) = (rate.algorithm.key_tag(), rate.window_ms());
+        if index == OVERRIDE_INDEX {
+            let _ = write!(key, "|{tag}:{window}:ov{}", rate.requests_per_unit);
+        } else {
+            let _ = write!(key, "|{tag}:{window}:{}", rate.requests_per_unit);
+            if let (_, _, rpu, Some(burst)) = rate.numbers()
+                && burst != u64::from(rpu)
+            {
+                let _ = write!(key, "b{burst}");
+            }
+            if index > 0 {
+                let _ = write!(key, ":{index}");
+            }
+        }
+        if let Some(i) = shard {
+            let _ = write!(key, "|#{i}");
+        }
+        key.push('}');
+        key
+    }
+
+    #[test]
+    fn digits_are_written_as_format_writes_them() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            1_000_000_007,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut out = String::from("x");
+            push_u64(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn property_keys_are_spelled_as_before(
+            (domain, entries) in (part(), entries()),
+            rpu in prop_oneof![Just(1u32), any::<u32>()],
+            burst in prop_oneof![Just(None), any::<u64>().prop_map(Some)],
+            multiplier in 1u32..100_000,
+            algorithm in prop::sample::select(vec![
+                Algorithm::TokenBucket,
+                Algorithm::FixedWindow,
+                Algorithm::SlidingWindow,
+                Algorithm::SlidingLog,
+            ]),
+            index in prop_oneof![Just(0usize), 1usize..20, Just(OVERRIDE_INDEX)],
+            shard in prop_oneof![Just(None), any::<u32>().prop_map(Some)],
+        ) {
+            let rate = Rate {
+                requests_per_unit: rpu,
+                unit: Unit::Hour,
+                unit_multiplier: multiplier,
+                burst: burst.unwrap_or(u64::from(rpu)),
+                algorithm,
+            };
+            let key = bucket_key(
+                "tg:",
+                &domain,
+                entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                &rate,
+                index,
+                shard,
+            );
+            prop_assert_eq!(key, key_as_written(&domain, &entries, &rate, index, shard));
+        }
 
         /// Two different descriptors: independent ones, and (what random pairs seldom hit)
         /// one spelled with the text of an escape where the other has the character.

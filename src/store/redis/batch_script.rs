@@ -1,57 +1,17 @@
-//! `lua/batch.lua`: several ops in one script call. The script is put together here from the
-//! algorithm scripts of `lua/`, unchanged but for their `TIME` (read once per batch), so a
-//! batched op runs exactly the code it runs alone (`tests/lua_batch.rs` holds a batch to the
-//! same answers and state as the ops one by one). Sent by [`eval_batch`] as one `EVALSHA`
+//! `lua/batch.lua`: several ops in one script call. The script (`lua.rs`: the algorithm scripts
+//! of `lua/`, unchanged but for their `TIME`, read once per batch) runs each op exactly as it
+//! runs alone (`tests/lua_batch.rs` holds a batch to the same answers and state as the ops one
+//! by one). Sent by [`eval_batch`] as one `EVALSHA`
 //! (one `EVAL` retry on `NOSCRIPT`), followed by the `WAIT` when there is one; its reply is one
 //! reply per op, each parsed as its own script's.
-
-use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
 use redis::{ServerErrorKind, Value};
 
 use super::errors::CallError;
-use super::scripts::{
-    FIXED_WINDOW_LUA, LEASE_LUA, OpResults, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, ScriptCall,
-    Scripts, TOKEN_BUCKET_LUA, parse_outcome,
-};
+use super::lua::BATCH_LUA;
+use super::scripts::{OpResults, ScriptCall, Scripts, parse_outcome};
 use crate::quota::Op;
-
-/// The dispatcher, `lua/batch.lua`.
-const DISPATCH_LUA: &str = include_str!("../../../lua/batch.lua");
-
-/// The scripts a batch can run, by their number in `ARGV` (1-based, as `lua/batch.lua` says).
-pub const BATCHED_LUA: [&str; 5] = [
-    TOKEN_BUCKET_LUA,
-    FIXED_WINDOW_LUA,
-    SLIDING_WINDOW_LUA,
-    SLIDING_LOG_LUA,
-    LEASE_LUA,
-];
-
-/// What every algorithm script reads the clock with, once.
-const TIME: &str = "redis.call('TIME')";
-
-/// The batch script as sent: [`batch_lua`] of the scripts of `lua/` on Redis `TIME`.
-pub static BATCH_LUA: LazyLock<String> = LazyLock::new(|| batch_lua(BATCHED_LUA, TIME));
-
-/// The batch script of `scripts` (in [`BATCHED_LUA`]'s order): `batch_time` = `time` (a Lua
-/// expression giving `{seconds, microseconds}`, as `TIME` does), each script wrapped as
-/// `SCRIPTS[n] = function(KEYS, ARGV) … end` with its `redis.call('TIME')` reading
-/// `batch_time`, then the dispatcher. Public so the tests can build it on a test clock.
-pub fn batch_lua(scripts: [&str; 5], time: &str) -> String {
-    let mut lua = String::with_capacity(scripts.iter().map(|s| s.len() + 64).sum::<usize>() + 2048);
-    lua.push_str("local batch_time = ");
-    lua.push_str(time);
-    lua.push_str("\nlocal SCRIPTS = {}\n");
-    for (i, script) in scripts.iter().enumerate() {
-        lua.push_str(&format!("SCRIPTS[{}] = function(KEYS, ARGV)\n", i + 1));
-        lua.push_str(&script.replace(TIME, "batch_time"));
-        lua.push_str("\nend\n");
-    }
-    lua.push_str(DISPATCH_LUA);
-    lua
-}
 
 /// An op's script number in the batch and its `ARGV`.
 fn numbered(call: &ScriptCall) -> u64 {
@@ -145,6 +105,7 @@ async fn send<C: ConnectionLike>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::lua::{BATCHED_LUA, DISPATCH_LUA, TIME};
     use super::*;
 
     #[test]

@@ -50,12 +50,13 @@
 //!   pool, the breakers and the metrics.
 //! - [`call`]: one node's call (its pipelines) and when it gives up.
 //! - [`batch`]: decisions that wait for a busy node and go together as one call;
-//!   [`batch_script`]: that call's script (`lua/batch.lua` around the algorithm scripts).
+//!   [`batch_script`]: that call (its script is made in [`lua`]).
 //! - [`connect`]: the URL → standalone, cluster or Sentinel client ([`client`], [`sentinel`]);
 //!   one live connection (`Conn`).
 //! - [`pool`]: the long-lived connections, and the keeper task that makes, checks and replaces
 //!   them (`pool/keeper.rs`).
-//! - [`scripts`]: the Lua sources, `EVALSHA` with the `NOSCRIPT` retry, reply parsing.
+//! - [`lua`]: the Lua sources, and the batch script made of them.
+//! - [`scripts`]: `EVALSHA` with the `NOSCRIPT` retry, reply parsing.
 //! - [`errors`]: Redis errors → [`StoreErrorKind`].
 //! - [`outage`]: one log line per outage state change, not per failed request.
 //! - [`probe`]: an open breaker's probe (a real script call on the node); the breakers
@@ -74,6 +75,7 @@ mod config;
 mod connect;
 mod errors;
 mod eviction;
+mod lua;
 mod outage;
 mod pool;
 mod probe;
@@ -82,11 +84,12 @@ mod sentinel;
 mod slots;
 mod version;
 
-pub use batch_script::{BATCH_LUA, BATCHED_LUA, batch_lua};
 pub use config::RedisConfig;
-pub use scripts::{
-    FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA,
+pub use lua::{
+    BATCH_LUA, BATCHED_LUA, FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA,
+    TOKEN_BUCKET_LUA, batch_lua,
 };
+pub use scripts::ScriptCall;
 pub use slots::slot_of;
 
 use std::sync::{Arc, Weak};

@@ -22,23 +22,14 @@
 use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind, Value};
 
-use super::batch_script::BATCH_LUA;
 use super::errors::CallError;
+use super::lua::{
+    BATCH_LUA, FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
+};
 use super::outage::OutageLog;
 use crate::quota::bucket;
 use crate::quota::{Action, Op, OpKind, Outcome};
 use crate::store::{StoreError, StoreErrorKind};
-
-/// `lua/token_bucket.lua`, compiled into the binary.
-pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
-/// `lua/fixed_window.lua`, compiled into the binary.
-pub const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
-/// `lua/sliding_window.lua`, compiled into the binary.
-pub const SLIDING_WINDOW_LUA: &str = include_str!("../../../lua/sliding_window.lua");
-/// `lua/sliding_log.lua`, compiled into the binary.
-pub const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_log.lua");
-/// `lua/lease.lua`, compiled into the binary.
-pub const LEASE_LUA: &str = include_str!("../../../lua/lease.lua");
 
 /// Which script an op runs and its `ARGV`, exactly as sent (see the scripts' headers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,7 +183,7 @@ pub(super) struct Scripts {
     sliding_window: String,
     sliding_log: String,
     lease: String,
-    /// `lua/batch.lua` with the scripts above (`batch_script.rs`).
+    /// `lua/batch.lua` around the scripts above (`lua.rs`).
     batch: String,
     wait: Option<Wait>,
 }

@@ -1,0 +1,53 @@
+//! The Lua sources the Redis store runs, compiled into the binary: one script per algorithm
+//! (`lua/`, each opening with its KEYS, ARGV and reply), and the batch script put together from
+//! them (`lua/batch.lua` around each algorithm script wrapped as a function, its `TIME` read once
+//! per batch). `scripts.rs` sends one script per op, `batch_script.rs` the batch.
+
+use std::sync::LazyLock;
+
+/// `lua/token_bucket.lua`, compiled into the binary.
+pub const TOKEN_BUCKET_LUA: &str = include_str!("../../../lua/token_bucket.lua");
+/// `lua/fixed_window.lua`, compiled into the binary.
+pub const FIXED_WINDOW_LUA: &str = include_str!("../../../lua/fixed_window.lua");
+/// `lua/sliding_window.lua`, compiled into the binary.
+pub const SLIDING_WINDOW_LUA: &str = include_str!("../../../lua/sliding_window.lua");
+/// `lua/sliding_log.lua`, compiled into the binary.
+pub const SLIDING_LOG_LUA: &str = include_str!("../../../lua/sliding_log.lua");
+/// `lua/lease.lua`, compiled into the binary.
+pub const LEASE_LUA: &str = include_str!("../../../lua/lease.lua");
+
+/// The dispatcher, `lua/batch.lua`.
+pub(super) const DISPATCH_LUA: &str = include_str!("../../../lua/batch.lua");
+
+/// The scripts a batch can run, by their number in `ARGV` (1-based, as `lua/batch.lua` says).
+pub const BATCHED_LUA: [&str; 5] = [
+    TOKEN_BUCKET_LUA,
+    FIXED_WINDOW_LUA,
+    SLIDING_WINDOW_LUA,
+    SLIDING_LOG_LUA,
+    LEASE_LUA,
+];
+
+/// What every algorithm script reads the clock with, once.
+pub(super) const TIME: &str = "redis.call('TIME')";
+
+/// The batch script as sent: [`batch_lua`] of the scripts of `lua/` on Redis `TIME`.
+pub static BATCH_LUA: LazyLock<String> = LazyLock::new(|| batch_lua(BATCHED_LUA, TIME));
+
+/// The batch script of `scripts` (in [`BATCHED_LUA`]'s order): `batch_time` = `time` (a Lua
+/// expression giving `{seconds, microseconds}`, as `TIME` does), each script wrapped as
+/// `SCRIPTS[n] = function(KEYS, ARGV) … end` with its `redis.call('TIME')` reading
+/// `batch_time`, then the dispatcher. Public so the tests can build it on a test clock.
+pub fn batch_lua(scripts: [&str; 5], time: &str) -> String {
+    let mut lua = String::with_capacity(scripts.iter().map(|s| s.len() + 64).sum::<usize>() + 2048);
+    lua.push_str("local batch_time = ");
+    lua.push_str(time);
+    lua.push_str("\nlocal SCRIPTS = {}\n");
+    for (i, script) in scripts.iter().enumerate() {
+        lua.push_str(&format!("SCRIPTS[{}] = function(KEYS, ARGV)\n", i + 1));
+        lua.push_str(&script.replace(TIME, "batch_time"));
+        lua.push_str("\nend\n");
+    }
+    lua.push_str(DISPATCH_LUA);
+    lua
+}
