@@ -88,15 +88,6 @@ start_tollgate leased "redis://127.0.0.1:$RP" --lease-max-batch 500 --key-prefix
 start_tollgate replicated "redis://127.0.0.1:$WP"; REPL=$GRPC; REPL_PID=$PID
 start_tollgate wait "redis://127.0.0.1:$WP" --store-wait-replicas 1 --store-wait-timeout-ms 50 --key-prefix wait:; WAIT=$GRPC; WAIT_PID=$PID
 
-script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
-  local total=0 n
-  for p in "$@"; do
-    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s += $3} END {print s+0}')
-    total=$((total + n))
-  done
-  echo "$total"
-}
-
 RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
 run() { # label target server-pid keys descriptor-key redis-ports…

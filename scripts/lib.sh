@@ -1,6 +1,7 @@
-# Helpers shared by bench.sh, soak.sh, compare.sh and compare_instructions.sh (sourced, not run). The caller sets NAME (for
-# messages), TMP (a scratch directory) and PIDS=() (the processes it starts) before sourcing,
-# then `trap cleanup EXIT INT TERM`.
+# Helpers shared by bench.sh, store_cost.sh, path_instructions.sh, soak.sh, compare.sh and
+# compare_instructions.sh (sourced, not run). The caller sets NAME (for messages), TMP (a
+# scratch directory) and PIDS=() (the processes it starts) before sourcing, then
+# `trap cleanup EXIT INT TERM`.
 
 # Stops every process in PIDS and removes TMP.
 cleanup() {
@@ -54,6 +55,13 @@ start_cluster() {
 start_compare_stores() {
   RP=$(free_port); start_redis "$RP"
   start_cluster
+  write_admit_all_rules
+  STORES=(memory "redis://127.0.0.1:$RP" "$CLUSTER_URL")
+}
+
+# TMP/rules/bench.yaml: domain `bench`, key `tenant`, one limit high enough that every request
+# is a decision that admits (and writes its bucket).
+write_admit_all_rules() {
   mkdir -p "$TMP/rules"
   cat > "$TMP/rules/bench.yaml" <<'YAML'
 domain: bench
@@ -61,5 +69,14 @@ descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 YAML
-  STORES=(memory "redis://127.0.0.1:$RP" "$CLUSTER_URL")
+}
+
+# EVALSHA + EVAL calls so far (INFO commandstats), summed over the Redis servers on the ports.
+script_calls() { # ports…
+  local total=0 n
+  for p in "$@"; do
+    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s += $3} END {print s+0}')
+    total=$((total + n))
+  done
+  echo "$total"
 }

@@ -18,13 +18,7 @@ NAME=path_instructions
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 trap cleanup EXIT INT TERM
-mkdir -p "$TMP/rules"
-cat > "$TMP/rules/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-YAML
+write_admit_all_rules
 
 measure() { # label port server-args…
   local label=$1 port=$2 vp; shift 2

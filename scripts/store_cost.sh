@@ -26,14 +26,7 @@ trap cleanup EXIT INT TERM
 
 RP=$(free_port); start_redis "$RP"; REDIS_PID=${PIDS[-1]}
 start_cluster; CLUSTER_PIDS=("${PIDS[@]: -3}")
-mkdir -p "$TMP/rules"
-cat > "$TMP/rules/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  # High enough that every request is a decision that admits (and writes its bucket).
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000000}
-YAML
+write_admit_all_rules
 
 start_tollgate() { # name store [extra flags…]; sets GRPC and PID
   local name=$1 store=$2 admin; shift 2; GRPC=$(free_port); admin=$(free_port)
@@ -50,15 +43,6 @@ start_tollgate memory memory; MEM=$GRPC; MEM_PID=$PID
 start_tollgate batched "redis://127.0.0.1:$RP" --key-prefix batched:; BAT=$GRPC; BAT_PID=$PID
 start_tollgate unbatched "redis://127.0.0.1:$RP" --key-prefix unbatched: --store-batch-max-ops 1; UNB=$GRPC; UNB_PID=$PID
 start_tollgate cluster "$CLUSTER_URL"; CLU=$GRPC; CLU_PID=$PID
-
-script_calls() { # ports… → EVALSHA+EVAL calls summed over the nodes
-  local total=0 n
-  for p in "$@"; do
-    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s += $3} END {print s+0}')
-    total=$((total + n))
-  done
-  echo "$total"
-}
 
 RESULTS="$TMP/cost.jsonl"
 : > "$RESULTS"
