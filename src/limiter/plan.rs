@@ -128,8 +128,11 @@ pub(super) fn plan(
         .collect();
 
     // 3. One op per counted limit.
-    let mut planned: Vec<Planned> = Vec::new();
-    let mut ops: Vec<Op> = Vec::new();
+    // Sized to the limits at once: a request's plan lives as long as its store call, and a
+    // first push would reserve room for four.
+    let counted = limits.iter().flatten().filter(|l| l.rate.is_some()).count();
+    let mut planned: Vec<Planned> = Vec::with_capacity(counted);
+    let mut ops: Vec<Op> = Vec::with_capacity(counted);
     for (i, ((desc, m), desc_limits)) in req
         .descriptors
         .iter()

@@ -72,9 +72,10 @@ impl Sim<'_> {
         // The ideal: one exact bucket per limit, now. A descriptor is admitted when all its
         // limits are (every one is charged, as the fleet charges them), and each of its
         // buckets counts the descriptor's answer, as the fleet's side counts its status.
-        let mut buckets = Vec::new();
+        let ideal = self.ideal.ideal_ops(&self.rules, &request);
+        // Held by the decision until it ends (sized once: a first push would reserve four).
+        let mut buckets = Vec::with_capacity(ideal.len());
         {
-            let ideal = self.ideal.ideal_ops(&self.rules, &request);
             let allowed: Vec<bool> = ideal
                 .iter()
                 .map(|(_, _, op)| self.ideal_store.apply(op).allowed)

@@ -229,7 +229,9 @@ impl Store {
                     ops = ops.len(),
                     failed = tracing::field::Empty,
                 );
-                let results = r.apply_each(ops).instrument(span.clone()).await;
+                // Boxed: a Redis call's state is large, and inline it would be part of every
+                // request's future whatever its store (each waiting request holds one).
+                let results = Box::pin(r.apply_each(ops).instrument(span.clone())).await;
                 if !span.is_disabled() {
                     span.record("failed", results.iter().filter(|r| r.is_err()).count());
                 }

@@ -163,19 +163,21 @@ impl HotKeys {
 
         // Ops that waited for another request's claim of their key: once it settles (or the
         // wait runs out), look again; a lease still short becomes this op's own claim.
+        // The later rounds and the wait are boxed: they are rare, and inline their state would
+        // be part of every request's future (each request waiting on the store holds one).
         if work.iter().any(|w| matches!(w.state, State::Wait(..))) {
             let bound = Duration::from_millis(self.config.claim_wait_ms);
             for w in &mut work {
                 if matches!(w.state, State::Wait(..))
                     && let State::Wait(op, wait) = std::mem::replace(&mut w.state, State::Taken)
                 {
-                    let _ = self.clock.timeout(bound, wait).await;
+                    let _ = Box::pin(self.clock.timeout(bound, wait)).await;
                     w.state = State::Send(op);
                     let now = self.clock.mono_ms();
                     self.look(w, share, now, false);
                 }
             }
-            self.round(store, &plan.ops, &mut work).await;
+            Box::pin(self.round(store, &plan.ops, &mut work)).await;
         }
 
         // A sharded op refused by its shard tries one other shard.
@@ -191,7 +193,7 @@ impl HotKeys {
                 }
             }
             if again {
-                self.round(store, &plan.ops, &mut work).await;
+                Box::pin(self.round(store, &plan.ops, &mut work)).await;
             }
         }
 

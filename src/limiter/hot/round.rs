@@ -22,8 +22,9 @@ impl HotKeys {
     ) {
         let as_planned = work.len() == planned_ops.len()
             && work.iter().all(|w| matches!(w.state, State::Planned));
-        let mut pending: Vec<(usize, Pending)> = Vec::new();
-        let mut ops: Vec<Op> = Vec::new();
+        // Sized once (a first push would reserve four): both live as long as the store call.
+        let mut pending: Vec<(usize, Pending)> = Vec::with_capacity(work.len());
+        let mut ops: Vec<Op> = Vec::with_capacity(if as_planned { 0 } else { work.len() });
         if as_planned {
             pending.extend((0..work.len()).map(|i| (i, Pending::Op)));
         } else {

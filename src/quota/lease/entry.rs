@@ -6,8 +6,8 @@ use super::{Claim, Lease, LeasePolicy};
 use crate::quota::{Op, OpKind, Outcome};
 
 impl Lease {
-    /// An empty lease for `op`'s bucket: its first take claims.
-    pub(super) fn new(op: &Op, class: &Arc<str>, now_ms: u64) -> Self {
+    /// An empty lease of bucket `id` for `op`: its first take claims.
+    pub(super) fn new(id: &str, op: &Op, class: &Arc<str>, now_ms: u64) -> Self {
         Lease {
             tokens: 0,
             expires_ms: 0,
@@ -15,9 +15,10 @@ impl Lease {
             claimed_ms: now_ms,
             spent_since_claim: 0,
             last_batch: 0,
+            ttl_ms: 0,
             window_end_ms: 0,
             claiming: None,
-            claim_key: op.key.clone(),
+            claim_key: (op.key != id).then(|| op.key.clone()),
             kind: op.kind,
             class: class.clone(),
         }
@@ -31,15 +32,37 @@ impl Lease {
             // The key's first claim: no rate known yet, take only the cost.
             return 0;
         }
-        let elapsed = now_ms.saturating_sub(self.claimed_ms).max(1);
-        let per_half_ttl = self.spent_since_claim.saturating_mul(policy.ttl_ms) / (2 * elapsed);
-        per_half_ttl.min(policy.max_batch.max(1))
+        self.per_half_ttl(policy.ttl_ms, now_ms)
+            .min(policy.max_batch.max(1))
     }
 
-    /// The op that gives `tokens` back to where the last claim took them from.
-    pub(super) fn give_back(&self, tokens: u64) -> Op {
+    /// The tokens spent since the last claim, scaled to half a TTL of `ttl_ms`.
+    fn per_half_ttl(&self, ttl_ms: u64, now_ms: u64) -> u64 {
+        let elapsed = now_ms.saturating_sub(self.claimed_ms).max(1);
+        self.spent_since_claim.saturating_mul(ttl_ms) / (2 * elapsed)
+    }
+
+    /// Whether the rate measured since the last claim still makes a batch now (and so at
+    /// every earlier moment: it only falls as time passes); a lease that has claimed once
+    /// and whose rate no longer does claims exactly as a new one would.
+    pub(super) fn makes_a_batch(&self, now_ms: u64) -> bool {
+        self.expires_ms != 0 && self.per_half_ttl(self.ttl_ms, now_ms) > 0
+    }
+
+    /// Notes where a claim of lease `id` went: `key`, which is `id` itself unless the limit
+    /// is sharded.
+    pub(super) fn set_claim_key(&mut self, id: &str, key: &str) {
+        match &mut self.claim_key {
+            _ if key == id => self.claim_key = None,
+            Some(k) => key.clone_into(k),
+            None => self.claim_key = Some(key.to_string()),
+        }
+    }
+
+    /// The op that gives `tokens` of lease `id` back to where its last claim took them from.
+    pub(super) fn give_back(&self, id: &str, tokens: u64) -> Op {
         Op {
-            key: self.claim_key.clone(),
+            key: self.claim_key.clone().unwrap_or_else(|| id.to_string()),
             kind: self.kind,
             cost: tokens,
             action: crate::quota::ops::Action::Return,

@@ -110,13 +110,17 @@ struct Lease {
     spent_since_claim: u64,
     /// What the last claim added to the lease: a quarter of it left triggers a claim ahead.
     last_batch: u64,
+    /// The lease TTL the last granted claim was made under: how long the rate measured since
+    /// the last single-flight claim can still make a batch (see [`Leases::sweep`]).
+    ttl_ms: u64,
     /// A fixed window's end as of the last claim (monotonic ms).
     window_end_ms: u64,
     /// Set while a claim for this key is in flight; waiters are woken when it settles.
     claiming: Option<Arc<Notify>>,
-    /// Where the last claim went (a shard key for a sharded limit), its kind and class: what a
-    /// give-back needs.
-    claim_key: String,
+    /// Where the last claim went when that is not the lease's own key (a shard's key, for a
+    /// sharded limit; `None` keeps a second copy of every key out of the table), its kind and
+    /// class: what a give-back needs.
+    claim_key: Option<String>,
     kind: OpKind,
     class: Arc<str>,
 }
@@ -181,7 +185,7 @@ impl Leases {
 
     /// Queues what an ended lease held: a give-back, or (a fixed window near or past its end)
     /// nothing to give back, reported as expired.
-    fn end(&self, lease: &mut Lease, now_ms: u64, events: &mut TokenEvents) {
+    fn end(&self, id: &str, lease: &mut Lease, now_ms: u64, events: &mut TokenEvents) {
         let tokens = std::mem::take(&mut lease.tokens);
         if tokens == 0 {
             return;
@@ -197,7 +201,7 @@ impl Leases {
             events.expired += tokens;
             return;
         }
-        returns.push((lease.give_back(tokens), lease.class.clone()));
+        returns.push((lease.give_back(id, tokens), lease.class.clone()));
     }
 
     /// The give-backs queued since the last call, for the caller to send.
@@ -235,14 +239,14 @@ impl Leases {
                     return (Take::Unleased, events);
                 }
             }
-            shard.insert(id.to_string(), Lease::new(op, class, now_ms));
+            shard.insert(id.to_string(), Lease::new(id, op, class, now_ms));
         }
         let Some(lease) = shard.get_mut(id) else {
             // Inserted just above, under the same lock.
             unreachable!("lease {id} vanished under its lock")
         };
         if lease.tokens > 0 && now_ms >= lease.expires_ms {
-            self.end(lease, now_ms, &mut events);
+            self.end(id, lease, now_ms, &mut events);
         }
         if lease.tokens >= op.cost {
             lease.tokens -= op.cost;
@@ -348,7 +352,7 @@ impl Leases {
                         _ => false,
                     };
                 if lease.tokens > 0 && expired {
-                    self.end(lease, now_ms, &mut events);
+                    self.end(&claim.id, lease, now_ms, &mut events);
                 }
                 lease.tokens += extra;
                 // A fixed window's tokens end with their window.
@@ -357,10 +361,11 @@ impl Leases {
                     _ => policy.ttl_ms,
                 };
                 lease.expires_ms = now_ms + ttl;
+                lease.ttl_ms = policy.ttl_ms;
                 lease.window_end_ms = now_ms + answer.reset_ms;
                 lease.shared_remaining = answer.remaining;
                 lease.kind = op.kind;
-                lease.claim_key.clone_from(&op.key);
+                lease.set_claim_key(&claim.id, &op.key);
                 // The key's rate is measured between single-flight claims only: a waiter's
                 // own claim (no batch) must not reset it.
                 if claim.notify.is_some() {
@@ -390,31 +395,35 @@ impl Leases {
         let mut events = TokenEvents::default();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-            for lease in shard.values_mut() {
-                self.end(lease, now_ms, &mut events);
+            for (id, lease) in shard.iter_mut() {
+                self.end(id, lease, now_ms, &mut events);
             }
         }
         self.give_backs()
     }
 
     /// Ends expired leases (their tokens queued for a give-back) and drops leases that are
-    /// spent and idle, with no claim in flight; returns the unspent tokens that ended without
-    /// a give-back, by class, for the metrics.
+    /// spent and idle, with no claim in flight, once their rate history no longer makes a
+    /// batch (a new lease's first claim asks for none either, so dropping one changes no
+    /// decision; at most 10 s after its last claim); returns the unspent tokens that ended
+    /// without a give-back, by class, for the metrics. A key seen less than about twice per
+    /// TTL so leaves the table about one TTL after its claim: a fleet's long tail of keys
+    /// costs a replica the keys of one TTL, not of ten seconds.
     pub fn sweep(&self, now_ms: u64) -> Vec<(Arc<str>, u64)> {
         let mut expired = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-            shard.retain(|_, lease| {
+            shard.retain(|id, lease| {
                 if now_ms < lease.expires_ms || lease.claiming.is_some() {
                     return true;
                 }
                 let mut events = TokenEvents::default();
-                self.end(lease, now_ms, &mut events);
+                self.end(id, lease, now_ms, &mut events);
                 if events.expired > 0 {
                     expired.push((lease.class.clone(), events.expired));
                 }
-                // Keep a recently used key's rate history a little longer than its lease.
-                now_ms < lease.claimed_ms.saturating_add(10_000)
+                // Keep a recently used key's rate history while it still makes a batch.
+                now_ms < lease.claimed_ms.saturating_add(10_000) && lease.makes_a_batch(now_ms)
             });
         }
         expired
@@ -494,6 +503,38 @@ mod tests {
         l.settle(c, &op(1), &granted(1, 10), POLICY, 900);
         let c = claim(l.take("slow", &op(1), &class, POLICY, 1, 1_300, true));
         assert_eq!(c.ask.want, 2);
+    }
+
+    #[test]
+    fn the_sweep_drops_a_lease_whose_rate_makes_no_batch_which_then_claims_as_before() {
+        let l = Leases::new(1_000);
+        let class: Arc<str> = "c".into();
+        let held = |key: &str| l.shard(key).contains_key(key);
+        // A slow key: 1 token claimed at 0 and spent. 1 token per 1,000 ms is no batch.
+        let c = claim(l.take("slow", &op(1), &class, POLICY, 1, 0, true));
+        l.settle(c, &op(1), &granted(1, 10), POLICY, 0);
+        assert!(l.sweep(400).is_empty() && held("slow"), "its lease is live");
+        let c = claim(l.take("slow", &op(1), &class, POLICY, 1, 1_000, true));
+        assert_eq!(c.ask.want, 1, "held, it would claim only its cost");
+        drop(c);
+        l.sweep(1_000);
+        assert!(!held("slow"), "dropped once its rate makes no batch");
+        let c = claim(l.take("slow", &op(1), &class, POLICY, 1, 1_000, true));
+        assert_eq!(c.ask.want, 1, "new, it claims the same");
+        drop(c);
+        // A busy key: 51 tokens since its claim at 2 ms keep making a batch for 25 s, but
+        // its history is kept at most 10 s.
+        let c = claim(l.take("busy", &op(1), &class, POLICY, 1, 0, true));
+        l.settle(c, &op(1), &granted(1, 999), POLICY, 0);
+        let c = claim(l.take("busy", &op(1), &class, POLICY, 1, 2, true));
+        l.settle(c, &op(1), &granted(51, 948), POLICY, 2);
+        for now in 3..53 {
+            let _ = l.take("busy", &op(1), &class, POLICY, 1, now, true);
+        }
+        l.sweep(5_000);
+        assert!(held("busy"), "5 s after its claim it still makes a batch");
+        l.sweep(10_002);
+        assert!(!held("busy"), "10 s after its claim");
     }
 
     #[test]
