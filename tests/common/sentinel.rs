@@ -70,45 +70,13 @@ impl TestSentinels {
         });
         assert!(synced.is_some(), "the replica never synced");
         let dir = temp_dir("sentinel");
-        let mut sentinels = Vec::new();
-        for i in 0..3 {
-            let port = free_port();
-            let conf = dir.path().join(format!("sentinel-{i}.conf"));
-            let (monitored, tls_port, tls_conf) = match certs {
-                None => (primary.port(), None, String::new()),
-                Some(certs) => {
-                    let tls_port = free_port();
-                    (
-                        primary.tls_port(),
-                        Some(tls_port),
-                        format!(
-                            "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes\n",
-                            certs.file("server.crt"),
-                            certs.file("server.key"),
-                            certs.file("ca.crt")
-                        ),
-                    )
-                }
-            };
-            std::fs::write(
-                &conf,
-                format!(
-                    "port {port}\nbind 127.0.0.1\n{tls_conf}sentinel monitor {MASTER} 127.0.0.1 {monitored} 2\nsentinel down-after-milliseconds {MASTER} 1000\nsentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n",
-                ),
-            )
-            .expect("write sentinel config");
-            let child = Command::new("redis-server")
-                .arg(&conf)
-                .arg("--sentinel")
-                .arg("--logfile")
-                .arg(dir.path().join(format!("sentinel-{i}.log")))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start redis-server --sentinel");
-            sentinels.push((port, tls_port, child));
-        }
+        let monitored = match certs {
+            None => primary.port(),
+            Some(_) => primary.tls_port(),
+        };
+        let sentinels = (0..3)
+            .map(|i| spawn_sentinel(&dir, i, certs, monitored))
+            .collect();
         let set = TestSentinels {
             primary,
             replica,
@@ -127,7 +95,14 @@ impl TestSentinels {
                     command(port, &["SENTINEL", "SENTINELS", MASTER]).ok()?;
                 (!replicas.is_empty() && others.len() == 2).then_some(())
             });
-            assert!(ready.is_some(), "sentinel {port} never saw its peers");
+            assert!(
+                ready.is_some(),
+                "sentinel {port} never saw its peers; the Sentinels' logs:\n{}",
+                (0..3)
+                    .map(|i| log_tail(&set._dir, i))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
         }
         set
     }
@@ -186,6 +161,72 @@ impl TestSentinels {
         });
         assert!(done.is_some(), "the former primary was never demoted");
     }
+}
+
+/// Starts Sentinel `i` monitoring the primary at `monitored` and waits until it answers on
+/// its port. Its ports are picked free before it binds them, so a test running beside it may
+/// take one first: a Sentinel that exits or never answers is started again on new ports.
+fn spawn_sentinel(
+    dir: &tempfile::TempDir,
+    i: usize,
+    certs: Option<&TestCerts>,
+    monitored: u16,
+) -> (u16, Option<u16>, Child) {
+    for _ in 0..5 {
+        let port = free_port();
+        let tls_port = certs.map(|_| free_port());
+        let tls_conf = match (certs, tls_port) {
+            (Some(certs), Some(tls_port)) => format!(
+                "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes\n",
+                certs.file("server.crt"),
+                certs.file("server.key"),
+                certs.file("ca.crt")
+            ),
+            _ => String::new(),
+        };
+        let conf = dir.path().join(format!("sentinel-{i}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\n{tls_conf}sentinel monitor {MASTER} 127.0.0.1 {monitored} 2\nsentinel down-after-milliseconds {MASTER} 1000\nsentinel failover-timeout {MASTER} 5000\nsentinel parallel-syncs {MASTER} 1\n",
+            ),
+        )
+        .expect("write sentinel config");
+        let mut child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .arg("--logfile")
+            .arg(dir.path().join(format!("sentinel-{i}.log")))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let up = poll(Duration::from_secs(5), || {
+            let pong: String = command(port, &["PING"]).ok()?;
+            (pong == "PONG").then_some(())
+        });
+        if up.is_some() {
+            return (port, tls_port, child);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!(
+        "sentinel {i} never answered on five pairs of ports:\n{}",
+        log_tail(dir, i)
+    );
+}
+
+/// The last lines of Sentinel `i`'s log, for a failure's message.
+fn log_tail(dir: &tempfile::TempDir, i: usize) -> String {
+    let log = std::fs::read_to_string(dir.path().join(format!("sentinel-{i}.log")))
+        .unwrap_or_else(|e| format!("(no log: {e})"));
+    let lines: Vec<&str> = log.lines().collect();
+    format!(
+        "sentinel-{i}.log:\n{}",
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    )
 }
 
 impl Drop for TestSentinels {
