@@ -229,7 +229,7 @@ impl Store {
                     ops = ops.len(),
                     failed = tracing::field::Empty,
                 );
-                // Boxed: a Redis call's state is large, and inline it would be part of every
+                // Boxed: a Redis call's state is large, and inline, it would be part of every
                 // request's future whatever its store (each waiting request holds one).
                 let results = Box::pin(r.apply_each(ops).instrument(span.clone())).await;
                 if !span.is_disabled() {

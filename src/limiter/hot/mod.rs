@@ -163,7 +163,7 @@ impl HotKeys {
 
         // Ops that waited for another request's claim of their key: once it settles (or the
         // wait runs out), look again; a lease still short becomes this op's own claim.
-        // The later rounds and the wait are boxed: they are rare, and inline their state would
+        // The later rounds and the wait are boxed: they are rare, and inline, their state would
         // be part of every request's future (each request waiting on the store holds one).
         if work.iter().any(|w| matches!(w.state, State::Wait(..))) {
             let bound = Duration::from_millis(self.config.claim_wait_ms);

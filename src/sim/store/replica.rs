@@ -335,6 +335,22 @@ fn waits_on_silence(wait: &Wait, breakers: &Breakers, node: &Arc<str>, next: u64
     next < wait.hard() && next == wait.silent_until(breakers, node)
 }
 
+/// One call's reply as the answers of its `n` ops: each op's outcome, or the call's error
+/// for every op.
+fn per_op(reply: Result<Reply, StoreError>, n: usize) -> Vec<Result<Outcome, StoreError>> {
+    match reply {
+        Ok(Reply::Ops(outcomes)) if outcomes.len() == n => outcomes.into_iter().map(Ok).collect(),
+        Ok(_) => vec![
+            Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                "simulated reply of the wrong shape",
+            ));
+            n
+        ],
+        Err(e) => vec![Err(e); n],
+    }
+}
+
 /// How long from now until `at_us` on `clock` (zero if past).
 fn until(clock: &Clock, at_us: f64) -> Duration {
     let now = clock.mono_us() as f64;
@@ -352,21 +368,7 @@ impl Backend for ReplicaStore {
                     .all(|op| self.store.node_of(&op.key) == node)
             {
                 let reply = self.call(node, Work::Ops(ops.to_vec()), ops.len() as u64);
-                return match reply.await {
-                    Ok(Reply::Ops(outcomes)) if outcomes.len() == ops.len() => {
-                        outcomes.into_iter().map(Ok).collect()
-                    }
-                    Ok(_) => ops
-                        .iter()
-                        .map(|_| {
-                            Err(StoreError::new(
-                                StoreErrorKind::Protocol,
-                                "simulated reply of the wrong shape",
-                            ))
-                        })
-                        .collect(),
-                    Err(e) => ops.iter().map(|_| Err(e.clone())).collect(),
-                };
+                return per_op(reply.await, ops.len());
             }
             // One call per node, concurrently, as the cluster client sends them.
             let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
@@ -388,25 +390,8 @@ impl Backend for ReplicaStore {
             let replies = join_all(calls).await;
             let mut results: Vec<Option<Result<Outcome, StoreError>>> = vec![None; ops.len()];
             for ((_, idx), reply) in by_node.iter().zip(replies) {
-                match reply {
-                    Ok(Reply::Ops(outcomes)) => {
-                        for (&i, o) in idx.iter().zip(outcomes) {
-                            results[i] = Some(Ok(o));
-                        }
-                    }
-                    Ok(Reply::Live(_)) => {
-                        for &i in idx {
-                            results[i] = Some(Err(StoreError::new(
-                                StoreErrorKind::Protocol,
-                                "simulated reply of the wrong shape",
-                            )));
-                        }
-                    }
-                    Err(e) => {
-                        for &i in idx {
-                            results[i] = Some(Err(e.clone()));
-                        }
-                    }
+                for (&i, result) in idx.iter().zip(per_op(reply, idx.len())) {
+                    results[i] = Some(result);
                 }
             }
             results
