@@ -425,6 +425,12 @@ impl Leases {
                 // Keep a recently used key's rate history while it still makes a batch.
                 now_ms < lease.claimed_ms.saturating_add(10_000) && lease.makes_a_batch(now_ms)
             });
+            // Give memory back after a burst of keys (a long tail's keys come and go), as the
+            // memory store's sweep does, instead of keeping the peak capacity forever.
+            let len = shard.len();
+            if shard.capacity() > 64 && len < shard.capacity() / 4 {
+                shard.shrink_to(len * 2);
+            }
         }
         expired
     }
@@ -535,6 +541,35 @@ mod tests {
         assert!(held("busy"), "5 s after its claim it still makes a batch");
         l.sweep(10_002);
         assert!(!held("busy"), "10 s after its claim");
+    }
+
+    #[test]
+    fn the_sweep_gives_back_the_memory_of_a_burst_of_keys() {
+        let l = Leases::new(1_000_000);
+        let class: Arc<str> = "c".into();
+        let capacity = |l: &Leases| {
+            l.shards
+                .iter()
+                .map(|s| s.lock().unwrap().capacity())
+                .sum::<usize>()
+        };
+        // A long tail's burst: 20,000 keys seen once each (a claim of their cost).
+        for i in 0..20_000 {
+            let key = format!("k{i}");
+            let c = claim(l.take(&key, &op(1), &class, POLICY, 1, 0, true));
+            l.settle(c, &op(1), &granted(1, 10), POLICY, 0);
+        }
+        let peak = capacity(&l);
+        assert!(peak >= 20_000, "{peak}");
+        // Spent and past their TTL, with no rate to make a batch: dropped, and the table
+        // shrinks instead of keeping room for 20,000.
+        l.sweep(2_000);
+        let after = capacity(&l);
+        assert!(after < peak / 4, "capacity {peak} -> {after}");
+        // And it grows again when keys come back.
+        let c = claim(l.take("k1", &op(1), &class, POLICY, 1, 2_000, true));
+        l.settle(c, &op(1), &granted(1, 10), POLICY, 2_000);
+        assert!(l.shard("k1").contains_key("k1"));
     }
 
     #[test]

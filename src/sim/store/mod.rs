@@ -25,14 +25,16 @@
 //!   `redis-cli --cluster create` splits them.
 //!
 //! Flow: a replica's limiter calls [`ReplicaStore`] (a [`Backend`]) → the ops are grouped by
-//! node → each node's group is one call ([`ReplicaStore::call`]): breaker, fault, round trip,
-//! queue → a task on the virtual clock runs the ops at the node's turn → the reply comes
-//! back half a round trip later, or the caller has given up.
+//! node → each node's group is one call ([`ReplicaStore::call`]): breaker, fault, round trip
+//! → the call joins the store's list of calls in flight, which one task on the virtual clock
+//! works through: it reaches the node, queues, its ops run at the node's turn → the reply
+//! comes back half a round trip later, or the caller has given up.
 //!
 //! Here: the parts and what they share. `node.rs`: the nodes ([`SimStore`]: slots, faults,
-//! latency, queue, the buckets and the membership set, what one call runs); `replica.rs`: one
-//! replica's client ([`ReplicaStore`]: breakers, the call and its wait, the `Backend`);
-//! `classes.rs`: the scripts each limit class ran per second ([`ClassCalls`]).
+//! latency, queue, the buckets and the membership set, what one call runs); `in_flight.rs`:
+//! the calls on their way (to the node, in its queue, the reply back) as one list of events;
+//! `replica.rs`: one replica's client ([`ReplicaStore`]: breakers, the call and its wait, the
+//! `Backend`); `classes.rs`: the scripts each limit class ran per second ([`ClassCalls`]).
 //!
 //! [`MemoryStore`]: crate::store::MemoryStore
 //! [`Breakers`]: crate::store::breaker::Breakers
@@ -42,6 +44,7 @@
 use std::sync::Mutex;
 
 mod classes;
+mod in_flight;
 mod node;
 mod replica;
 

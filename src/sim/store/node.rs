@@ -17,6 +17,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand_distr::{Distribution, LogNormal};
 
+use super::in_flight::Events;
 use super::{ClassCalls, lock};
 use crate::clock::Clock;
 use crate::quota::{Op, Outcome};
@@ -70,6 +71,8 @@ pub struct SimStore {
     /// Anything that happened (a script run, a reply): the driver runs the runtime until this
     /// stops moving.
     pub(super) activity: Arc<AtomicU64>,
+    /// The calls on their way to a node, in its queue, or their replies on the way back.
+    pub(super) events: Events,
 }
 
 /// The last slot of each of `nodes` primaries: `redis-cli --cluster create`'s split (16,384 ÷
@@ -132,6 +135,7 @@ impl SimStore {
             last_slots: last_slots(model.nodes),
             classes,
             activity,
+            events: Events::default(),
         }
     }
 

@@ -5,8 +5,8 @@
 //! Flow: the limiter's ops → grouped by node, one call per node, concurrently
 //! ([`Backend::apply_each`]) → each call through its node's breaker ([`ReplicaStore::call`])
 //! → the node's fault decides: refused at once, never answered, or sent
-//! ([`ReplicaStore::dispatch`]) → a task of its own carries it to the node and the reply back
-//! ([`ReplicaStore::send`]) → the caller waits by the give-up rule ([`ReplicaStore::wait`]),
+//! ([`ReplicaStore::dispatch`]) → the store's list of calls in flight carries it to the node
+//! and the reply back ([`ReplicaStore::send`], `in_flight.rs`) → the caller waits by the give-up rule ([`ReplicaStore::wait`]),
 //! and how the call ended goes to the breakers ([`ReplicaStore::settle`]). Membership
 //! heartbeats skip the breakers ([`ReplicaStore::membership_call`]).
 
@@ -17,8 +17,8 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, join_all};
 
 use super::SimStore;
+use super::in_flight::{InFlight, Stage};
 use super::node::{Reply, Work};
-use crate::clock::Clock;
 use crate::quota::{Op, Outcome};
 use crate::sim::scenario::FaultKind;
 use crate::store::breaker::{Breakers, Wait, probe_until_closed};
@@ -195,9 +195,9 @@ impl ReplicaStore {
         Ok(Some(self.send(node, work, scripts, started, rtt)))
     }
 
-    /// Sends `work` to `node` in a task of its own (so it runs even if the caller gives up):
-    /// it reaches the node half a round trip later, queues behind what reached the node
-    /// before it, runs, and the reply arrives half a round trip after that.
+    /// Sends `work` to `node` ([`SimStore::send`]): it reaches the node half a round trip
+    /// later, queues behind what reached the node before it, runs (whether or not this
+    /// replica still waits), and the reply arrives half a round trip after that.
     fn send(
         &self,
         node: usize,
@@ -206,41 +206,17 @@ impl ReplicaStore {
         now: u64,
         rtt_us: f64,
     ) -> tokio::sync::oneshot::Receiver<Result<Reply, StoreError>> {
-        let s = self.store.clone();
-        let half = rtt_us / 2.0;
-        let arrives = now as f64 + half;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (breakers, name) = (self.breakers.clone(), s.names[node].clone());
-        let replica = self.index;
-        let clock = s.clock.clone();
-        clock.clone().spawn(async move {
-            clock.sleep(until(&clock, arrives)).await;
-            // The node's queue is in the order calls reach it (the clock wakes sleeps in
-            // deadline order), not the order they were sent.
-            // Queued at the time it reached the node (the task may run a little later).
-            let done_at = s.enqueue(node, arrives, scripts);
-            // Behind a queue, the scripts run when the node gets to them; on an idle node they
-            // run as they arrive (their few µs of run time go into the reply's wait instead:
-            // one sleep less per call, which is most of a large fleet's calls).
-            if done_at - arrives > s.script_us * scripts as f64 + 1.0 {
-                clock.sleep(until(&clock, done_at)).await;
-            }
-            let t = clock.mono_us();
-            s.count_scripts(node, t, scripts);
-            let result = match s.fault(node, replica, t) {
-                Some(FaultKind::Oom) => Err(StoreError::new(
-                    StoreErrorKind::Unavailable,
-                    "OOM command not allowed when used memory > 'maxmemory' (simulated)",
-                )),
-                _ => Ok(s.run(node, work)),
-            };
-            s.activity.fetch_add(1, Ordering::Relaxed);
-            clock
-                .sleep(until(&clock, done_at.max(t as f64) + half))
-                .await;
-            breakers.replied(&name);
-            s.activity.fetch_add(1, Ordering::Relaxed);
-            let _ = tx.send(result);
+        let (reply_to, rx) = tokio::sync::oneshot::channel();
+        let half_us = rtt_us / 2.0;
+        self.store.send(InFlight {
+            node,
+            replica: self.index,
+            scripts,
+            half_us,
+            at_us: now as f64 + half_us,
+            stage: Stage::Arrive(work),
+            breakers: self.breakers.clone(),
+            reply_to,
         });
         rx
     }
@@ -349,12 +325,6 @@ fn per_op(reply: Result<Reply, StoreError>, n: usize) -> Vec<Result<Outcome, Sto
         ],
         Err(e) => vec![Err(e); n],
     }
-}
-
-/// How long from now until `at_us` on `clock` (zero if past).
-fn until(clock: &Clock, at_us: f64) -> Duration {
-    let now = clock.mono_us() as f64;
-    Duration::from_micros((at_us - now).max(0.0).ceil() as u64)
 }
 
 impl Backend for ReplicaStore {
