@@ -3,13 +3,15 @@
 //! node queues scripts, and what a call runs on it.
 //!
 //! Flow: a replica's client asks for a node's fault ([`SimStore::fault`]) and a round trip
-//! ([`SimStore::round_trip_us`]) → its call reaches the node and queues
-//! ([`SimStore::enqueue`]) → at its turn the node runs it ([`SimStore::run`]: ops on the
-//! node's buckets, or a heartbeat on its membership set) and counts the scripts. A breaker's
-//! probe takes the same path in one step ([`SimStore::probe`]).
+//! ([`SimStore::round_trip_us`]) → it sends the call ([`SimStore::send`]: onto the list of
+//! calls in flight, `in_flight.rs`, which the store's one task works through) → the call
+//! reaches the node and queues ([`SimStore::enqueue`]) → at its turn the node runs it
+//! ([`SimStore::run`]: ops on the node's buckets, or a heartbeat on its membership set) and
+//! counts the scripts → the reply goes back. A breaker's probe takes the same path in one step
+//! ([`SimStore::probe`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,14 +19,13 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand_distr::{Distribution, LogNormal};
 
-use super::in_flight::Events;
+use super::in_flight::{Events, InFlight, Reply, Stage, Work};
 use super::{ClassCalls, lock};
 use crate::clock::Clock;
-use crate::quota::{Op, Outcome};
 use crate::sim::scenario::{FaultKind, Latency, StoreModel};
-use crate::store::MemoryStore;
 use crate::store::breaker::{Policy, Probe};
 use crate::store::redis::slot_of;
+use crate::store::{MemoryStore, StoreError, StoreErrorKind};
 
 /// Buckets a simulated node holds at most (Redis holds them all; the memory store's cap
 /// would evict live buckets and make the simulation wrong, not tell the user).
@@ -239,25 +240,6 @@ impl SimStore {
     }
 }
 
-/// What a call asks of its node.
-pub(super) enum Work {
-    Ops(Vec<Op>),
-    Heartbeat {
-        key: String,
-        replica: String,
-        ttl_ms: u64,
-    },
-    Leave {
-        key: String,
-        replica: String,
-    },
-}
-
-pub(super) enum Reply {
-    Ops(Vec<Outcome>),
-    Live(u64),
-}
-
 impl SimStore {
     /// Runs `work` on `node` now.
     pub(super) fn run(&self, node: usize, work: Work) -> Reply {
@@ -288,6 +270,84 @@ impl SimStore {
                 set.remove(&replica);
                 Reply::Live(set.len() as u64)
             }
+        }
+    }
+}
+
+impl SimStore {
+    /// Sends `call` (at its `Arrive` stage) on its way; the store's one task carries it from
+    /// here, whether or not its caller still waits.
+    pub(super) fn send(self: &Arc<Self>, call: InFlight) {
+        self.events.schedule(call, true);
+        if !self.events.started.swap(true, Ordering::Relaxed) {
+            self.clock.spawn(deliver(self.clone()));
+        }
+    }
+
+    /// Moves `call` past its stage at `now_us` (see the module doc).
+    fn step(&self, mut call: InFlight, now_us: u64) {
+        match std::mem::replace(&mut call.stage, Stage::Reply(Ok(Reply::Live(0)))) {
+            Stage::Arrive(work) => {
+                // Queued at the moment it reached the node.
+                let done_at = self.enqueue(call.node, call.at_us, call.scripts);
+                if done_at - call.at_us > self.script_us * call.scripts as f64 + 1.0 {
+                    call.at_us = done_at;
+                    call.stage = Stage::Run(work);
+                    self.events.schedule(call, false);
+                } else {
+                    self.run_call(call, work, now_us, done_at);
+                }
+            }
+            Stage::Run(work) => {
+                let done_at = call.at_us;
+                self.run_call(call, work, now_us, done_at);
+            }
+            Stage::Reply(result) => {
+                call.breakers.replied(&self.names[call.node]);
+                self.activity.fetch_add(1, Ordering::Relaxed);
+                let _ = call.reply_to.send(result);
+            }
+        }
+    }
+
+    /// Runs `call`'s `work` on its node now (`done_at`: when the node is done with it), and
+    /// schedules its reply.
+    fn run_call(&self, mut call: InFlight, work: Work, now_us: u64, done_at: f64) {
+        self.count_scripts(call.node, now_us, call.scripts);
+        let result = match self.fault(call.node, call.replica, now_us) {
+            Some(FaultKind::Oom) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "OOM command not allowed when used memory > 'maxmemory' (simulated)",
+            )),
+            _ => Ok(self.run(call.node, work)),
+        };
+        self.activity.fetch_add(1, Ordering::Relaxed);
+        call.at_us = done_at.max(now_us as f64) + call.half_us;
+        call.stage = Stage::Reply(result);
+        self.events.schedule(call, false);
+    }
+}
+
+/// The store's one task: works through the events due, then sleeps until the next (or until
+/// one is scheduled sooner). It lives as long as the runtime it runs on.
+async fn deliver(s: Arc<SimStore>) {
+    loop {
+        let now = s.clock.mono_us();
+        while let Some(call) = s.events.due(now) {
+            s.step(call, now);
+        }
+        // Made before the list is read: an event scheduled from here on wakes it.
+        let sooner = s.events.sooner.notified();
+        match s.events.next_us() {
+            Some(at) => {
+                let sleep = s.clock.sleep(Duration::from_micros(at.saturating_sub(now)));
+                tokio::select! {
+                    biased;
+                    () = sleep => {}
+                    () = sooner => {}
+                }
+            }
+            None => sooner.await,
         }
     }
 }

@@ -17,8 +17,7 @@ use std::time::Duration;
 use futures_util::future::{BoxFuture, join_all};
 
 use super::SimStore;
-use super::in_flight::{InFlight, Stage};
-use super::node::{Reply, Work};
+use super::in_flight::{InFlight, Reply, Stage, Work};
 use crate::quota::{Op, Outcome};
 use crate::sim::scenario::FaultKind;
 use crate::store::breaker::{Breakers, Wait, probe_until_closed};
