@@ -510,6 +510,42 @@ mod tests {
     }
 
     #[test]
+    fn a_cached_refusal_under_one_limit_override_does_not_refuse_a_higher_one() {
+        // The reference's issue #1077: its over-limit cache is keyed by the descriptor alone,
+        // so a request arriving with a higher per-request `limit` than the one that filled
+        // the cache was refused. Here an override has its own bucket (its key names the
+        // override's limit) and the cache is keyed by that bucket and its numbers.
+        use super::super::{LimitOverride, Request, RequestDescriptor};
+        let f = with_hot_keys(false, hot());
+        let with_limit = |requests_per_unit: u32| Request {
+            domain: "edge",
+            descriptors: vec![RequestDescriptor {
+                entries: vec![("tenant", "plan-change")],
+                hits_addend: None,
+                limit_override: Some(LimitOverride {
+                    requests_per_unit,
+                    unit: crate::rules::model::Unit::Hour,
+                }),
+            }],
+            hits_addend: 0,
+        };
+        let (low, high) = (with_limit(1), with_limit(3));
+        assert_eq!(f.codes(&low), [Code::Ok]);
+        assert_eq!(f.codes(&low), [Code::OverLimit], "refused by the store");
+        assert_eq!(f.codes(&low), [Code::OverLimit], "refused from the cache");
+        assert!(f.metrics.render().contains(
+            r#"tollgate_local_decisions_total{class="envoy_override",reason="over_limit_cache"} 1"#
+        ));
+        // The tenant's plan changed: the higher limit gets its whole quota, then is refused.
+        for _ in 0..3 {
+            assert_eq!(f.codes(&high), [Code::Ok]);
+        }
+        assert_eq!(f.codes(&high), [Code::OverLimit]);
+        // And the lower limit's entry still stands for requests that carry it.
+        assert_eq!(f.codes(&low), [Code::OverLimit]);
+    }
+
+    #[test]
     fn a_spent_key_is_refused_from_memory_with_the_wait_counting_down() {
         let f = with_hot_keys(false, hot());
         let r = req("edge", &[&[("tenant", "spent")]]);
