@@ -350,12 +350,19 @@ fn through_envoy_over_mutual_tls_the_limits_apply() {
         key = certs.file("client.key"),
         ca = certs.file("ca.crt"),
     );
+    // What this test holds is the limits over mutual TLS, not Envoy's 20 ms budget: on a
+    // loaded CI host a debug tollgate's first calls (the TLS handshake among them) can outrun
+    // it, and Envoy then fails open (a clean-clone run once passed 11 of 10). The budget is
+    // held by the other tests and by `make bench`.
     let envoy = TestEnvoy::start(
         server.grpc,
-        &[(
-            "      # gRPC needs HTTP/2 to the rate-limit service.\n",
-            &tls,
-        )],
+        &[
+            (
+                "      # gRPC needs HTTP/2 to the rate-limit service.\n",
+                &tls,
+            ),
+            ("timeout: 0.02s", "timeout: 2s"),
+        ],
     );
     // (tenant, /export): 10/hour per tenant.
     let (passed, limited) = until_limited(&envoy, "/export", "tls-tenant", 20);
