@@ -6,9 +6,10 @@
 //! ([`Backend::apply_each`]) → each call through its node's breaker ([`ReplicaStore::call`])
 //! → the node's fault decides: refused at once, never answered, or sent
 //! ([`ReplicaStore::dispatch`]) → the store's list of calls in flight carries it to the node
-//! and the reply back ([`ReplicaStore::send`], `in_flight.rs`) → the caller waits by the give-up rule ([`ReplicaStore::wait`]),
-//! and how the call ended goes to the breakers ([`ReplicaStore::settle`]). Membership
-//! heartbeats skip the breakers ([`ReplicaStore::membership_call`]).
+//! and the reply back ([`ReplicaStore::send`], `in_flight.rs`) → the caller waits by the
+//! give-up rule ([`ReplicaStore::wait`]), and how the call ended goes to the breakers
+//! ([`ReplicaStore::settle`]). Membership heartbeats skip the breakers
+//! ([`ReplicaStore::membership_call`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
