@@ -100,6 +100,14 @@ pub(super) fn with_hot_keys(shadow_mode: bool, hot: super::HotKeyConfig) -> Fixt
 
 /// [`fixture`] with the limiter's config changed by `configure`.
 pub(super) fn with_config(configure: impl FnOnce(&mut LimiterConfig)) -> Fixture {
+    with_store(|clock| Store::Memory(MemoryStore::new(clock)), configure)
+}
+
+/// [`with_config`] on the store `store` makes from the fixture's clock.
+pub(super) fn with_store(
+    store: impl FnOnce(Clock) -> Store,
+    configure: impl FnOnce(&mut LimiterConfig),
+) -> Fixture {
     let rules = rules();
     let clock = Clock::manual(1_700_000_000_000);
     let metrics = Arc::new(Metrics::new());
@@ -109,11 +117,7 @@ pub(super) fn with_config(configure: impl FnOnce(&mut LimiterConfig)) -> Fixture
         ..LimiterConfig::new(clock.clone())
     };
     configure(&mut config);
-    let limiter = Limiter::new(
-        Store::Memory(MemoryStore::new(clock.clone())),
-        config.clone(),
-        metrics.clone(),
-    );
+    let limiter = Limiter::new(store(clock.clone()), config.clone(), metrics.clone());
     Fixture {
         rules,
         config,

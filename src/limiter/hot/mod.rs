@@ -433,8 +433,91 @@ fn capacity(limit: &Limit) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::super::Code;
-    use super::super::fixture::{block_on, req, with_hot_keys};
+    use super::super::fixture::{block_on, req, with_hot_keys, with_store};
     use super::*;
+    use crate::store::{Backend, MemoryStore};
+    use futures_util::future::BoxFuture;
+    use std::future::Future;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Poll;
+
+    /// A store whose scripts run at once and whose replies wait for a permit: a request can
+    /// be cancelled after its claim was spent in the bucket and before the reply came.
+    #[derive(Debug)]
+    struct SlowReplies {
+        buckets: MemoryStore,
+        replies: tokio::sync::Semaphore,
+        calls: AtomicUsize,
+    }
+
+    impl Backend for SlowReplies {
+        fn apply_each<'a>(
+            &'a self,
+            ops: &'a [Op],
+        ) -> BoxFuture<'a, Vec<Result<Outcome, StoreError>>> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let outcomes: Vec<_> = ops.iter().map(|op| Ok(self.buckets.apply(op))).collect();
+            Box::pin(async move {
+                // One permit, one reply.
+                if let Ok(permit) = self.replies.acquire().await {
+                    permit.forget();
+                }
+                outcomes
+            })
+        }
+        fn heartbeat<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            Box::pin(async { Ok(1) })
+        }
+        fn leave<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+            Box::pin(async { Ok(0) })
+        }
+        fn name(&self) -> &'static str {
+            "slow-replies"
+        }
+    }
+
+    #[test]
+    fn a_batch_claimed_by_a_cancelled_request_still_joins_the_lease() {
+        let store = Arc::new(SlowReplies {
+            buckets: MemoryStore::new(Clock::manual(0)),
+            replies: tokio::sync::Semaphore::new(0),
+            calls: AtomicUsize::new(0),
+        });
+        let backend = store.clone();
+        let f = with_store(|_| Store::Custom(backend), |c| c.hot = hot());
+        let r = req("edge", &[&[("leased", "a")]]);
+        block_on(async {
+            // The first claim takes the request's 1 (no rate yet); the second 1 + a batch.
+            store.replies.add_permits(1);
+            let first = f.limiter.decide(&f.rules, &r).await.unwrap();
+            assert_eq!(first.overall, Code::Ok);
+            let mut second = Box::pin(f.limiter.decide(&f.rules, &r));
+            let polled = std::future::poll_fn(|cx| Poll::Ready(second.as_mut().poll(cx))).await;
+            assert!(polled.is_pending(), "waits for the store's reply");
+            // Envoy's timeout: the request is dropped with its claim spent in the bucket.
+            drop(second);
+            store.replies.add_permits(100);
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(store.calls.load(Ordering::Relaxed), 2, "the claim was sent");
+            // The batch joined the lease: the next requests are answered from it.
+            for _ in 0..5 {
+                let d = f.limiter.decide(&f.rules, &r).await.unwrap();
+                assert_eq!(d.overall, Code::Ok);
+            }
+            assert_eq!(
+                store.calls.load(Ordering::Relaxed),
+                2,
+                "no claim after the cancelled one: its batch was not lost"
+            );
+        });
+    }
 
     fn hot() -> HotKeyConfig {
         HotKeyConfig {

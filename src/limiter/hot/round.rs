@@ -1,14 +1,16 @@
 //! One store call for a request's ops ([`HotKeys::round`]): what needs the store goes in one
 //! [`Store::apply_each`], and the answers settle lease claims and fill the over-limit cache.
 //! A claim sent ahead (a lease running low) goes in a task of its own on Redis, so the
-//! request is answered without waiting for it.
+//! request is answered without waiting for it; a round that claims runs its store call in a
+//! task too, which the request waits for, so a cancelled request's claim still settles into the
+//! lease ([`HotKeys::call_detached`]).
 
 use std::sync::Arc;
 
 use super::{HotKeys, State, Work, count_tokens};
 use crate::quota::lease::{Claim, LeasePolicy};
 use crate::quota::{Action, Op, Outcome};
-use crate::store::Store;
+use crate::store::{Store, StoreError, StoreErrorKind};
 
 impl HotKeys {
     /// One store call for every op and claim that needs the store; their answers settle the
@@ -64,11 +66,39 @@ impl HotKeys {
                 }
             }
         }
+        if !as_planned && claims(store, &pending) {
+            let claims = take_claims(work, &mut pending);
+            match self.call_detached(store.clone(), ops, claims).await {
+                Some((ops, results)) => self.settle(work, pending, &ops, results),
+                // The task ended without answering: the runtime is shutting down.
+                None => {
+                    for (i, _) in pending {
+                        work[i].state = State::Done(Err(StoreError::new(
+                            StoreErrorKind::Unavailable,
+                            "the store call was cancelled (shutting down)",
+                        )));
+                    }
+                }
+            }
+            return;
+        }
         let sent: &[Op] = if as_planned { planned_ops } else { &ops };
         if sent.is_empty() {
             return;
         }
         let results = store.apply_each(sent).await;
+        self.settle(work, pending, sent, results);
+    }
+
+    /// The store's answers of a round: they settle its claims, fill the over-limit cache and
+    /// become the ops' outcomes.
+    fn settle(
+        &self,
+        work: &mut [Work<'_>],
+        pending: Vec<(usize, Pending)>,
+        sent: &[Op],
+        results: Vec<Result<Outcome, StoreError>>,
+    ) {
         let now = self.clock.mono_ms();
         for (((i, pending), op), result) in pending.into_iter().zip(sent).zip(results) {
             let w = &mut work[i];
@@ -77,6 +107,7 @@ impl HotKeys {
             // still be covered by what the lease holds.
             let cost = match &pending {
                 Pending::Claim(claim, _) => claim.cost(),
+                Pending::Settled(cost) => *cost,
                 _ => op.cost,
             };
             let outcome = match (pending, result, &self.leases) {
@@ -103,6 +134,46 @@ impl HotKeys {
                 cache.record(&op.key, op.kind, cost, o, now);
             }
             w.state = State::Done(outcome);
+        }
+    }
+
+    /// The store call of a round that claims, in a task of its own that also settles the
+    /// claims (`claims`: per op, its claim if it is one). The request waits for the task; if
+    /// the request is cancelled meanwhile (Envoy's `timeout` passed: it resets the call and
+    /// tonic drops the decision), the task still settles, so what the store granted joins the
+    /// lease. Left to the request, a batch would be spent in the shared bucket and lost, and
+    /// behind an overloaded store every replica would claim again, and lose it again.
+    async fn call_detached(
+        &self,
+        store: Arc<Store>,
+        ops: Vec<Op>,
+        claims: Vec<Option<(Claim, LeasePolicy, Arc<str>)>>,
+    ) -> Option<(Vec<Op>, Vec<Result<Outcome, StoreError>>)> {
+        let leases = self.leases.clone();
+        let (metrics, clock) = (self.metrics.clone(), self.clock.clone());
+        let task = tokio::spawn(async move {
+            let mut results = store.apply_each(&ops).await;
+            let now = clock.mono_ms();
+            for ((result, claim), op) in results.iter_mut().zip(claims).zip(&ops) {
+                let settled = match (claim, &*result, &leases) {
+                    (Some((claim, policy, class)), Ok(answer), Some(leases)) => {
+                        let (o, events) = leases.settle(claim, op, answer, policy, now);
+                        count_tokens(&metrics, &class, events);
+                        Some(o)
+                    }
+                    // A failed claim's reserved tokens go back to the lease as it drops.
+                    _ => None,
+                };
+                if let Some(o) = settled {
+                    *result = Ok(o);
+                }
+            }
+            (ops, results)
+        });
+        match task.await {
+            Ok(done) => Some(done),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => None,
         }
     }
 
@@ -136,6 +207,42 @@ enum Pending {
     Op,
     Claim(Claim, LeasePolicy),
     Ahead(Outcome, Claim, LeasePolicy),
+    /// A claim the store call's own task settled ([`HotKeys::call_detached`]): the answer is
+    /// the op's outcome; the claim's request cost this much.
+    Settled(u64),
+}
+
+/// Whether a round's store call must outlive its request: it carries a claim, on a store with
+/// I/O (the memory store answers at once). Even a claim of only the request's cost: settling
+/// it starts the key's rate measurement (what sizes the next batch) and wakes the key's
+/// waiters; lost with every cancelled request, a key behind a slow store would start over
+/// each time and never be leased (`tollgate simulate`'s fleet-500 cold start took 8 s to
+/// recover with only batch claims kept, 3 s with every claim). Leasing is off by default, so
+/// the task costs nothing unless a limit is leased.
+fn claims(store: &Store, pending: &[(usize, Pending)]) -> bool {
+    !matches!(store, Store::Memory(_))
+        && pending.iter().any(|(_, p)| matches!(p, Pending::Claim(..)))
+}
+
+/// The round's claims, taken out of `pending` (left as [`Pending::Settled`]) for the store
+/// call's task to settle: per op, its claim, policy and limit class.
+fn take_claims(
+    work: &[Work<'_>],
+    pending: &mut [(usize, Pending)],
+) -> Vec<Option<(Claim, LeasePolicy, Arc<str>)>> {
+    pending
+        .iter_mut()
+        .map(|(i, p)| match std::mem::replace(p, Pending::Op) {
+            Pending::Claim(claim, policy) => {
+                *p = Pending::Settled(claim.cost());
+                Some((claim, policy, work[*i].planned.limit.class.clone()))
+            }
+            other => {
+                *p = other;
+                None
+            }
+        })
+        .collect()
 }
 
 /// The store op of a claim: the op's bucket, the claim's ask.
