@@ -78,7 +78,7 @@ impl Default for HotKeyConfig {
 #[derive(Debug)]
 pub(super) struct HotKeys {
     config: HotKeyConfig,
-    cache: Option<OverLimitCache>,
+    cache: Option<Arc<OverLimitCache>>,
     leases: Option<Arc<Leases>>,
     clock: Clock,
     metrics: HotKeyMetrics,
@@ -116,7 +116,7 @@ impl HotKeys {
         let shared = config.shared_store;
         HotKeys {
             cache: (shared && config.over_limit_cache_max_keys > 0)
-                .then(|| OverLimitCache::new(config.over_limit_cache_max_keys)),
+                .then(|| Arc::new(OverLimitCache::new(config.over_limit_cache_max_keys))),
             leases: shared.then(|| Leases::new(config.lease_max_keys)),
             config,
             clock,

@@ -68,17 +68,9 @@ impl HotKeys {
         }
         if !as_planned && claims(store, &pending) {
             let claims = take_claims(work, &mut pending);
-            match self.call_detached(store.clone(), ops, claims).await {
-                Some((ops, results)) => self.settle(work, pending, &ops, results),
-                // The task ended without answering: the runtime is shutting down.
-                None => {
-                    for (i, _) in pending {
-                        work[i].state = State::Done(Err(StoreError::new(
-                            StoreErrorKind::Unavailable,
-                            "the store call was cancelled (shutting down)",
-                        )));
-                    }
-                }
+            let outcomes = self.call_detached(store.clone(), ops, claims).await;
+            for ((i, _), outcome) in pending.into_iter().zip(outcomes) {
+                work[i].state = State::Done(outcome);
             }
             return;
         }
@@ -107,7 +99,6 @@ impl HotKeys {
             // still be covered by what the lease holds.
             let cost = match &pending {
                 Pending::Claim(claim, _) => claim.cost(),
-                Pending::Settled(cost) => *cost,
                 _ => op.cost,
             };
             let outcome = match (pending, result, &self.leases) {
@@ -137,43 +128,58 @@ impl HotKeys {
         }
     }
 
-    /// The store call of a round that claims, in a task of its own that also settles the
-    /// claims (`claims`: per op, its claim if it is one). The request waits for the task; if
-    /// the request is cancelled meanwhile (Envoy's `timeout` passed: it resets the call and
-    /// tonic drops the decision), the task still settles, so what the store granted joins the
-    /// lease. Left to the request, a batch would be spent in the shared bucket and lost, and
-    /// behind an overloaded store every replica would claim again, and lose it again.
+    /// The store call of a round that claims, in a task of its own that also settles its
+    /// answers (`claims`: per op, its claim if it is one): the claims into the lease, the
+    /// refusals into the over-limit cache, in that order, as [`HotKeys::settle`] does. The
+    /// request waits for the task's outcomes, one per op; if the request is cancelled meanwhile
+    /// (Envoy's `timeout` passed: it resets the call and tonic drops the decision), the task
+    /// still settles, so what the store granted joins the lease. Left to the request, a batch
+    /// would be spent in the shared bucket and lost, and behind an overloaded store every
+    /// replica would claim again, and lose it again.
     async fn call_detached(
         &self,
         store: Arc<Store>,
         ops: Vec<Op>,
         claims: Vec<Option<(Claim, LeasePolicy, Arc<str>)>>,
-    ) -> Option<(Vec<Op>, Vec<Result<Outcome, StoreError>>)> {
-        let leases = self.leases.clone();
+    ) -> Vec<Result<Outcome, StoreError>> {
+        let n = ops.len();
+        let (leases, cache) = (self.leases.clone(), self.cache.clone());
         let (metrics, clock) = (self.metrics.clone(), self.clock.clone());
         let task = tokio::spawn(async move {
-            let mut results = store.apply_each(&ops).await;
+            let results = store.apply_each(&ops).await;
             let now = clock.mono_ms();
-            for ((result, claim), op) in results.iter_mut().zip(claims).zip(&ops) {
-                let settled = match (claim, &*result, &leases) {
+            let mut outcomes = Vec::with_capacity(ops.len());
+            for ((result, claim), op) in results.into_iter().zip(claims).zip(&ops) {
+                let (outcome, cost) = match (claim, result, &leases) {
                     (Some((claim, policy, class)), Ok(answer), Some(leases)) => {
-                        let (o, events) = leases.settle(claim, op, answer, policy, now);
+                        let cost = claim.cost();
+                        let (o, events) = leases.settle(claim, op, &answer, policy, now);
                         count_tokens(&metrics, &class, events);
-                        Some(o)
+                        (Ok(o), cost)
                     }
                     // A failed claim's reserved tokens go back to the lease as it drops.
-                    _ => None,
+                    (Some((claim, ..)), result, _) => (result, claim.cost()),
+                    (None, result, _) => (result, op.cost),
                 };
-                if let Some(o) = settled {
-                    *result = Ok(o);
+                if let (Some(cache), Ok(o)) = (&cache, &outcome) {
+                    cache.record(&op.key, op.kind, cost, o, now);
                 }
+                outcomes.push(outcome);
             }
-            (ops, results)
+            outcomes
         });
         match task.await {
-            Ok(done) => Some(done),
+            Ok(outcomes) => outcomes,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => None,
+            // The runtime is shutting down.
+            Err(_) => (0..n)
+                .map(|_| {
+                    Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        "the store call was cancelled (shutting down)",
+                    ))
+                })
+                .collect(),
         }
     }
 
@@ -207,9 +213,6 @@ enum Pending {
     Op,
     Claim(Claim, LeasePolicy),
     Ahead(Outcome, Claim, LeasePolicy),
-    /// A claim the store call's own task settled ([`HotKeys::call_detached`]): the answer is
-    /// the op's outcome; the claim's request cost this much.
-    Settled(u64),
 }
 
 /// Whether a round's store call must outlive its request: it carries a claim, on a store with
@@ -224,7 +227,7 @@ fn claims(store: &Store, pending: &[(usize, Pending)]) -> bool {
         && pending.iter().any(|(_, p)| matches!(p, Pending::Claim(..)))
 }
 
-/// The round's claims, taken out of `pending` (left as [`Pending::Settled`]) for the store
+/// The round's claims, taken out of `pending` (each left as [`Pending::Op`]) for the store
 /// call's task to settle: per op, its claim, policy and limit class.
 fn take_claims(
     work: &[Work<'_>],
@@ -234,7 +237,6 @@ fn take_claims(
         .iter_mut()
         .map(|(i, p)| match std::mem::replace(p, Pending::Op) {
             Pending::Claim(claim, policy) => {
-                *p = Pending::Settled(claim.cost());
                 Some((claim, policy, work[*i].planned.limit.class.clone()))
             }
             other => {
