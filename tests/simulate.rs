@@ -15,6 +15,9 @@
 //!    quota for 10 s, half of it for 26 s) still reports its worst window, and when.
 //! 5. The command: `--json`, `--out` (CSV and pictures), file:line errors, same seed → same
 //!    result.
+//! 6. Envoy's timeout: a decision still waiting on a slow store when Envoy's RLS call times out
+//!    (20 ms by default) is dropped and Envoy's failure mode decides the request (admitted by
+//!    default, refused with `failure_mode_deny`); an Envoy without a timeout gets the limit.
 
 mod common;
 
@@ -101,11 +104,13 @@ async fn the_simulation_agrees_with_three_real_replicas_on_one_real_redis() {
     assert_eq!(errors, 0, "every request answered");
 
     let dir = common::temp_dir("simulate-validation");
+    // The real run's client is the load generator, not Envoy: it waits up to its own bound.
+    let timeout_ms = tollgate::loadgen::REQUEST_TIMEOUT.as_millis();
     let sim = simulate(
         dir.path(),
         VALIDATION_RULES,
         &format!(
-            "duration_s: {SECONDS}\nseed: 1\nsettings: {{store_timeout_ms: 500, lease_max_batch: 10}}\nstore:\n  latency_ms: {{p50: 0.3, p99: 2.0}}\nreplicas: {{start: 3}}\ntraffic:\n  - {{domain: bench, entries: [{{key: tenant, value: \"k{{zipf}}\"}}], tenants: {TENANTS}, zipf_exponent: {ZIPF}, rate_per_s: {RATE}, arrivals: even, routing: even}}\n"
+            "duration_s: {SECONDS}\nseed: 1\nsettings: {{store_timeout_ms: 500, lease_max_batch: 10}}\nstore:\n  latency_ms: {{p50: 0.3, p99: 2.0}}\nreplicas: {{start: 3}}\ntraffic:\n  - {{domain: bench, entries: [{{key: tenant, value: \"k{{zipf}}\"}}], tenants: {TENANTS}, zipf_exponent: {ZIPF}, rate_per_s: {RATE}, arrivals: even, routing: even}}\nenvoy: {{timeout_ms: {timeout_ms}}}\n"
         ),
     );
     let real_calls_per_s = calls as f64 / SECONDS as f64;
@@ -230,6 +235,83 @@ fn a_run_that_nets_to_zero_still_reports_its_worst_window_and_when() {
     );
 }
 
+/// A slow store behind Envoy: the node answers in 40–60 ms from 5 s to 7 s, tollgate waits for it
+/// (`store_timeout_ms: 200`), Envoy waits 20 ms (its default). One tenant offered 4× its 100/s on
+/// 3 replicas; `envoy` is the scenario's `envoy:` section.
+fn slow_store_behind_envoy(dir: &Path, envoy: &str) -> Report {
+    simulate(
+        dir,
+        QUOTA_RULES,
+        &format!(
+            "duration_s: 10\nseed: 5\nsettings: {{store_timeout_ms: 200}}\nstore:\n  faults: [{{at_s: 5, for_s: 2, kind: slow, latency_ms: {{p50: 40, p99: 60}}}}]\nreplicas: {{start: 3}}\ntraffic:\n  - {{domain: edge, entries: [{{key: tenant, value: one}}], rate_per_s: 400, arrivals: even}}\n{envoy}"
+        ),
+    )
+}
+
+/// Admitted in virtual seconds `from..to`.
+fn admitted(r: &Report, from: usize, to: usize) -> u64 {
+    r.series[from..to].iter().map(|s| s.admitted).sum()
+}
+
+#[test]
+fn a_decision_that_outlasts_envoys_timeout_is_the_failure_modes() {
+    let dir = common::temp_dir("simulate-envoy-timeout");
+    // Envoy's defaults: it stops waiting at 20 ms and lets the request through.
+    let open = slow_store_behind_envoy(dir.path(), "");
+    let timed_out: u64 = open.series[5..7].iter().map(|s| s.envoy_timeouts).sum();
+    assert!(
+        timed_out > 300,
+        "Envoy gave up on the slow seconds' calls: {timed_out}"
+    );
+    assert_eq!(open.total.envoy_timeouts, timed_out, "and only on those");
+    let ideal: u64 = open.series[..5].iter().map(|s| s.ideal).sum();
+    assert!(
+        admitted(&open, 0, 5).abs_diff(ideal) <= 2,
+        "before: {:?}",
+        &open.series[..5]
+    );
+    assert!(
+        admitted(&open, 5, 7) > 500,
+        "failed open: {:?}",
+        &open.series[5..7]
+    );
+    let over = open
+        .total
+        .windows
+        .over
+        .worst
+        .as_ref()
+        .expect("a window over");
+    assert!((5.0..7.0).contains(&over.from_s), "{over:?}");
+    assert!(open.text().contains(&format!("Envoy timeouts {timed_out}")));
+    // `failure_mode_deny: true`: the same calls, refused.
+    let deny = slow_store_behind_envoy(dir.path(), "envoy: {failure_mode_deny: true}\n");
+    assert_eq!(
+        deny.total.envoy_timeouts, timed_out,
+        "the same run up to Envoy"
+    );
+    assert!(
+        admitted(&deny, 5, 7) < 200,
+        "failed closed: {:?}",
+        &deny.series[5..7]
+    );
+    assert!(
+        deny.total.windows.over.worst.is_none(),
+        "{:?}",
+        deny.total.windows
+    );
+    // An Envoy that waits (`timeout_ms: 0`): tollgate decides every request, slowly.
+    let waits = slow_store_behind_envoy(dir.path(), "envoy: {timeout_ms: 0}\n");
+    assert_eq!(waits.total.envoy_timeouts, 0);
+    assert!(
+        waits.total.latency_ms.p99 >= 40.0,
+        "{:?}",
+        waits.total.latency_ms
+    );
+    let a = admitted(&waits, 5, 7);
+    assert!((190..=210).contains(&a), "the limit, however slow: {a}");
+}
+
 const SHARD_RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: day, requests_per_unit: 10000, shards: 8}\n";
 
 /// The falsely rejected share (%) of exactly one full bucket's worth of requests (10,000 in
@@ -336,7 +418,7 @@ fn the_command_prints_json_writes_csv_and_pictures_and_reports_bad_scenarios_by_
     assert_eq!(report["series"].as_array().map(Vec::len), Some(5));
     let csv = std::fs::read_to_string(out.join("series.csv")).expect("series.csv");
     assert!(csv.starts_with(
-        "t_s,offered,admitted,ideal,store_calls,fallback,replicas,replicas_believed\n"
+        "t_s,offered,admitted,ideal,store_calls,fallback,replicas,replicas_believed,envoy_timeouts\n"
     ));
     assert_eq!(csv.lines().count(), 6);
     for picture in [

@@ -30,7 +30,7 @@ pub use baseline::{Noop, serve_baseline, serve_noop};
 pub use check::{CheckReport, check_limit};
 pub(crate) use load::histogram as latency_histogram;
 pub use load::{BenchReport, run};
-pub use open::run_open;
+pub use open::{REQUEST_TIMEOUT, run_open};
 
 use std::net::SocketAddr;
 use std::time::{Duration, TryFromFloatSecsError};

@@ -4,25 +4,28 @@
 //! `{uniform}`) → its replica from the stream's routing → the ideal's answer at once (one
 //! exact bucket per limit, counted per bucket) → the replica's `Limiter::decide`, polled once:
 //! most end there (a lease or the over-limit cache answered), the rest become tasks that end
-//! when their store call does → [`record`] counts the decision.
+//! when their store call does, or when Envoy's timeout (the scenario's `envoy:`) passes first →
+//! [`record`] counts the decision as Envoy applies it.
 
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
 
 use rand::Rng;
 use rand_distr::Distribution;
 
-use super::report::Counts;
+use super::report::{Counts, Ended};
 use super::scenario::{Pick, Routing};
 use super::state::Sim;
 use crate::limiter::{Code, Decision, Request, RequestDescriptor};
 use crate::store::StoreError;
 
-/// A decision in progress, and what to count when it ends.
-type Pending = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// A replica's decision in progress.
+type Deciding = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
 impl Sim<'_> {
     /// The replica for a request of `stream` whose values hash to `hash`.
@@ -105,20 +108,41 @@ impl Sim<'_> {
 
         let limiter = self.fleet[replica].limiter.clone();
         let rules = self.rules.clone();
+        let mut decide: Deciding = Box::pin(async move {
+            let request = one_descriptor(&domain, &keys, &values, cost);
+            limiter.decide(&rules, &request).await
+        });
+        let envoy = self.scenario.envoy;
+        // Most decisions end here (a lease or the over-limit cache answered): no task.
+        if let Poll::Ready(decision) = decide.as_mut().poll(cx) {
+            let deny = envoy.failure_mode_deny;
+            record(&self.counts, second, 0, Some(&decision), deny, &buckets);
+            self.activity.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // The rest wait on the store, and Envoy waits for them until its timeout: then it
+        // resets the call, tonic drops the decision (its store call, already sent, still runs
+        // on the node) and Envoy's failure mode decides the request.
+        let envoy_gives_up = envoy
+            .timeout_ms
+            .map(|ms| self.clock.sleep(Duration::from_millis(ms)));
         let counts = self.counts.clone();
         let clock = self.clock.clone();
         let activity = self.activity.clone();
-        let mut pending: Pending = Box::pin(async move {
-            let request = one_descriptor(&domain, &keys, &values, cost);
-            let decision = limiter.decide(&rules, &request).await;
+        tokio::spawn(async move {
+            let decision = match envoy_gives_up {
+                Some(sleep) => tokio::select! {
+                    biased;
+                    d = &mut decide => Some(d),
+                    () = sleep => None,
+                },
+                None => Some(decide.await),
+            };
             let latency = clock.mono_us() - now;
-            record(&counts, second, latency, &decision, &buckets);
+            let deny = envoy.failure_mode_deny;
+            record(&counts, second, latency, decision.as_ref(), deny, &buckets);
             activity.fetch_add(1, Ordering::Relaxed);
         });
-        // Most decisions end here (a lease or the over-limit cache answered): no task.
-        if pending.as_mut().poll(cx).is_pending() {
-            tokio::spawn(pending);
-        }
     }
 }
 
@@ -144,29 +168,44 @@ fn one_descriptor<'a>(
     }
 }
 
-/// Counts one ended decision.
+/// Counts one ended decision, as Envoy applies it: `None` when Envoy gave up waiting for it;
+/// that and an error are the failure mode's (`deny`: refused, else admitted), counted apart.
 fn record(
     counts: &Mutex<Counts>,
     second: u64,
     latency_us: u64,
-    decision: &Result<Decision, StoreError>,
+    decision: Option<&Result<Decision, StoreError>>,
+    deny: bool,
     buckets: &[(usize, u64, usize, u64)],
 ) {
     let mut counts = counts.lock().unwrap_or_else(|p| p.into_inner());
-    let (admitted, fallback, error) = match decision {
-        Ok(d) => (d.overall == Code::Ok, d.from_fallback, false),
-        // The `error` mode: the request failed (Envoy's failure mode decides), counted apart.
-        Err(_) => (false, false, true),
+    let ended = match decision {
+        Some(Ok(d)) => Ended {
+            admitted: d.overall == Code::Ok,
+            fallback: d.from_fallback,
+            ..Ended::default()
+        },
+        // The fallback's `error` mode: tollgate answered UNAVAILABLE.
+        Some(Err(_)) => Ended {
+            admitted: !deny,
+            error: true,
+            ..Ended::default()
+        },
+        None => Ended {
+            admitted: !deny,
+            envoy_gave_up: true,
+            ..Ended::default()
+        },
     };
     let per_bucket: Vec<(usize, u64, bool, u64)> = buckets
         .iter()
         .map(|&(b, hits, desc, window)| {
             let ok = match decision {
-                Ok(d) => d.statuses.get(desc).is_some_and(|s| s.code == Code::Ok),
-                Err(_) => false,
+                Some(Ok(d)) => d.statuses.get(desc).is_some_and(|s| s.code == Code::Ok),
+                _ => !deny,
             };
             (b, hits, ok, window)
         })
         .collect();
-    counts.decided(second, latency_us, admitted, fallback, error, &per_bucket);
+    counts.decided(second, latency_us, &ended, &per_bucket);
 }

@@ -22,8 +22,8 @@ fn descriptor(key: &str) -> &str {
     }
 }
 
-/// The four pictures: admitted against the ideal, store calls, the fallback's share, the
-/// replica count.
+/// The four pictures: admitted against the ideal, store calls, the fallback's share (and the
+/// share Envoy gave up on), the replica count.
 pub(super) fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str, plot::Chart)> {
     let mut markers: Vec<plot::Marker> = scenario
         .store
@@ -124,16 +124,18 @@ pub(super) fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str,
         (
             "fallback.svg",
             plot::Chart {
-                title: "Share of decisions made by the fallback".into(),
+                title: "Share of decisions made by the fallback, and by Envoy's failure mode"
+                    .into(),
                 x_label: "virtual time (s)".into(),
                 y_label: "share of requests".into(),
-                series: vec![series("fallback share", "#d62728", false, &|r| {
-                    if r.offered == 0 {
-                        0.0
-                    } else {
-                        r.fallback as f64 / r.offered as f64
-                    }
-                })],
+                series: vec![
+                    series("fallback share", "#d62728", false, &|r| {
+                        share(r.fallback, r.offered)
+                    }),
+                    series("Envoy timed out (failure mode)", "#8c564b", false, &|r| {
+                        share(r.envoy_timeouts, r.offered)
+                    }),
+                ],
                 markers: markers.clone(),
                 y_max: Some(1.05),
             },
@@ -155,6 +157,15 @@ pub(super) fn charts(scenario: &Scenario, report: &Report) -> Vec<(&'static str,
             },
         ),
     ]
+}
+
+/// `part` of `whole`, 0 when there is no whole.
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,19 @@ pub(super) struct BucketCount {
     pub(super) windows: Track,
 }
 
+/// How one request's decision ended, as Envoy applied it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Ended {
+    /// Envoy let the request through (all its descriptors admitted, or the failure mode's).
+    pub(super) admitted: bool,
+    /// The fallback decided at least one of its ops.
+    pub(super) fallback: bool,
+    /// tollgate answered with an error (the fallback's `error` mode).
+    pub(super) error: bool,
+    /// Envoy's timeout passed before the decision ended.
+    pub(super) envoy_gave_up: bool,
+}
+
 /// One virtual second.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Row {
@@ -41,6 +54,8 @@ pub struct Row {
     pub fallback: u64,
     pub replicas: u64,
     pub replicas_believed: f64,
+    /// Requests of this second whose decision Envoy stopped waiting for.
+    pub envoy_timeouts: u64,
 }
 
 /// Per limit class: its buckets' hits, latency and fallback decisions.
@@ -66,8 +81,11 @@ pub(super) struct Counts {
     pub(super) ideal: u64,
     pub(super) fallback: u64,
     /// Requests the fallback's `error` mode failed (gRPC UNAVAILABLE: Envoy's failure mode
-    /// decides; counted as not admitted).
+    /// decided them).
     pub(super) errors: u64,
+    /// Requests whose decision Envoy stopped waiting for (its timeout; the failure mode
+    /// decided them).
+    pub(super) envoy_timeouts: u64,
     pub(super) decided: u64,
 }
 
@@ -93,6 +111,7 @@ impl Counts {
             ideal: 0,
             fallback: 0,
             errors: 0,
+            envoy_timeouts: 0,
             decided: 0,
         }
     }
@@ -145,19 +164,20 @@ impl Counts {
         &mut self,
         second: u64,
         latency_us: u64,
-        admitted: bool,
-        fallback: bool,
-        error: bool,
+        ended: &Ended,
         buckets: &[(usize, u64, bool, u64)],
     ) {
+        let fallback = ended.fallback;
         self.decided += 1;
-        self.admitted += u64::from(admitted);
+        self.admitted += u64::from(ended.admitted);
         self.fallback += u64::from(fallback);
-        self.errors += u64::from(error);
+        self.errors += u64::from(ended.error);
+        self.envoy_timeouts += u64::from(ended.envoy_gave_up);
         self.latency.saturating_record(latency_us.max(1));
         if let Some(r) = self.row(second) {
-            r.admitted += u64::from(admitted);
+            r.admitted += u64::from(ended.admitted);
             r.fallback += u64::from(fallback);
+            r.envoy_timeouts += u64::from(ended.envoy_gave_up);
         }
         // A request counts once per class for latency and fallback (whether the fallback
         // decided any of its ops: the decision says so per request, not per limit).
@@ -313,6 +333,8 @@ pub struct Total {
     pub latency_ms: Latency,
     pub fallback_decisions: u64,
     pub errors: u64,
+    /// Requests whose decision outlasted Envoy's timeout (the failure mode decided them).
+    pub envoy_timeouts: u64,
 }
 
 /// How fast the simulation itself ran (real time).
@@ -429,6 +451,7 @@ impl Counts {
                 latency_ms: latency(&self.latency),
                 fallback_decisions: self.fallback,
                 errors: self.errors,
+                envoy_timeouts: self.envoy_timeouts,
             },
             classes,
             series: self.rows,
@@ -480,11 +503,11 @@ impl Report {
     /// The series as CSV, one row per virtual second.
     pub fn csv(&self) -> String {
         let mut out = String::from(
-            "t_s,offered,admitted,ideal,store_calls,fallback,replicas,replicas_believed\n",
+            "t_s,offered,admitted,ideal,store_calls,fallback,replicas,replicas_believed,envoy_timeouts\n",
         );
         for r in &self.series {
             out.push_str(&format!(
-                "{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{}\n",
                 r.t_s,
                 r.offered,
                 r.admitted,
@@ -492,7 +515,8 @@ impl Report {
                 r.store_calls,
                 r.fallback,
                 r.replicas,
-                r.replicas_believed
+                r.replicas_believed,
+                r.envoy_timeouts
             ));
         }
         out
@@ -504,7 +528,7 @@ impl Report {
     pub fn text(&self) -> String {
         let t = &self.total;
         let mut out = format!(
-            "{}: {} s virtual, seed {}\n  offered {}  admitted {}  ideal {}  whole-run totals: over-admitted {:.3} %  falsely rejected {:.3} %\n  store calls/s mean {} max {}  decision latency p50 {} ms p99 {} ms p99.9 {} ms  fallback decisions {}  errors {}\n",
+            "{}: {} s virtual, seed {}\n  offered {}  admitted {}  ideal {}  whole-run totals: over-admitted {:.3} %  falsely rejected {:.3} %\n  store calls/s mean {} max {}  decision latency p50 {} ms p99 {} ms p99.9 {} ms  fallback decisions {}  errors {}  Envoy timeouts {}\n",
             self.scenario,
             self.duration_s,
             self.seed,
@@ -520,6 +544,7 @@ impl Report {
             t.latency_ms.p999,
             t.fallback_decisions,
             t.errors,
+            t.envoy_timeouts,
         );
         out.push_str(&windows_text("  ", &t.windows));
         let seconds = |name: &str, s: &Option<Second>, sign: char| match s {

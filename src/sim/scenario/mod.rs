@@ -14,7 +14,7 @@
 //! `settings:` and `rules:` it loads, and the field readers every section uses; one file per
 //! section, its types with their reader: `store.rs` (`store:`, nodes, latency and faults),
 //! `replicas.rs` (`replicas:`, the fleet size over time), `traffic.rs` (`traffic:`, the
-//! streams and their value templates).
+//! streams and their value templates), `envoy.rs` (`envoy:`, Envoy's timeout and failure mode).
 
 use std::path::{Path, PathBuf};
 
@@ -24,12 +24,14 @@ use crate::rules::yaml;
 use crate::settings::Settings;
 
 mod check;
+mod envoy;
 mod fields;
 mod read;
 mod replicas;
 mod store;
 mod traffic;
 
+pub use envoy::EnvoyModel;
 pub use replicas::FleetSize;
 pub use store::{Fault, FaultKind, Latency, StoreModel};
 pub use traffic::{Arrivals, Pick, Routing, Template, Traffic};
@@ -49,6 +51,8 @@ pub struct Scenario {
     pub store: StoreModel,
     pub replicas: FleetSize,
     pub traffic: Vec<Traffic>,
+    /// What the Envoy in front of the fleet does with a slow or failed decision.
+    pub envoy: EnvoyModel,
 }
 
 /// The most of a few numbers, so a typo cannot ask for a week of virtual time or a million
@@ -146,6 +150,37 @@ mod tests {
             "store.faults[0].kind: unknown fault kind `gone`",
             "traffic[0].rate_per_s: expected a number, found `lots`",
             "traffic[0].routing: unknown routing `sideways`",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        }
+    }
+
+    #[test]
+    fn the_envoy_in_front_has_envoys_defaults_and_its_fields_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = write(dir.path(), GOOD).unwrap();
+        assert_eq!(
+            s.envoy,
+            EnvoyModel {
+                timeout_ms: Some(20),
+                failure_mode_deny: false
+            }
+        );
+        let waits = format!("{GOOD}envoy: {{timeout_ms: 0, failure_mode_deny: true}}\n");
+        let s = write(dir.path(), &waits).unwrap();
+        assert_eq!(
+            s.envoy,
+            EnvoyModel {
+                timeout_ms: None,
+                failure_mode_deny: true
+            }
+        );
+        let bad = format!("{GOOD}envoy: {{timeout_ms: -5, failure_mode_deny: maybe, retry: 1}}\n");
+        let e = write(dir.path(), &bad).unwrap_err().to_string();
+        for want in [
+            "envoy.timeout_ms: must not be negative",
+            "envoy.failure_mode_deny: expected true or false",
+            "envoy.retry: unknown field",
         ] {
             assert!(e.contains(want), "missing {want:?} in:\n{e}");
         }

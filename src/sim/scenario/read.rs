@@ -4,11 +4,12 @@
 //!
 //! Flow: [`read`] takes the top-level fields → `settings:` ([`settings`], each setting alone
 //! and then together) → `rules:` ([`load_rules`], shaped by the settings) → each section
-//! through its own reader (`store.rs`, `replicas.rs`, `traffic.rs`) → the checks across
-//! sections (`check.rs`) → a [`Scenario`] when nothing was missing or wrong.
+//! through its own reader (`store.rs`, `replicas.rs`, `traffic.rs`, `envoy.rs`) → the checks
+//! across sections (`check.rs`) → a [`Scenario`] when nothing was missing or wrong.
 
 use std::path::Path;
 
+use super::envoy::envoy;
 use super::fields::positive_uint;
 use super::replicas::replicas;
 use super::store::store;
@@ -33,6 +34,7 @@ pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scena
             "store",
             "replicas",
             "traffic",
+            "envoy",
         ],
     )?;
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -58,6 +60,10 @@ pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scena
     let store = required(out, root, &f, "store").and_then(|n| store(out, n));
     let replicas = required(out, root, &f, "replicas").and_then(|n| replicas(out, n));
     let traffic = required(out, root, &f, "traffic").and_then(|n| traffic(out, n));
+    let envoy = match f.get("envoy") {
+        Some(n) => envoy(out, n),
+        None => Some(super::EnvoyModel::default()),
+    };
     if let Some(store) = &store {
         check::faults(out, root, store, replicas.as_ref());
     }
@@ -74,6 +80,7 @@ pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scena
         store: store?,
         replicas: replicas?,
         traffic: traffic?,
+        envoy: envoy?,
     })
 }
 
