@@ -519,6 +519,68 @@ mod tests {
         });
     }
 
+    #[test]
+    fn a_waiter_on_a_refused_claim_is_refused_from_the_cache_not_the_store() {
+        // The claim's own task settles the claim (waking the key's waiters) and records the
+        // refusal in the over-limit cache in one step: a waiter that looks again finds the
+        // refusal there. Recorded later, by the claiming request, the waiter went to the store.
+        let store = Arc::new(SlowReplies {
+            // Its own clock, never advanced: the spent bucket does not refill.
+            buckets: MemoryStore::new(Clock::manual(0)),
+            replies: tokio::sync::Semaphore::new(0),
+            calls: AtomicUsize::new(0),
+        });
+        let backend = store.clone();
+        let f = Arc::new(with_store(
+            |_| Store::Custom(backend),
+            |c| {
+                c.hot = HotKeyConfig {
+                    lease_max_batch: 10,
+                    ..hot()
+                }
+            },
+        ));
+        let r = req("edge", &[&[("tenant", "w")]]);
+        block_on(async {
+            // Spend the bucket (2 an hour) until the store refuses.
+            let mut refused = false;
+            for _ in 0..10 {
+                store.replies.add_permits(1);
+                if f.limiter.decide(&f.rules, &r).await.unwrap().overall == Code::OverLimit {
+                    refused = true;
+                    break;
+                }
+            }
+            assert!(refused, "the store refused once the bucket was spent");
+            // The refusal's cache entry ends; the store's bucket stays empty.
+            f.clock.advance_ms(3_600_000);
+            let before = store.calls.load(Ordering::Relaxed);
+            // Two requests of their own (tasks, as tonic runs them): one claims, the other
+            // waits for that claim. Each runs until it waits.
+            let decide = |f: Arc<super::super::fixture::Fixture>| {
+                tokio::spawn(async move {
+                    let r = req("edge", &[&[("tenant", "w")]]);
+                    f.limiter.decide(&f.rules, &r).await.unwrap().overall
+                })
+            };
+            let claiming = decide(f.clone());
+            tokio::task::yield_now().await;
+            let waiting = decide(f.clone());
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            // Room for two replies: a second call would be the waiter's own claim.
+            store.replies.add_permits(2);
+            assert_eq!(claiming.await.unwrap(), Code::OverLimit);
+            assert_eq!(waiting.await.unwrap(), Code::OverLimit);
+            assert_eq!(
+                store.calls.load(Ordering::Relaxed) - before,
+                1,
+                "one claim; the waiter was refused from the cache"
+            );
+        });
+    }
+
     fn hot() -> HotKeyConfig {
         HotKeyConfig {
             shared_store: true,
