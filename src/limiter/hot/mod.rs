@@ -481,15 +481,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_batch_claimed_by_a_cancelled_request_still_joins_the_lease() {
+    /// A fixture with hot-key settings `hot` on a [`SlowReplies`] store, and that store. Its
+    /// buckets have a clock of their own, never advanced: a spent bucket does not refill.
+    fn on_slow_replies(hot: HotKeyConfig) -> (Arc<SlowReplies>, super::super::fixture::Fixture) {
         let store = Arc::new(SlowReplies {
             buckets: MemoryStore::new(Clock::manual(0)),
             replies: tokio::sync::Semaphore::new(0),
             calls: AtomicUsize::new(0),
         });
         let backend = store.clone();
-        let f = with_store(|_| Store::Custom(backend), |c| c.hot = hot());
+        let f = with_store(|_| Store::Custom(backend), |c| c.hot = hot);
+        (store, f)
+    }
+
+    #[test]
+    fn a_batch_claimed_by_a_cancelled_request_still_joins_the_lease() {
+        let (store, f) = on_slow_replies(hot());
         let r = req("edge", &[&[("leased", "a")]]);
         block_on(async {
             // The first claim takes the request's 1 (no rate yet); the second 1 + a batch.
@@ -524,22 +531,11 @@ mod tests {
         // The claim's own task settles the claim (waking the key's waiters) and records the
         // refusal in the over-limit cache in one step: a waiter that looks again finds the
         // refusal there. Recorded later, by the claiming request, the waiter went to the store.
-        let store = Arc::new(SlowReplies {
-            // Its own clock, never advanced: the spent bucket does not refill.
-            buckets: MemoryStore::new(Clock::manual(0)),
-            replies: tokio::sync::Semaphore::new(0),
-            calls: AtomicUsize::new(0),
+        let (store, f) = on_slow_replies(HotKeyConfig {
+            lease_max_batch: 10,
+            ..hot()
         });
-        let backend = store.clone();
-        let f = Arc::new(with_store(
-            |_| Store::Custom(backend),
-            |c| {
-                c.hot = HotKeyConfig {
-                    lease_max_batch: 10,
-                    ..hot()
-                }
-            },
-        ));
+        let f = Arc::new(f);
         let r = req("edge", &[&[("tenant", "w")]]);
         block_on(async {
             // Spend the bucket (2 an hour) until the store refuses.
