@@ -4,7 +4,7 @@
 --
 -- A replica that leases a hot key claims several tokens in one call and spends them from memory
 -- (src/limiter/lease.rs). The tokens come out of the very state token_bucket.lua and
--- fixed_window.lua keep (same key, same fields, same PEXPIRE rule), so a leased, an unleased and
+-- fixed_window.lua keep (same key, same format, same expiry rule), so a leased, an unleased and
 -- a returned token are all one accounting. The clock is Redis `TIME` (ms).
 --
 -- A claim grants all of `need` and up to `want` tokens, or nothing (no partial admits): with
@@ -41,6 +41,9 @@ local window_ms = tonumber(ARGV[5])
 local need = tonumber(ARGV[6])
 local want = tonumber(ARGV[7])
 local share = math.max(tonumber(ARGV[8]), 1)
+
+-- store_state_format, as in token_bucket.lua: false = the packed string, true = 0.1.0's hash.
+local HASH_STATE = false
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -81,16 +84,29 @@ if algorithm == 1 then
     return math.min(ms, MAX_INT)
   end
 
-  local state = redis.call('HMGET', KEYS[1], 't', 'ts')
-  local stored = state[1] and state[2]
+  -- token_bucket.lua's state, in either of its formats.
+  local stored_tokens, stored_ts
+  local value = redis.pcall('GET', KEYS[1])
+  if type(value) == 'string' then
+    if #value ~= 16 then
+      return redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than a token bucket')
+    end
+    stored_tokens, stored_ts = struct.unpack('<dd', value)
+  elseif value then
+    local state = redis.call('HMGET', KEYS[1], 't', 'ts')
+    if state[1] and state[2] then
+      stored_tokens, stored_ts = tonumber(state[1]), tonumber(state[2])
+    end
+  end
+  local stored = stored_tokens ~= nil
   local tokens, last_ms
   if stored then
-    last_ms = tonumber(state[2])
+    last_ms = stored_ts
     local elapsed = now_ms - last_ms
     if elapsed < 0 then
       elapsed = 0
     end
-    tokens = math.min(capacity, tonumber(state[1]) + refilled(elapsed))
+    tokens = math.min(capacity, stored_tokens + refilled(elapsed))
   else
     last_ms = now_ms
     tokens = capacity
@@ -118,8 +134,18 @@ if algorithm == 1 then
       redis.call('DEL', KEYS[1])
     end
   else
-    redis.call('HSET', KEYS[1], 't', tokens, 'ts', math.max(now_ms, last_ms))
-    redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))
+    local ts = math.max(now_ms, last_ms)
+    local ttl_ms = math.max(reset_ms, 1)
+    if HASH_STATE then
+      if type(value) == 'string' then
+        -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
+        redis.call('DEL', KEYS[1])
+      end
+      redis.call('HSET', KEYS[1], 't', tokens, 'ts', ts)
+      redis.call('PEXPIRE', KEYS[1], ttl_ms)
+    else
+      redis.call('SET', KEYS[1], struct.pack('<dd', tokens, ts), 'PX', ttl_ms)
+    end
   end
   return {granted, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}
 end

@@ -7,11 +7,18 @@
 -- zero, at most to -capacity); a cost of 0 checks without consuming (allowed while at least
 -- one token is left). The clock is Redis `TIME` (ms), so every replica sees one clock.
 --
--- State: KEYS[1] is a hash of two fields, `t` (tokens, a double kept at full precision) and
--- `ts` (ms when `t` was last brought up to date). It expires (PEXPIRE) when the bucket would be
--- full again: a missing key *is* a full bucket, so a full bucket is deleted rather than stored
--- (as the memory store sweeps it). So `ts` survives a clock step back only while the bucket is
--- partly drained, which is where it matters: a full bucket cannot refill twice.
+-- State: KEYS[1] is a 16-byte string, two little-endian doubles packed with `struct.pack('<dd')`:
+-- the tokens (at full precision) and the ms when they were last brought up to date (`ts`). It
+-- is written with one `SET … PX`, to expire when the bucket would be full again: a missing key
+-- *is* a full bucket, so a full bucket is deleted rather than stored (as the memory store
+-- sweeps it). So `ts` survives a clock step back only while the bucket is partly drained,
+-- which is where it matters: a full bucket cannot refill twice.
+--
+-- 0.1.0 kept the same two numbers in a hash (`t`, `ts`; `HMGET`, `HSET`, `PEXPIRE`), which costs
+-- Redis ~25 % more per take. Either is read (a rolling upgrade from 0.1.0 meets its hashes);
+-- which one is written is `HASH_STATE` below, which the Redis store sets from
+-- `store_state_format` when it loads the script: `hash` writes what 0.1.0 reads, for the length
+-- of a rolling upgrade or rollback with 0.1.0 replicas beside this one (docs/redis.md).
 --
 -- KEYS[1]  the bucket key
 -- ARGV[1]  capacity: whole tokens (the burst)
@@ -33,6 +40,9 @@ local refill = tonumber(ARGV[2])
 local window_ms = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local overdraft = ARGV[5] == '1'
+
+-- store_state_format: false = the packed string, true = 0.1.0's hash (see the header).
+local HASH_STATE = false
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -69,17 +79,30 @@ local function wait_ms(tokens, target)
   return math.min(ms, MAX_INT)
 end
 
-local state = redis.call('HMGET', KEYS[1], 't', 'ts')
-local stored = state[1] and state[2]
+-- The stored state, in either format: GET answers a hash (0.1.0's) with WRONGTYPE.
+local stored_tokens, stored_ts
+local value = redis.pcall('GET', KEYS[1])
+if type(value) == 'string' then
+  if #value ~= 16 then
+    return redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than a token bucket')
+  end
+  stored_tokens, stored_ts = struct.unpack('<dd', value)
+elseif value then
+  local state = redis.call('HMGET', KEYS[1], 't', 'ts')
+  if state[1] and state[2] then
+    stored_tokens, stored_ts = tonumber(state[1]), tonumber(state[2])
+  end
+end
+local stored = stored_tokens ~= nil
 local tokens, last_ms
 if stored then
-  last_ms = tonumber(state[2])
+  last_ms = stored_ts
   -- saturating_sub: a clock that stepped back refills nothing.
   local elapsed = now_ms - last_ms
   if elapsed < 0 then
     elapsed = 0
   end
-  tokens = math.min(capacity, tonumber(state[1]) + refilled(elapsed))
+  tokens = math.min(capacity, stored_tokens + refilled(elapsed))
 else
   last_ms = now_ms
   tokens = capacity
@@ -118,9 +141,19 @@ if tokens >= capacity then
   end
 else
   -- A clock that steps back (a failover to a skewed host) must not refill twice later.
-  redis.call('HSET', KEYS[1], 't', tokens, 'ts', math.max(now_ms, last_ms))
+  local ts = math.max(now_ms, last_ms)
   -- token_idle_after_ms: the state stops mattering once the bucket is full again.
-  redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))
+  local ttl_ms = math.max(reset_ms, 1)
+  if HASH_STATE then
+    if type(value) == 'string' then
+      -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
+      redis.call('DEL', KEYS[1])
+    end
+    redis.call('HSET', KEYS[1], 't', tokens, 'ts', ts)
+    redis.call('PEXPIRE', KEYS[1], ttl_ms)
+  else
+    redis.call('SET', KEYS[1], struct.pack('<dd', tokens, ts), 'PX', ttl_ms)
+  end
 end
 
 return {allowed and 1 or 0, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}

@@ -117,6 +117,7 @@ pub fn redis_config(s: &Settings) -> RedisConfig {
         wait_timeout_ms: s.store_wait_timeout_ms,
         batch_in_flight: s.store_batch_in_flight,
         batch_max_ops: s.store_batch_max_ops,
+        state_format: s.store_state_format,
     }
 }
 

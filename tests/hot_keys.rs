@@ -261,8 +261,10 @@ async fn sigterm_gives_unspent_leased_tokens_back() {
     };
     let key = tollgate::keys::bucket_key(&prefix, "lease", [("tenant", "t")], &rate, 0, None);
     let tokens = |redis: &TestRedis| -> f64 {
-        let t: Option<String> = redis.cmd(&["HGET", &key, "t"]);
-        t.expect("the bucket is partly spent").parse().unwrap()
+        redis
+            .token_state(&key)
+            .expect("the bucket is partly spent")
+            .0
     };
     let before = tokens(&redis);
     assert!(server.terminate().success(), "{}", server.log());

@@ -7,8 +7,10 @@
 //! reply and every bucket's stored state (`DUMP`) and TTL must be identical.
 //!
 //! As in `tests/lua_mirror.rs`, Redis cannot be given a fake clock: both run with `TIME`
-//! replaced by two trailing ARGV the test sets, and `PEXPIRE` writes its TTL into a key of its
-//! own, so a state never expires in the middle of a case and the TTLs are compared exactly.
+//! replaced by two trailing ARGV the test sets, and `PEXPIRE` (or the token bucket's `SET … PX`)
+//! writes its TTL into a key of its own, so a state never expires in the middle of a case and
+//! the TTLs are compared exactly. Half the cases write the token bucket's state as 0.1.0's hash
+//! (`store_state_format: hash`).
 
 mod common;
 
@@ -18,19 +20,26 @@ use common::store::{charged, claim, fw, give_back, sw, tb};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use tollgate::quota::{Op, OpKind};
-use tollgate::store::redis::{BATCHED_LUA, ScriptCall, batch_lua};
+use tollgate::store::redis::{BATCHED_LUA, ScriptCall, StateFormat, batch_lua};
 
 const BASE_MS: u64 = 1_700_000_000_123;
 const TIME: &str = "redis.call('TIME')";
 const PEXPIRE: &str = "redis.call('PEXPIRE', KEYS[1], ";
+/// The token bucket's packed state sets its TTL with `SET … PX` (`lua/token_bucket.lua`).
+const PX: &str = ", 'PX', ttl_ms)";
+
+/// `script` with each TTL it sets written to `<key>~ttl` instead.
+fn ttl_to_key(script: &str) -> String {
+    assert!(script.contains(PEXPIRE), "every script sets a TTL");
+    script
+        .replace(PEXPIRE, "redis.call('SET', KEYS[1] .. '~ttl', ")
+        .replace(PX, ") redis.call('SET', KEYS[1] .. '~ttl', ttl_ms)")
+}
 
 /// `script` on the test clock (the last two ARGV), its TTL written to `<key>~ttl`.
 fn on_test_clock(script: &str) -> String {
     assert_eq!(script.matches(TIME).count(), 1);
-    assert!(script.contains(PEXPIRE), "every script sets a TTL");
-    script
-        .replace(TIME, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
-        .replace(PEXPIRE, "redis.call('SET', KEYS[1] .. '~ttl', ")
+    ttl_to_key(script).replace(TIME, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
 }
 
 /// The bucket of algorithm `which` (0 token bucket, 1 fixed window, 2 sliding window,
@@ -90,15 +99,27 @@ fn dump(conn: &mut ::redis::Connection, key: &str) -> (Option<Vec<u8>>, Option<S
 fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
     let redis = TestRedis::start();
     let conn = std::cell::RefCell::new(redis.conn());
-    let singles: Vec<String> = BATCHED_LUA.iter().map(|s| on_test_clock(s)).collect();
-    let patched: Vec<String> = BATCHED_LUA
-        .iter()
-        .map(|s| s.replace(PEXPIRE, "redis.call('SET', KEYS[1] .. '~ttl', "))
-        .collect();
-    let batch = batch_lua(
-        std::array::from_fn(|i| patched[i].as_str()),
-        "{ARGV[#ARGV - 1], ARGV[#ARGV]}",
-    );
+    // Odd cases write the token bucket's state as 0.1.0's hash (store_state_format: hash),
+    // even ones packed.
+    let formats = [StateFormat::Packed, StateFormat::Hash].map(|format| {
+        let scripts: [String; 5] = std::array::from_fn(|i| {
+            let call = [
+                ScriptCall::TokenBucket([0; 5]),
+                ScriptCall::FixedWindow([0; 4]),
+                ScriptCall::SlidingWindow([0; 4]),
+                ScriptCall::SlidingLog([0; 3]),
+                ScriptCall::Lease([0; 8]),
+            ][i];
+            call.source(format).to_string()
+        });
+        let singles: Vec<String> = scripts.iter().map(|s| on_test_clock(s)).collect();
+        let patched: Vec<String> = scripts.iter().map(|s| ttl_to_key(s)).collect();
+        let batch = batch_lua(
+            std::array::from_fn(|i| patched[i].as_str()),
+            "{ARGV[#ARGV - 1], ARGV[#ARGV]}",
+        );
+        (singles, batch)
+    });
     let cost = prop_oneof![
         Just(0u64),
         Just(1),
@@ -119,6 +140,7 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
     let case = std::cell::Cell::new(0u32);
     let result = runner.run(&prop::collection::vec(step, 1..12), |steps| {
         case.set(case.get() + 1);
+        let (singles, batch) = &formats[(case.get() % 2) as usize];
         let (a, b) = (format!("a{}:", case.get()), format!("s{}:", case.get()));
         let mut conn = conn.borrow_mut();
         let conn = &mut *conn;
@@ -129,7 +151,7 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
             // The batch on the `a` buckets.
             let ops: Vec<Op> = picks.iter().map(|&(w, c, v)| op_on(&a, w, c, v)).collect();
             let mut cmd = ::redis::cmd("EVAL");
-            cmd.arg(&batch).arg(ops.len());
+            cmd.arg(batch).arg(ops.len());
             for op in &ops {
                 cmd.arg(&op.key);
             }
@@ -137,7 +159,7 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
                 let call = ScriptCall::for_op(op);
                 let number = BATCHED_LUA
                     .iter()
-                    .position(|s| *s == call.source())
+                    .position(|s| *s == call.source(StateFormat::Packed))
                     .unwrap()
                     + 1;
                 cmd.arg(number).arg(call.argv());
@@ -151,7 +173,7 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
                 let call = ScriptCall::for_op(&single);
                 let script = &singles[BATCHED_LUA
                     .iter()
-                    .position(|s| *s == call.source())
+                    .position(|s| *s == call.source(StateFormat::Packed))
                     .unwrap()];
                 let reply: Value = ::redis::cmd("EVAL")
                     .arg(script)
@@ -188,9 +210,15 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
 fn an_op_that_fails_in_a_batch_fails_alone() {
     let redis = TestRedis::start();
     let mut conn = redis.conn();
-    // A key of the wrong type between two good ones.
-    let _: () = ::redis::cmd("SET")
+    // A key of the wrong type between two good ones, and a string that is not a bucket's
+    // state after them.
+    let _: () = ::redis::cmd("RPUSH")
         .arg("x{b0}")
+        .arg("not a bucket")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = ::redis::cmd("SET")
+        .arg("y{b0}")
         .arg("not a bucket")
         .query(&mut conn)
         .unwrap();
@@ -198,6 +226,7 @@ fn an_op_that_fails_in_a_batch_fails_alone() {
         tb("ok{1}", 5, 1, 1_000, 1),
         tb("x{b0}", 5, 1, 1_000, 1),
         tb("ok{2}", 5, 1, 1_000, 2),
+        tb("y{b0}", 5, 1, 1_000, 1),
     ];
     let lua = &*tollgate::store::redis::BATCH_LUA;
     let mut cmd = ::redis::cmd("EVAL");
@@ -226,4 +255,11 @@ fn an_op_that_fails_in_a_batch_fails_alone() {
         other => panic!("expected an error reply, got {other:?}"),
     }
     assert_eq!(ints(&replies[2]).unwrap()[..2], [1, 3]);
+    match &replies[3] {
+        Value::ServerError(e) => assert!(
+            format!("{e:?}").contains("holds something other than a token bucket"),
+            "the op's own error: {e:?}"
+        ),
+        other => panic!("expected an error reply, got {other:?}"),
+    }
 }

@@ -7,9 +7,13 @@
 //! sorted-set member each, are the Rust log's runs.
 //!
 //! Redis cannot be given a fake clock, so each script runs with `TIME` replaced by two extra
-//! ARGV the test sets, and its `PEXPIRE` replaced by writing the TTL into a `ttl` field the
-//! test reads back ([`with_test_clock`]). One redis-server serves every case of a test; each
-//! case starts from a deleted key.
+//! ARGV the test sets, and each TTL it sets (`PEXPIRE`, `SET … PX`) replaced by writing the
+//! TTL into a key of its own, `<key>:ttl`, which the test reads back ([`with_test_clock`]).
+//! The token bucket's state has two formats (the packed string and 0.1.0's hash,
+//! `store_state_format`): the token bucket and lease tests pick the writer at random for each
+//! call, so one bucket goes back and forth between them, as it does when old and new replicas
+//! share a Redis. One redis-server serves every case of a test; each case starts from a
+//! deleted key.
 
 mod common;
 
@@ -25,6 +29,7 @@ use tollgate::quota::bucket::{
 use tollgate::quota::{Action, Op, OpKind, Outcome};
 use tollgate::store::redis::{
     FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, ScriptCall, TOKEN_BUCKET_LUA,
+    writing_hash,
 };
 
 /// Cases per test: each is a sequence of up to [`MAX_TAKES`] takes on one bucket.
@@ -126,6 +131,12 @@ fn window_ms(edges: &[u64]) -> impl Strategy<Value = u64> + use<> {
     prop_oneof![3 => prop::sample::select(edges.to_vec()), 1 => 1..100_000u64]
 }
 
+/// Which format each call of a sequence writes the token bucket's state in: `true` = 0.1.0's
+/// hash, `false` = packed.
+fn writers() -> impl Strategy<Value = Vec<bool>> {
+    prop::collection::vec(any::<bool>(), MAX_TAKES)
+}
+
 /// A start time and a sequence of (clock step, cost) takes.
 fn takes() -> impl Strategy<Value = (u64, Vec<(Step, Cost)>)> {
     (
@@ -134,28 +145,72 @@ fn takes() -> impl Strategy<Value = (u64, Vec<(Step, Cost)>)> {
     )
 }
 
-/// The script with `TIME` replaced by the last two ARGV (seconds, microseconds) and its
-/// `PEXPIRE` replaced by writing the TTL into a `ttl` field, so the test drives the clock and
-/// reads the TTL the script chose. Each replacement must hit exactly once: if the script
-/// changes shape, this test fails instead of silently testing something else.
-fn with_test_clock(source: &str, pexpire: &str, ttl: &str) -> String {
+/// The script with `TIME` replaced by the last two ARGV (seconds, microseconds) and each of
+/// its `ttl_sites` TTLs (`redis.call('PEXPIRE', KEYS[1], ttl)` or `…, 'PX', ttl)`) replaced by
+/// writing `ttl` into the key `<key>:ttl`, so the test drives the clock and reads the TTL the
+/// script chose. Each count must match: if the script changes shape, this test fails instead
+/// of silently testing something else.
+fn with_test_clock(source: &str, ttl_sites: usize) -> String {
     let time = "redis.call('TIME')";
     assert_eq!(
         source.matches(time).count(),
         1,
         "the script reads TIME once"
     );
+    let pexpire = "redis.call('PEXPIRE', KEYS[1], ";
+    let px = ", 'PX', ttl_ms)";
     assert_eq!(
-        source.matches(pexpire).count(),
-        1,
-        "the script sets its TTL once: {pexpire}"
+        source.matches(pexpire).count() + source.matches(px).count(),
+        ttl_sites,
+        "the script's TTLs moved"
     );
     source
         .replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
-        .replace(
-            pexpire,
-            &format!("redis.call('HSET', KEYS[1], 'ttl', {ttl})"),
-        )
+        .replace(pexpire, "redis.call('SET', KEYS[1] .. ':ttl', ")
+        .replace(px, ") redis.call('SET', KEYS[1] .. ':ttl', ttl_ms)")
+}
+
+/// The TTL the last call set on `k` (see [`with_test_clock`]), and forgets it, so the next
+/// read says whether the next call set one.
+fn take_ttl(conn: &mut ::redis::Connection, k: &str) -> Option<u64> {
+    let ttl_key = format!("{k}:ttl");
+    let ttl: Option<u64> = ::redis::cmd("GET").arg(&ttl_key).query(conn).unwrap();
+    del(conn, &ttl_key);
+    ttl
+}
+
+/// A token bucket's stored `(tokens, ts)`, in either format, bit for bit.
+fn token_state(conn: &mut ::redis::Connection, k: &str) -> Option<(f64, u64)> {
+    let kind: String = ::redis::cmd("TYPE").arg(k).query(conn).unwrap();
+    match kind.as_str() {
+        "string" => {
+            let bytes: Vec<u8> = ::redis::cmd("GET").arg(k).query(conn).unwrap();
+            assert_eq!(bytes.len(), 16, "{k}: the packed state is two doubles");
+            common::redis::unpack_token_state(&bytes)
+        }
+        "hash" => {
+            let fields: Vec<Option<String>> = ::redis::cmd("HMGET")
+                .arg(k)
+                .arg(&["t", "ts"])
+                .query(conn)
+                .unwrap();
+            Some((
+                fields[0].as_deref().expect("t").parse().unwrap(),
+                fields[1].as_deref().expect("ts").parse().unwrap(),
+            ))
+        }
+        "none" => None,
+        other => panic!("{k} is a {other}"),
+    }
+}
+
+/// The token bucket and lease scripts on the test clock, writing the packed state (`[0]`) and
+/// 0.1.0's hash (`[1]`).
+fn both_formats(source: &str, ttl_sites: usize) -> [String; 2] {
+    [
+        with_test_clock(source, ttl_sites),
+        with_test_clock(&writing_hash(source), ttl_sites),
+    ]
 }
 
 fn eval_at(conn: &mut ::redis::Connection, source: &str, op: &Op, now_ms: u64) -> Outcome {
@@ -185,29 +240,11 @@ fn eval_at(conn: &mut ::redis::Connection, source: &str, op: &Op, now_ms: u64) -
     }
 }
 
-/// `with_test_clock` for `lease.lua`, which sets a TTL on several paths: every `PEXPIRE` of
-/// the bucket key writes its TTL into the `ttl` field instead, which the lease test compares
-/// with the TTL the Rust state implies after every call that set one.
-fn lease_with_test_clock() -> String {
-    let time = "redis.call('TIME')";
-    assert_eq!(
-        LEASE_LUA.matches(time).count(),
-        1,
-        "lease.lua reads TIME once"
-    );
-    let pexpire = "redis.call('PEXPIRE', KEYS[1], ";
-    assert!(
-        LEASE_LUA.matches(pexpire).count() >= 3,
-        "lease.lua's TTLs moved"
-    );
-    LEASE_LUA
-        .replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
-        .replace(pexpire, "redis.call('HSET', KEYS[1], 'ttl', ")
-}
-
+/// Deletes `key` and its test TTL key.
 fn del(conn: &mut ::redis::Connection, key: &str) {
     ::redis::cmd("DEL")
         .arg(key)
+        .arg(format!("{key}:ttl"))
         .query::<()>(conn)
         .unwrap_or_else(|e| panic!("DEL {key}: {e}"));
 }
@@ -216,11 +253,8 @@ fn del(conn: &mut ::redis::Connection, key: &str) {
 fn lua_token_bucket_mirrors_take_token_exactly() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
-    let source = with_test_clock(
-        TOKEN_BUCKET_LUA,
-        "redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))",
-        "math.max(reset_ms, 1)",
-    );
+    // Two TTL sites: the packed state's `SET … PX` and the hash's `PEXPIRE`.
+    let sources = both_formats(TOKEN_BUCKET_LUA, 2);
     let params = (
         limit(&[
             0,
@@ -245,15 +279,19 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
             window_ms,
         });
     let (cases, checked, stored_states) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    let switched = Cell::new(0);
     check(
-        (params, takes(), any::<bool>()),
-        |(p, (start, takes), overdraft)| {
+        (params, takes(), any::<bool>(), writers()),
+        |(p, (start, takes), overdraft, writers)| {
             let conn = &mut *conn.borrow_mut();
             let k = "mirror:{tb}";
             del(conn, k);
             let mut now = BASE_MS + start;
             let mut state: Option<TokenBucketState> = None;
-            for (step, cost) in takes {
+            for (i, (step, cost)) in takes.into_iter().enumerate() {
+                let source = &sources[usize::from(writers[i])];
+                let before = token_state(conn, k);
+                take_ttl(conn, k);
                 now = step.apply(now, p.window_ms);
                 let cost = cost.of(p.capacity);
                 let op = charged(tb(k, p.capacity, p.refill, p.window_ms, cost), overdraft);
@@ -262,23 +300,31 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
                 // conversion defined; Rust saturates at 2^64. Only absurd configurations get there.
                 want.reset_ms = want.reset_ms.min(MAX_WAIT);
                 want.retry_ms = want.retry_ms.map(|r| r.min(MAX_WAIT));
-                let got = eval_at(conn, &source, &op, now);
-                let at = format!("{p:?} cost {cost} overdraft {overdraft} at {now} from {state:?}");
+                let got = eval_at(conn, source, &op, now);
+                let at = format!(
+                    "{p:?} cost {cost} overdraft {overdraft} at {now} from {state:?}, writing {}",
+                    if writers[i] { "the hash" } else { "packed" }
+                );
                 prop_assert_eq!(got, want, "{}", at);
                 // The stored state: a full bucket is no key (the memory store sweeps it too);
-                // otherwise the same two numbers, bit for bit, and the TTL is time-to-full.
-                let stored: Vec<Option<String>> = ::redis::cmd("HMGET")
-                    .arg(k)
-                    .arg(&["t", "ts", "ttl"])
-                    .query(conn)
-                    .unwrap();
+                // otherwise the same two numbers, bit for bit, in the format this call
+                // writes, and the TTL is time-to-full.
+                let stored = token_state(conn, k);
                 if next.tokens >= p.capacity as f64 {
-                    prop_assert!(stored[0].is_none(), "{}: a full bucket is not stored", at);
+                    prop_assert!(stored.is_none(), "{}: a full bucket is not stored", at);
                     state = None;
                 } else {
-                    let t: f64 = stored[0].as_deref().expect("t").parse().unwrap();
-                    let ts: u64 = stored[1].as_deref().expect("ts").parse().unwrap();
-                    let ttl: u64 = stored[2].as_deref().expect("ttl").parse().unwrap();
+                    let kind: String = ::redis::cmd("TYPE").arg(k).query(conn).unwrap();
+                    let want_kind = if writers[i] { "hash" } else { "string" };
+                    prop_assert_eq!(kind.as_str(), want_kind, "{}", at);
+                    if before.is_some() && kind != "none" {
+                        switched.set(
+                            switched.get()
+                                + usize::from(writers[i] != writers[i.saturating_sub(1)]),
+                        );
+                    }
+                    let (t, ts) = stored.expect("stored");
+                    let ttl = take_ttl(conn, k).expect("a stored bucket has a TTL");
                     prop_assert_eq!(
                         (t.to_bits(), ts),
                         (next.tokens.to_bits(), next.ts_ms),
@@ -304,12 +350,14 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
         },
     );
     eprintln!(
-        "token bucket: {} cases, {} takes, {} left a stored bucket",
+        "token bucket: {} cases, {} takes, {} left a stored bucket, {} read the other format",
         cases.get(),
         checked.get(),
-        stored_states.get()
+        stored_states.get(),
+        switched.get()
     );
     assert!(cases.get() >= CASES, "{} cases ran", cases.get());
+    assert!(switched.get() > 100, "{} format switches", switched.get());
     // The sequences reached partly drained buckets, not only full ones.
     assert!(
         stored_states.get() > checked.get() / 2,
@@ -323,11 +371,7 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
 fn lua_fixed_window_mirrors_take_window_exactly() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
-    let source = with_test_clock(
-        FIXED_WINDOW_LUA,
-        "redis.call('PEXPIRE', KEYS[1], reset_ms)",
-        "reset_ms",
-    );
+    let source = with_test_clock(FIXED_WINDOW_LUA, 1);
     let params = (
         limit(&[0, 1, 2, 3, 10, 1_000, u64::from(u32::MAX)]),
         window_ms(&[7, 1_000, 60_000, HOUR, DAY]),
@@ -353,7 +397,7 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
                 );
                 prop_assert_eq!(got, want, "{}", at);
                 if cost > 0 {
-                    let ttl: u64 = ::redis::cmd("HGET").arg(k).arg("ttl").query(conn).unwrap();
+                    let ttl = take_ttl(conn, k).expect("a counted hit sets the TTL");
                     prop_assert_eq!(
                         ttl,
                         want.reset_ms,
@@ -386,11 +430,7 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
 fn lua_sliding_window_mirrors_rust() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
-    let source = with_test_clock(
-        SLIDING_WINDOW_LUA,
-        "redis.call('PEXPIRE', KEYS[1], reset_ms)",
-        "reset_ms",
-    );
+    let source = with_test_clock(SLIDING_WINDOW_LUA, 1);
     // Whole estimates stay whole: 25 hits of the previous window weigh exactly 14 at 440 ms
     // into a 1 s window, so 11 are left (`prev * (1 - elapsed / w)` gives 14.000000000000002
     // and 10 left). Random sequences rarely land on such a point.
@@ -441,11 +481,12 @@ fn lua_sliding_window_mirrors_rust() {
                 // The stored state: an empty one is no key (the memory store does not keep it
                 // either); otherwise the same three numbers. The script rewrites the hash only
                 // when the state changed, and its TTL always ends where the estimate reaches 0.
-                let stored: Vec<Option<u64>> = ::redis::cmd("HMGET")
+                let mut stored: Vec<Option<u64>> = ::redis::cmd("HMGET")
                     .arg(k)
-                    .arg(&["w", "p", "c", "ttl"])
+                    .arg(&["w", "p", "c"])
                     .query(conn)
                     .unwrap();
+                stored.push(take_ttl(conn, k));
                 if next.is_empty() {
                     prop_assert!(stored.iter().all(Option::is_none), "{}: {:?}", at, stored);
                     state = None;
@@ -616,17 +657,10 @@ fn lease_step() -> impl Strategy<Value = LeaseStep> {
 fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
-    let lease = lease_with_test_clock();
-    let token = with_test_clock(
-        TOKEN_BUCKET_LUA,
-        "redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))",
-        "math.max(reset_ms, 1)",
-    );
-    let window = with_test_clock(
-        FIXED_WINDOW_LUA,
-        "redis.call('PEXPIRE', KEYS[1], reset_ms)",
-        "reset_ms",
-    );
+    // lease.lua's TTLs: the token bucket's two formats and the fixed window's two paths.
+    let lease = both_formats(LEASE_LUA, 4);
+    let token = both_formats(TOKEN_BUCKET_LUA, 2);
+    let window = with_test_clock(FIXED_WINDOW_LUA, 1);
     let params = (
         any::<bool>(),
         limit(&[0, 1, 2, 3, 10, 100, 1_000, u64::from(u32::MAX)]),
@@ -636,13 +670,14 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
     let steps = (
         0..DAY,
         prop::collection::vec((step(), lease_step()), 1..=MAX_TAKES),
+        writers(),
     );
     let (cases, granted_extra, returned) = (Cell::new(0), Cell::new(0), Cell::new(0));
     let ttls_checked = Cell::new(0);
     let debts = Cell::new(0);
     check(
         (params, steps),
-        |((token_bucket, cap, refill, window_ms), (start, steps))| {
+        |((token_bucket, cap, refill, window_ms), (start, steps, writers))| {
             let conn = &mut *conn.borrow_mut();
             let k = "mirror:{lease}";
             del(conn, k);
@@ -654,7 +689,8 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
             let mut now = BASE_MS + start;
             let mut tb_state: Option<TokenBucketState> = None;
             let mut fw_state: Option<WindowState> = None;
-            for (step, what) in steps {
+            for (i, (step, what)) in steps.into_iter().enumerate() {
+                let format = usize::from(writers[i]);
                 now = step.apply(now, window_ms);
                 let base = if token_bucket {
                     tb(k, cap, refill, window_ms, 0)
@@ -667,7 +703,11 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                             cost: c.of(cap),
                             ..base
                         },
-                        if token_bucket { &token } else { &window },
+                        if token_bucket {
+                            &token[format]
+                        } else {
+                            &window
+                        },
                     ),
                     LeaseStep::Charge(c) => (
                         charged(
@@ -677,13 +717,17 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                             },
                             true,
                         ),
-                        if token_bucket { &token } else { &window },
+                        if token_bucket {
+                            &token[format]
+                        } else {
+                            &window
+                        },
                     ),
                     LeaseStep::Claim(need, extra, share) => {
                         let need = need.of(cap).clamp(1, u64::from(u32::MAX));
-                        (claim(base, need, need + extra, share), &lease)
+                        (claim(base, need, need + extra, share), &lease[format])
                     }
-                    LeaseStep::GiveBack(n) => (give_back(base, n), &lease),
+                    LeaseStep::GiveBack(n) => (give_back(base, n), &lease[format]),
                 };
                 let mut want = if token_bucket {
                     let (next, o) = match op.action {
@@ -721,40 +765,39 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                 };
                 want.reset_ms = want.reset_ms.min(MAX_WAIT);
                 want.retry_ms = want.retry_ms.map(|r| r.min(MAX_WAIT));
-                // The TTL field is cleared before each call, so after it the field is there
+                // The TTL key is cleared before each call, so after it the key is there
                 // exactly when this call set a TTL.
-                let fields = ["t", "ts", "w", "c", "ttl"];
-                let read = |conn: &mut ::redis::Connection| -> Vec<Option<String>> {
-                    ::redis::cmd("HMGET")
-                        .arg(k)
-                        .arg(&fields)
-                        .query(conn)
-                        .unwrap()
+                let read = |conn: &mut ::redis::Connection| {
+                    if token_bucket {
+                        let s = token_state(conn, k);
+                        (s.map(|(t, ts)| (t.to_bits(), ts)), None)
+                    } else {
+                        let fields: Vec<Option<u64>> = ::redis::cmd("HMGET")
+                            .arg(k)
+                            .arg(&["w", "c"])
+                            .query(conn)
+                            .unwrap();
+                        (None, fields[0].zip(fields[1]))
+                    }
                 };
-                ::redis::cmd("HDEL")
-                    .arg(k)
-                    .arg("ttl")
-                    .query::<()>(conn)
-                    .unwrap();
+                take_ttl(conn, k);
                 let before = read(conn);
                 let got = eval_at(conn, source, &op, now);
                 let at = format!("{op:?} at {now}");
                 prop_assert_eq!(got, want, "{}", at);
                 let stored = read(conn);
                 // Wrote a state (a deleted key is no state, and needs no TTL).
-                let wrote = stored[..4] != before[..4] && stored[..4].iter().any(Option::is_some);
-                let ttl: Option<u64> = stored[4].as_deref().map(|t| t.parse().unwrap());
+                let wrote = stored != before && (stored.0.is_some() || stored.1.is_some());
+                let ttl = take_ttl(conn, k);
                 if token_bucket {
                     // The same two numbers, bit for bit, or no key for a full bucket; a call
                     // that stored a state set its TTL to the time until the bucket is full.
                     match tb_state {
-                        None => prop_assert!(stored[0].is_none(), "{}: full is not stored", at),
+                        None => prop_assert!(stored.0.is_none(), "{}: full is not stored", at),
                         Some(s) => {
-                            let t: f64 = stored[0].as_deref().expect("t").parse().unwrap();
-                            let ts: u64 = stored[1].as_deref().expect("ts").parse().unwrap();
                             prop_assert_eq!(
-                                (t.to_bits(), ts),
-                                (s.tokens.to_bits(), s.ts_ms),
+                                stored.0,
+                                Some((s.tokens.to_bits(), s.ts_ms)),
                                 "{}",
                                 at
                             );
@@ -780,10 +823,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                             0
                         }
                     };
-                    let stored_count = match (&stored[2], &stored[3]) {
-                        (Some(w), Some(c)) => carried(w.parse().unwrap(), c.parse().unwrap()),
-                        _ => 0,
-                    };
+                    let stored_count = stored.1.map_or(0, |(w, c)| carried(w, c));
                     let rust_count = fw_state.map_or(0, |w| carried(w.start_ms, w.count));
                     prop_assert_eq!(stored_count, rust_count, "{}: the window's count", at);
                     prop_assert!(!wrote || ttl.is_some(), "{}: stored without a TTL", at);
@@ -844,12 +884,8 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
 fn lua_lease_claim_on_a_bucket_in_debt_waits_as_the_rust_says() {
     let redis = TestRedis::start();
     let mut conn = redis.conn();
-    let lease = lease_with_test_clock();
-    let token = with_test_clock(
-        TOKEN_BUCKET_LUA,
-        "redis.call('PEXPIRE', KEYS[1], math.max(reset_ms, 1))",
-        "math.max(reset_ms, 1)",
-    );
+    let lease = with_test_clock(LEASE_LUA, 4);
+    let token = with_test_clock(TOKEN_BUCKET_LUA, 2);
     let mut debt_claims = 0;
     for (cap, refill) in [
         (u64::from(u32::MAX), 3),

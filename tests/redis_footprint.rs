@@ -93,7 +93,7 @@ async fn one_script_call_per_request_in_one_round_trip() {
 
 /// The size of one token bucket in Redis, with a ~40-byte key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_bucket_is_one_small_hash() {
+async fn a_token_bucket_is_one_small_string() {
     let redis = TestRedis::start();
     let store = contract_store(&redis.url()).await;
     let rate = Rate {
@@ -105,8 +105,15 @@ async fn a_token_bucket_is_one_small_hash() {
     };
     let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
     assert!(one(&store, tb(&k, 100, 100, HOUR, 1)).await.allowed);
-    let fields: Vec<String> = redis.cmd(&["HKEYS", &k]);
-    assert_eq!(fields, ["t", "ts"]);
+    let kind: String = redis.cmd(&["TYPE", &k]);
+    assert_eq!(
+        kind, "string",
+        "the packed state (store_state_format: packed)"
+    );
+    let (tokens, _) = redis
+        .token_state(&k)
+        .expect("a partly spent bucket is stored");
+    assert_eq!(tokens, 99.0);
     let ttl: i64 = redis.cmd(&["PTTL", &k]);
     assert!(
         ttl > 0 && ttl <= 36_000,

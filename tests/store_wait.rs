@@ -74,8 +74,7 @@ fn calls(port: u16, command_name: &str) -> u64 {
 
 /// Tokens spent from `k` as `port` sees it (its stored balance; refill is negligible).
 fn spent_on(port: u16, k: &str) -> u64 {
-    let t: Option<f64> = command(port, &["HGET", k, "t"]).unwrap_or(None);
-    t.map_or(0, |t| (CAPACITY as f64 - t).round() as u64)
+    common::redis::token_state(port, k).map_or(0, |(t, _)| (CAPACITY as f64 - t).round() as u64)
 }
 
 /// A replica of `primary_port` (directly or through a proxy), once its link is up.

@@ -24,12 +24,11 @@ fn rules() -> String {
     example.replace("requests_per_unit: 1000000", "requests_per_unit: 100")
 }
 
-/// The tenant's stored balance (the token bucket's `t` field), if it is stored.
+/// The tenant's stored balance (the token bucket's tokens), if it is stored.
 fn balance(redis: &TestRedis, prefix: &str, tenant: &str) -> Option<f64> {
     let keys: Vec<String> = redis.cmd(&["KEYS", &format!("{prefix}*{tenant}*")]);
     let key = keys.first()?;
-    let t: Option<String> = redis.cmd(&["HGET", key, "t"]);
-    t.and_then(|t| t.parse().ok())
+    redis.token_state(key).map(|(t, _)| t)
 }
 
 fn server(redis: &TestRedis, prefix: &str) -> InProcess {

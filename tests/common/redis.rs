@@ -49,6 +49,36 @@ pub fn command<T: ::redis::FromRedisValue>(port: u16, args: &[&str]) -> ::redis:
     ::redis::cmd(name).arg(rest).query(&mut conn)
 }
 
+/// A token bucket's stored state, `(tokens, ts_ms)`, in either format `token_bucket.lua`
+/// reads: the packed string (two little-endian doubles) or 0.1.0's hash (`t`, `ts`). `None`
+/// when the key is missing (a full bucket) or is something else.
+#[allow(dead_code)]
+pub fn token_state(port: u16, key: &str) -> Option<(f64, u64)> {
+    let kind: String = command(port, &["TYPE", key]).ok()?;
+    match kind.as_str() {
+        "string" => {
+            let bytes: Vec<u8> = command(port, &["GET", key]).ok()?;
+            unpack_token_state(&bytes)
+        }
+        "hash" => {
+            let fields: Vec<Option<String>> = command(port, &["HMGET", key, "t", "ts"]).ok()?;
+            Some((
+                fields[0].as_deref()?.parse().ok()?,
+                fields[1].as_deref()?.parse().ok()?,
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The packed state (`struct.pack('<dd', tokens, ts)`) as `(tokens, ts_ms)`.
+#[allow(dead_code)]
+pub fn unpack_token_state(bytes: &[u8]) -> Option<(f64, u64)> {
+    let (tokens, ts) = bytes.split_first_chunk::<8>()?;
+    let ts: [u8; 8] = ts.try_into().ok()?;
+    Some((f64::from_le_bytes(*tokens), f64::from_le_bytes(ts) as u64))
+}
+
 /// One `redis-server` process.
 pub struct TestRedis {
     port: u16,
@@ -291,6 +321,12 @@ impl TestRedis {
     /// Runs one command and returns its reply.
     pub fn cmd<T: ::redis::FromRedisValue>(&self, args: &[&str]) -> T {
         command(self.port, args).unwrap_or_else(|e| panic!("{args:?} on :{}: {e}", self.port))
+    }
+
+    /// A token bucket's stored state on this server ([`token_state`]).
+    #[allow(dead_code)]
+    pub fn token_state(&self, key: &str) -> Option<(f64, u64)> {
+        token_state(self.port, key)
     }
 
     /// The server's process id (while it runs).

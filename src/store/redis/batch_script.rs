@@ -9,7 +9,7 @@ use redis::aio::ConnectionLike;
 use redis::{ServerErrorKind, Value};
 
 use super::errors::CallError;
-use super::lua::BATCH_LUA;
+use super::lua::Sources;
 use super::scripts::{OpResults, ScriptCall, Scripts, parse_outcome};
 use crate::quota::Op;
 
@@ -68,7 +68,7 @@ async fn send<C: ConnectionLike>(
         64 + ops.iter().map(|op| op.key.len() + 180).sum::<usize>(),
     );
     if source {
-        cmd.arg("EVAL").arg(BATCH_LUA.as_str());
+        cmd.arg("EVAL").arg(Sources::of(scripts.format()).batch);
     } else {
         cmd.arg("EVALSHA").arg(scripts.batch_sha());
     }
@@ -105,7 +105,7 @@ async fn send<C: ConnectionLike>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::lua::{BATCHED_LUA, DISPATCH_LUA, TIME};
+    use super::super::lua::{BATCH_LUA, BATCHED_LUA, DISPATCH_LUA, StateFormat, TIME};
     use super::*;
 
     #[test]
@@ -115,13 +115,23 @@ mod tests {
             assert_eq!(script.matches(TIME).count(), 1, "{name}");
             assert!(!script.contains("KEYS[2]"), "{name}");
         }
-        let lua = &*BATCH_LUA;
-        assert_eq!(
-            lua.matches(TIME).count(),
-            1,
-            "TIME once, for the whole batch"
-        );
-        assert_eq!(lua.matches("= function(KEYS, ARGV)").count(), 5);
+        assert_eq!(Sources::of(StateFormat::Packed).batch, BATCH_LUA.as_str());
+        for format in [StateFormat::Packed, StateFormat::Hash] {
+            let lua = Sources::of(format).batch;
+            assert_eq!(
+                lua.matches(TIME).count(),
+                1,
+                "TIME once, for the whole batch"
+            );
+            assert_eq!(lua.matches("= function(KEYS, ARGV)").count(), 5);
+            // The token bucket and the lease write the format asked for.
+            let hash = usize::from(format == StateFormat::Hash);
+            assert_eq!(lua.matches("local HASH_STATE = true").count(), 2 * hash);
+            assert_eq!(
+                lua.matches("local HASH_STATE = false").count(),
+                2 - 2 * hash
+            );
+        }
     }
 
     #[test]
@@ -139,7 +149,7 @@ mod tests {
         for (i, call) in calls.iter().enumerate() {
             assert_eq!(numbered(call) as usize, i + 1);
             assert_eq!(call.argv().len(), nargs[i]);
-            assert_eq!(call.source(), BATCHED_LUA[i]);
+            assert_eq!(call.source(StateFormat::Packed), BATCHED_LUA[i]);
         }
     }
 }

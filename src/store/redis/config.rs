@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub use super::lua::StateFormat;
+
 /// What the Redis store needs to know (built from the settings by `configs.rs`).
 #[derive(Clone, Debug)]
 pub struct RedisConfig {
@@ -44,6 +46,8 @@ pub struct RedisConfig {
     /// decisions queue, and the most ops one batch call carries (1: no batching).
     pub batch_in_flight: usize,
     pub batch_max_ops: usize,
+    /// How the token bucket's state is written (`store_state_format`; both are read).
+    pub state_format: StateFormat,
 }
 
 #[cfg(test)]
@@ -71,6 +75,7 @@ impl RedisConfig {
             wait_timeout_ms: 5,
             batch_in_flight: 2,
             batch_max_ops: 64,
+            state_format: StateFormat::Packed,
         }
     }
 }

@@ -86,8 +86,8 @@ mod version;
 
 pub use config::RedisConfig;
 pub use lua::{
-    BATCH_LUA, BATCHED_LUA, FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA,
-    TOKEN_BUCKET_LUA, batch_lua,
+    BATCH_LUA, BATCHED_LUA, FIXED_WINDOW_LUA, HASH_STATE_OFF, LEASE_LUA, SLIDING_LOG_LUA,
+    SLIDING_WINDOW_LUA, Sources, StateFormat, TOKEN_BUCKET_LUA, batch_lua, writing_hash,
 };
 pub use scripts::ScriptCall;
 pub use slots::slot_of;
@@ -156,13 +156,18 @@ impl RedisStore {
             cfg.connect_timeout,
             metrics.store.clone(),
             redact_url(&cfg.url),
-            (cfg.wait_replicas > 0).then(|| scripts::Wait {
-                replicas: cfg.wait_replicas,
-                // Validated > 0 in the settings; `max` keeps `WAIT … 0` (for ever) out anyway.
-                timeout_ms: cfg.wait_timeout_ms.max(1),
-                short: metrics.store.wait_short.clone(),
-                log: OutageLog::new("store WAITs (store_wait_replicas acknowledging each write)"),
-            }),
+            scripts::Scripts::new(
+                cfg.state_format,
+                (cfg.wait_replicas > 0).then(|| scripts::Wait {
+                    replicas: cfg.wait_replicas,
+                    // Validated > 0 in the settings; `max` keeps `WAIT … 0` (for ever) out anyway.
+                    timeout_ms: cfg.wait_timeout_ms.max(1),
+                    short: metrics.store.wait_short.clone(),
+                    log: OutageLog::new(
+                        "store WAITs (store_wait_replicas acknowledging each write)",
+                    ),
+                }),
+            ),
         ));
         let connected = pool.tend().await;
         if connected {

@@ -23,9 +23,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind, Value};
 
 use super::errors::CallError;
-use super::lua::{
-    BATCH_LUA, FIXED_WINDOW_LUA, LEASE_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
-};
+use super::lua::{FIXED_WINDOW_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, Sources, StateFormat};
 use super::outage::OutageLog;
 use crate::quota::bucket;
 use crate::quota::{Action, Op, OpKind, Outcome};
@@ -112,13 +110,15 @@ impl ScriptCall {
         }
     }
 
-    pub fn source(&self) -> &'static str {
+    /// The script as sent when the token bucket's state is written as `format`.
+    pub fn source(&self, format: StateFormat) -> &'static str {
+        let sources = Sources::of(format);
         match self {
-            ScriptCall::TokenBucket(_) => TOKEN_BUCKET_LUA,
+            ScriptCall::TokenBucket(_) => sources.token_bucket,
             ScriptCall::FixedWindow(_) => FIXED_WINDOW_LUA,
             ScriptCall::SlidingWindow(_) => SLIDING_WINDOW_LUA,
             ScriptCall::SlidingLog(_) => SLIDING_LOG_LUA,
-            ScriptCall::Lease(_) => LEASE_LUA,
+            ScriptCall::Lease(_) => sources.lease,
         }
     }
 
@@ -175,9 +175,11 @@ impl Wait {
     }
 }
 
-/// The SHA1s `EVALSHA` names the scripts by, and the `WAIT` that follows them, if any.
+/// The SHA1s `EVALSHA` names the scripts by (for the token bucket's state format), and the
+/// `WAIT` that follows them, if any.
 #[derive(Debug)]
 pub(super) struct Scripts {
+    format: StateFormat,
     token_bucket: String,
     fixed_window: String,
     sliding_window: String,
@@ -189,18 +191,24 @@ pub(super) struct Scripts {
 }
 
 impl Scripts {
-    pub(super) fn new(wait: Option<Wait>) -> Self {
+    pub(super) fn new(format: StateFormat, wait: Option<Wait>) -> Self {
+        let sources = Sources::of(format);
+        let sha = |source: &str| redis::Script::new(source).get_hash().to_string();
         Scripts {
-            token_bucket: redis::Script::new(TOKEN_BUCKET_LUA).get_hash().to_string(),
-            fixed_window: redis::Script::new(FIXED_WINDOW_LUA).get_hash().to_string(),
-            sliding_window: redis::Script::new(SLIDING_WINDOW_LUA)
-                .get_hash()
-                .to_string(),
-            sliding_log: redis::Script::new(SLIDING_LOG_LUA).get_hash().to_string(),
-            lease: redis::Script::new(LEASE_LUA).get_hash().to_string(),
-            batch: redis::Script::new(&BATCH_LUA).get_hash().to_string(),
+            format,
+            token_bucket: sha(sources.token_bucket),
+            fixed_window: sha(FIXED_WINDOW_LUA),
+            sliding_window: sha(SLIDING_WINDOW_LUA),
+            sliding_log: sha(SLIDING_LOG_LUA),
+            lease: sha(sources.lease),
+            batch: sha(sources.batch),
             wait,
         }
+    }
+
+    /// The state format the scripts write.
+    pub(super) fn format(&self) -> StateFormat {
+        self.format
     }
 
     pub(super) fn sha(&self, call: &ScriptCall) -> &str {
@@ -226,13 +234,14 @@ impl Scripts {
     /// Caches every script on `conn` (`SCRIPT LOAD`; on a cluster it goes to every primary).
     /// A refusal (an ACL without SCRIPT, say) is not fatal: `NOSCRIPT` falls back to `EVAL`.
     pub(super) async fn load<C: ConnectionLike>(&self, conn: &mut C) -> Result<(), RedisError> {
+        let sources = Sources::of(self.format);
         for (source, sha) in [
-            (TOKEN_BUCKET_LUA, &self.token_bucket),
+            (sources.token_bucket, &self.token_bucket),
             (FIXED_WINDOW_LUA, &self.fixed_window),
             (SLIDING_WINDOW_LUA, &self.sliding_window),
             (SLIDING_LOG_LUA, &self.sliding_log),
-            (LEASE_LUA, &self.lease),
-            (BATCH_LUA.as_str(), &self.batch),
+            (sources.lease, &self.lease),
+            (sources.batch, &self.batch),
         ] {
             let load = redis::cmd("SCRIPT")
                 .arg("LOAD")
@@ -294,7 +303,7 @@ pub(super) async fn eval_ops<C: ConnectionLike>(
     if !missing.is_empty() {
         let retry = missing.iter().map(|&i| ops[i]);
         let replies = pipeline(conn, retry, scripts.wait.as_ref(), |call| {
-            Script::Source(call.source())
+            Script::Source(call.source(scripts.format))
         })
         .await?;
         for (i, reply) in missing.into_iter().zip(replies) {
@@ -460,7 +469,7 @@ mod tests {
         };
         let call = ScriptCall::for_op(&sw);
         assert_eq!(call.argv(), [3, 60_000, u64::MAX, 0], "sent unclamped");
-        assert_eq!(call.source(), SLIDING_WINDOW_LUA);
+        assert_eq!(call.source(StateFormat::Packed), SLIDING_WINDOW_LUA);
         let sl = Op {
             kind: OpKind::SlidingLog {
                 limit: 3,
@@ -470,10 +479,10 @@ mod tests {
         };
         let call = ScriptCall::for_op(&sl);
         assert_eq!(call.argv(), [3, 60_000, u64::MAX]);
-        assert_eq!(call.source(), SLIDING_LOG_LUA);
+        assert_eq!(call.source(StateFormat::Hash), SLIDING_LOG_LUA);
         assert!(SLIDING_LOG_LUA.starts_with("-- sliding_log.lua"));
         assert!(SLIDING_WINDOW_LUA.starts_with("-- sliding_window.lua"));
-        assert!(TOKEN_BUCKET_LUA.starts_with("-- token_bucket.lua"));
+        assert!(super::super::lua::TOKEN_BUCKET_LUA.starts_with("-- token_bucket.lua"));
         assert!(FIXED_WINDOW_LUA.starts_with("-- fixed_window.lua"));
     }
 

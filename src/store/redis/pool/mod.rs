@@ -85,7 +85,7 @@ impl Pool {
         connect_timeout: Duration,
         metrics: StoreMetrics,
         display_url: String,
-        wait: Option<super::scripts::Wait>,
+        scripts: Scripts,
     ) -> Pool {
         let size = size.max(1);
         metrics
@@ -102,7 +102,7 @@ impl Pool {
                 })
                 .collect(),
             next: AtomicUsize::new(0),
-            scripts: Scripts::new(wait),
+            scripts,
             connect_timeout,
             wake: Arc::new(Notify::new()),
             healthy: AtomicBool::new(false),

@@ -1,0 +1,195 @@
+//! A rolling upgrade from 0.1.0, or a rollback to it: for the length of the rollout, 0.1.0's
+//! replicas and this release's share one Redis. 0.1.0 keeps a token bucket's state as a hash
+//! (`t`, `ts`); this release writes one packed string by default and reads both
+//! (`lua/token_bucket.lua`, `store_state_format`). These tests run 0.1.0's own scripts, as
+//! released (`tests/fixtures/release-0.1.0/`), beside a real tollgate on one redis-server:
+//!
+//! - with `store_state_format: hash` the two share every bucket: a burst split between them
+//!   admits exactly the limit, and 0.1.0 never fails (leases included);
+//! - at the default (`packed`) this release carries on 0.1.0's buckets exactly, and 0.1.0
+//!   fails on a bucket this release wrote (`WRONGTYPE`: its requests go to its fallback), which
+//!   is why docs/redis.md has operators set `hash` for the rollout.
+
+mod common;
+
+use common::redis::{TestRedis, command, unique_prefix};
+use common::{TestServer, request};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tollgate::rules::{Algorithm, Rate, Unit};
+
+/// 0.1.0's `lua/token_bucket.lua` and `lua/lease.lua`, as released.
+const RELEASE_0_1_TOKEN_BUCKET: &str = include_str!("fixtures/release-0.1.0/token_bucket.lua");
+const RELEASE_0_1_LEASE: &str = include_str!("fixtures/release-0.1.0/lease.lua");
+
+const RULES: &str = "domain: upgrade\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+const LIMIT: u64 = 100;
+const HOUR_MS: u64 = 3_600_000;
+
+/// The key tollgate keeps `tenant`'s bucket under (100 an hour, refilling 100 an hour).
+fn bucket_key(prefix: &str, tenant: &str) -> String {
+    let rate = Rate {
+        requests_per_unit: LIMIT as u32,
+        unit: Unit::Hour,
+        unit_multiplier: 1,
+        burst: LIMIT,
+        algorithm: Algorithm::TokenBucket,
+    };
+    tollgate::keys::bucket_key(prefix, "upgrade", [("tenant", tenant)], &rate, 0, None)
+}
+
+/// One take of 1 by a 0.1.0 replica, as its store sends it: `Ok(admitted)`, or the error.
+fn release_0_1_take(redis: &TestRedis, key: &str) -> Result<bool, String> {
+    let limit = LIMIT.to_string();
+    let window = HOUR_MS.to_string();
+    let reply: ::redis::RedisResult<Vec<i64>> = command(
+        redis.port(),
+        &[
+            "EVAL",
+            RELEASE_0_1_TOKEN_BUCKET,
+            "1",
+            key,
+            &limit,
+            &limit,
+            &window,
+            "1",
+            "0",
+        ],
+    );
+    reply.map(|r| r[0] == 1).map_err(|e| e.to_string())
+}
+
+/// A lease claim by a 0.1.0 replica (need 1, want `want`, share 1): the tokens granted.
+fn release_0_1_claim(redis: &TestRedis, key: &str, want: u64) -> Result<u64, String> {
+    let limit = LIMIT.to_string();
+    let window = HOUR_MS.to_string();
+    let want = want.to_string();
+    let reply: ::redis::RedisResult<Vec<i64>> = command(
+        redis.port(),
+        &[
+            "EVAL",
+            RELEASE_0_1_LEASE,
+            "1",
+            key,
+            "1",
+            "1",
+            &limit,
+            &limit,
+            &window,
+            "1",
+            &want,
+            "1",
+        ],
+    );
+    reply.map(|r| r[0] as u64).map_err(|e| e.to_string())
+}
+
+fn tollgate(redis: &TestRedis, prefix: &str, format: Option<&str>) -> TestServer {
+    let mut builder = TestServer::builder(RULES)
+        .arg("store", &redis.url())
+        .arg("key-prefix", prefix)
+        .arg("store-timeout-ms", "500");
+    if let Some(format) = format {
+        builder = builder.arg("store-state-format", format);
+    }
+    builder.start()
+}
+
+async fn tollgate_take(server: &TestServer, tenant: &str) -> bool {
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("upgrade", &[&[("tenant", tenant)]]))
+        .await
+        .expect("answered");
+    r.get_ref().overall_code == Code::Ok as i32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_hash_format_0_1_0_and_this_release_share_every_bucket_exactly() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("upgrade-hash");
+    let server = tollgate(&redis, &prefix, Some("hash"));
+    let key = bucket_key(&prefix, "shared");
+
+    // A burst of 300 on one tenant's limit of 100, every other request from a 0.1.0 replica.
+    let (mut new_admitted, mut old_admitted) = (0, 0);
+    for i in 0..300 {
+        if i % 2 == 0 {
+            new_admitted += usize::from(tollgate_take(&server, "shared").await);
+        } else {
+            let admitted = release_0_1_take(&redis, &key)
+                .unwrap_or_else(|e| panic!("0.1.0 failed on a bucket this release wrote: {e}"));
+            old_admitted += usize::from(admitted);
+        }
+    }
+    eprintln!("admitted: {new_admitted} by this release, {old_admitted} by 0.1.0");
+    assert_eq!(
+        new_admitted + old_admitted,
+        LIMIT as usize,
+        "one bucket, one limit"
+    );
+    assert!(new_admitted > 0 && old_admitted > 0);
+    let kind: String = redis.cmd(&["TYPE", &key]);
+    assert_eq!(kind, "hash", "written as 0.1.0 reads it");
+
+    // A 0.1.0 lease claim on a bucket this release keeps: granted from the same tokens.
+    let leased = bucket_key(&prefix, "leased");
+    for _ in 0..30 {
+        assert!(tollgate_take(&server, "leased").await);
+    }
+    let granted = release_0_1_claim(&redis, &leased, 50).expect("0.1.0's lease.lua reads it");
+    assert_eq!(granted, 50, "70 left, 50 wanted");
+    let mut after = 0;
+    for _ in 0..40 {
+        after += usize::from(tollgate_take(&server, "leased").await);
+    }
+    assert_eq!(after, 20, "100 - 30 taken - 50 leased by 0.1.0");
+    let (tokens, _) = redis
+        .token_state(&leased)
+        .expect("a spent bucket is stored");
+    assert!(tokens < 1.0, "{tokens} tokens left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_default_this_release_carries_on_0_1_0_buckets_and_0_1_0_cannot_read_its_own() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("upgrade-packed");
+    let key = bucket_key(&prefix, "moved");
+
+    // 0.1.0 spent 40 of the tenant's 100 before the upgrade.
+    for _ in 0..40 {
+        assert_eq!(release_0_1_take(&redis, &key), Ok(true));
+    }
+    let kind: String = redis.cmd(&["TYPE", &key]);
+    assert_eq!(kind, "hash");
+
+    // This release, at its defaults, reads that hash: exactly the 60 left.
+    let server = tollgate(&redis, &prefix, None);
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += usize::from(tollgate_take(&server, "moved").await);
+    }
+    assert_eq!(admitted, 60, "the bucket 0.1.0 left, not a new one");
+    let kind: String = redis.cmd(&["TYPE", &key]);
+    assert_eq!(kind, "string", "written packed from then on");
+
+    // A 0.1.0 replica still running (or rolled back to) cannot read the packed state: its
+    // script fails, so it decides that tenant from its fallback until the key expires (when
+    // the bucket is full again). `store_state_format: hash` for the rollout avoids this.
+    let err = release_0_1_take(&redis, &key).expect_err("0.1.0 reads only hashes");
+    assert!(err.contains("WRONGTYPE"), "{err}");
+    let err = release_0_1_claim(&redis, &key, 5).expect_err("0.1.0's lease.lua too");
+    assert!(err.contains("WRONGTYPE"), "{err}");
+
+    // And back: this release in hash mode turns the packed state into 0.1.0's hash, with the
+    // same tokens (none left), so a rollback that sets `hash` first is exact too.
+    drop(server);
+    let server = tollgate(&redis, &prefix, Some("hash"));
+    assert!(!tollgate_take(&server, "moved").await, "still spent");
+    let kind: String = redis.cmd(&["TYPE", &key]);
+    assert_eq!(kind, "hash");
+    assert_eq!(
+        release_0_1_take(&redis, &key),
+        Ok(false),
+        "spent, as 0.1.0 sees it"
+    );
+}
