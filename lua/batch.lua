@@ -4,8 +4,10 @@
 -- work (parsing, the script's setup, the reply) and reads `TIME` once for all of them.
 --
 -- This file is the dispatcher. Before it, `src/store/redis/lua.rs` defines
--- `batch_time` (one `TIME`) and `SCRIPTS[n]`: each algorithm script of `lua/`, unchanged but for
--- its `TIME` (it reads `batch_time`), wrapped as `function(KEYS, ARGV) … end`:
+-- `batch_time` (one `TIME`) and `SCRIPTS[n]`: each algorithm script of `lua/`, unchanged but
+-- for where it reads, wrapped as `function(K, B) … end`: its `TIME` reads `batch_time`, its
+-- `KEYS[1]` reads this call's `KEYS[K]` and its `ARGV[n]` this call's `ARGV[B + n]`, so an op
+-- runs on the call's own arrays and no table is built for it:
 --   1 token_bucket.lua, 2 fixed_window.lua, 3 sliding_window.lua, 4 sliding_log.lua,
 --   5 lease.lua.
 --
@@ -23,13 +25,8 @@ local out = {}
 local at = 1
 for i = 1, #KEYS do
   local script = tonumber(ARGV[at])
-  local n = NARGS[script]
-  local args = {}
-  for j = 1, n do
-    args[j] = ARGV[at + j]
-  end
-  at = at + n + 1
-  local ok, reply = pcall(SCRIPTS[script], {KEYS[i]}, args)
+  local ok, reply = pcall(SCRIPTS[script], i, at)
+  at = at + NARGS[script] + 1
   if ok then
     out[i] = reply
   elseif type(reply) == 'table' and reply.err then

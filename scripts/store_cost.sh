@@ -8,7 +8,10 @@
 # from /proc, every node of the cluster summed: its protocol work included) and its script calls
 # per decision (INFO commandstats). CPU time, not req/s, is the figure to compare on a shared
 # machine. BENCH_COST_DURATION seconds per row (default 6) + 2 s warm-up; two passes in opposite
-# orders, each row's better pass shown.
+# orders, each row's better pass shown. BENCH_COST_BEFORE=<an older tollgate binary> adds its
+# batched Redis path as the row `redis-before`, on the same Redis in the same run (before and
+# after side by side: build the old one with `git worktree add /tmp/old <rev>` and
+# `CARGO_TARGET_DIR=/tmp/old-target cargo build --release` there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || bash scripts/deps.sh
@@ -28,9 +31,9 @@ RP=$(free_port); start_redis "$RP"; REDIS_PID=${PIDS[-1]}
 start_cluster; CLUSTER_PIDS=("${PIDS[@]: -3}")
 write_admit_all_rules
 
-start_tollgate() { # name store [extra flags…]; sets GRPC and PID
+start_tollgate() { # name store [extra flags…]; sets GRPC and PID (the binary: $SERVE_BIN or $BIN)
   local name=$1 store=$2 admin; shift 2; GRPC=$(free_port); admin=$(free_port)
-  "$BIN" serve --rules "$TMP/rules" --store "$store" --grpc-addr 127.0.0.1:$GRPC --admin-addr 127.0.0.1:$admin \
+  "${SERVE_BIN:-$BIN}" serve --rules "$TMP/rules" --store "$store" --grpc-addr 127.0.0.1:$GRPC --admin-addr 127.0.0.1:$admin \
     --log-level warn "$@" >/dev/null 2>"$TMP/$name.log" &
   PIDS+=($!); PID=$!
   wait_for curl -sf "127.0.0.1:$admin/readyz"
@@ -43,6 +46,10 @@ start_tollgate memory memory; MEM=$GRPC; MEM_PID=$PID
 start_tollgate batched "redis://127.0.0.1:$RP" --key-prefix batched:; BAT=$GRPC; BAT_PID=$PID
 start_tollgate unbatched "redis://127.0.0.1:$RP" --key-prefix unbatched: --store-batch-max-ops 1; UNB=$GRPC; UNB_PID=$PID
 start_tollgate cluster "$CLUSTER_URL"; CLU=$GRPC; CLU_PID=$PID
+BEFORE=${BENCH_COST_BEFORE:-}
+if [ -n "$BEFORE" ]; then
+  SERVE_BIN=$BEFORE start_tollgate before "redis://127.0.0.1:$RP" --key-prefix before:; BEF=$GRPC; BEF_PID=$PID
+fi
 
 RESULTS="$TMP/cost.jsonl"
 : > "$RESULTS"
@@ -64,12 +71,14 @@ run() { # label target server-pid in-flight "store-pids" redis-ports…
 for pass in 1 2; do
   order="baseline memory batched unbatched cluster"
   [ $pass = 2 ] && order="cluster unbatched batched memory baseline"
+  [ -n "$BEFORE" ] && order="${order/batched /batched before }"
   for inflight in 1 64; do
     for s in $order; do
       case $s in
         baseline) run baseline "$NOOP" "$NOOP_PID" $inflight "" ;;
         memory) run memory "$MEM" "$MEM_PID" $inflight "" ;;
         batched) run redis-batched "$BAT" "$BAT_PID" $inflight "$REDIS_PID" "$RP" ;;
+        before) run redis-before "$BEF" "$BEF_PID" $inflight "$REDIS_PID" "$RP" ;;
         unbatched) run redis-unbatched "$UNB" "$UNB_PID" $inflight "$REDIS_PID" "$RP" ;;
         cluster) run cluster "$CLU" "$CLU_PID" $inflight "${CLUSTER_PIDS[*]}" "$C1" "$C2" "$C3" ;;
       esac
@@ -93,7 +102,7 @@ print("| path | in flight | req/s | p50 µs | tollgate CPU µs / request | over 
 print("|---|---|---|---|---|---|---|---|")
 for inflight in (1, 64):
     base = best.get(("baseline", inflight), {}).get("server_cpu_us_per_request")
-    for label in ("baseline", "memory", "redis-batched", "redis-unbatched", "cluster"):
+    for label in ("baseline", "memory", "redis-batched", "redis-before", "redis-unbatched", "cluster"):
         r = best.get((label, inflight))
         if not r:
             continue

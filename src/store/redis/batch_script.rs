@@ -114,6 +114,19 @@ mod tests {
             let name = script.lines().next().unwrap_or_default();
             assert_eq!(script.matches(TIME).count(), 1, "{name}");
             assert!(!script.contains("KEYS[2]"), "{name}");
+            // `batch_lua` turns `ARGV[n]` into `ARGV[B + n]`: sound only where each use is an
+            // index of digits (no `#ARGV`, no `ARGV[i]`, no ARGV passed whole).
+            for (at, _) in script.match_indices("ARGV") {
+                let rest = &script[at + 4..];
+                let digits = rest
+                    .strip_prefix('[')
+                    .map(|r| r.chars().take_while(char::is_ascii_digit).count());
+                assert!(
+                    digits.is_some_and(|d| d > 0 && rest[1 + d..].starts_with(']')),
+                    "{name}: ARGV used other than as ARGV[<n>]: {}",
+                    &rest[..rest.len().min(20)]
+                );
+            }
         }
         assert_eq!(Sources::of(StateFormat::Packed).batch, BATCH_LUA.as_str());
         for format in [StateFormat::Packed, StateFormat::Hash] {
@@ -123,7 +136,7 @@ mod tests {
                 1,
                 "TIME once, for the whole batch"
             );
-            assert_eq!(lua.matches("= function(KEYS, ARGV)").count(), 5);
+            assert_eq!(lua.matches("= function(K, B)").count(), 5);
             // The token bucket and the lease write the format asked for.
             let hash = usize::from(format == StateFormat::Hash);
             assert_eq!(lua.matches("local HASH_STATE = true").count(), 2 * hash);

@@ -111,16 +111,25 @@ pub static BATCH_LUA: LazyLock<String> = LazyLock::new(|| batch_lua(BATCHED_LUA,
 
 /// The batch script of `scripts` (in [`BATCHED_LUA`]'s order): `batch_time` = `time` (a Lua
 /// expression giving `{seconds, microseconds}`, as `TIME` does), each script wrapped as
-/// `SCRIPTS[n] = function(KEYS, ARGV) … end` with its `redis.call('TIME')` reading
-/// `batch_time`, then the dispatcher. Public so the tests can build it on a test clock.
+/// `SCRIPTS[n] = function(K, B) … end`, then the dispatcher. Inside the wrapper the script reads
+/// the batch's own `KEYS` and `ARGV` where they are: its `KEYS[1]` is `KEYS[K]` (its op's key)
+/// and each `ARGV[n]` is `ARGV[B + n]` (its arguments, after its script number), so running an
+/// op builds no table of its own; its `redis.call('TIME')` reads `batch_time`. Public so the
+/// tests can build it on a test clock.
 pub fn batch_lua(scripts: [&str; 5], time: &str) -> String {
-    let mut lua = String::with_capacity(scripts.iter().map(|s| s.len() + 64).sum::<usize>() + 2048);
+    let mut lua =
+        String::with_capacity(scripts.iter().map(|s| s.len() + 256).sum::<usize>() + 2048);
     lua.push_str("local batch_time = ");
     lua.push_str(time);
     lua.push_str("\nlocal SCRIPTS = {}\n");
     for (i, script) in scripts.iter().enumerate() {
-        lua.push_str(&format!("SCRIPTS[{}] = function(KEYS, ARGV)\n", i + 1));
-        lua.push_str(&script.replace(TIME, "batch_time"));
+        lua.push_str(&format!("SCRIPTS[{}] = function(K, B)\n", i + 1));
+        lua.push_str(
+            &script
+                .replace(TIME, "batch_time")
+                .replace("KEYS[1]", "KEYS[K]")
+                .replace("ARGV[", "ARGV[B + "),
+        );
         lua.push_str("\nend\n");
     }
     lua.push_str(DISPATCH_LUA);
