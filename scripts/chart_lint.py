@@ -151,7 +151,8 @@ CHART_OWNED = {
     "grpc_tls_client_ca": "grpcTls.clientCA",
 }
 JSON_TYPE = {"bool": "boolean", "f64": "number", "String": "string", "u64": "integer", "usize": "integer",
-             "u32": "integer", "Algorithm": "string", "FallbackMode": "string", "LogFormat": "string"}
+             "u32": "integer", "Algorithm": "string", "FallbackMode": "string", "LogFormat": "string",
+             "StateFormat": "string"}
 
 schema = chart.schema
 schema = json.loads(schema) if isinstance(schema, (str, bytes)) else schema

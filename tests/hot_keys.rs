@@ -284,6 +284,88 @@ async fn sigterm_gives_unspent_leased_tokens_back() {
     );
 }
 
+/// Leases are lossless even when Envoy gives up on a request (its `timeout`: the call is
+/// reset) while the request's lease claim is on its way back from Redis: the tokens Redis took
+/// for the claim join the lease and are spent or given back, never dropped with the request.
+/// Real Redis behind a proxy that delays every chunk by 100 ms while the client gives each
+/// request 20 ms (as Envoy's default `timeout`); then SIGTERM gives every lease back, and the
+/// bucket must have lost only what was admitted, plus at most one token per cancelled request
+/// (a cancelled request's own token is an unknown outcome: it may be spent). Before claims ran
+/// in a task of their own, each cancelled claim lost its whole batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_claim_outlives_a_request_envoy_gave_up_on() {
+    let rules = "domain: lease\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: day, requests_per_unit: 1000}\n";
+    let redis = TestRedis::start();
+    let proxy = common::proxy::Proxy::start(
+        format!("127.0.0.1:{}", redis.port()).parse().unwrap(),
+    )
+    .await;
+    let prefix = unique_prefix("lease-cancel");
+    let mut server = TestServer::builder(rules)
+        .arg("store", &proxy.url())
+        .arg("key-prefix", &prefix)
+        // The proxy's 200 ms round trip is not a silent node.
+        .arg("store-timeout-ms", "2000")
+        .arg("lease-max-batch", "50")
+        .arg("lease-ttl-ms", "60000")
+        .start();
+    let mut client = server.client().await;
+    let (mut admitted, mut cancelled) = (0u64, 0u64);
+    // A fast link first, so the key's rate makes claims of many tokens.
+    for _ in 0..200 {
+        let r = client
+            .should_rate_limit(request("lease", &[&[("tenant", "t")]]))
+            .await
+            .expect("answered");
+        admitted += u64::from(r.get_ref().overall_code == Code::Ok as i32);
+    }
+    // Then a slow one: a request that needs a claim outlasts its 20 ms and is dropped; those
+    // the lease can answer are answered.
+    proxy.set_delay(Duration::from_millis(100));
+    let slow_from = Instant::now();
+    while slow_from.elapsed() < Duration::from_secs(3) {
+        let call = client.should_rate_limit(request("lease", &[&[("tenant", "t")]]));
+        match tokio::time::timeout(Duration::from_millis(20), call).await {
+            Ok(r) => {
+                let r = r.expect("answered");
+                admitted += u64::from(r.get_ref().overall_code == Code::Ok as i32);
+            }
+            Err(_) => cancelled += 1,
+        }
+    }
+    proxy.set_delay(Duration::ZERO);
+    // Let the last claim come back, then give every lease back.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let granted = common::metric_sum(
+        server.admin,
+        "tollgate_lease_tokens_total",
+        &["event=\"granted\""],
+    );
+    drop(client);
+    assert!(server.terminate().success(), "{}", server.log());
+    let rate = Rate {
+        requests_per_unit: 1000,
+        unit: Unit::Day,
+        unit_multiplier: 1,
+        burst: 1000,
+        algorithm: Algorithm::TokenBucket,
+    };
+    let key = tollgate::keys::bucket_key(&prefix, "lease", [("tenant", "t")], &rate, 0, None);
+    // A bucket given back to full is no key. Refill (1000 a day) adds ~0.06 in this test.
+    let spent = redis
+        .token_state(&key)
+        .map_or(0.0, |(tokens, _)| 1000.0 - tokens);
+    eprintln!(
+        "admitted {admitted}, cancelled {cancelled}, {granted} tokens granted to leases, bucket spent {spent:.2}"
+    );
+    assert!(cancelled > 0, "no request outlasted its 20 ms");
+    assert!(
+        spent <= (admitted + cancelled) as f64 + 0.5 && spent >= admitted as f64 - 0.5,
+        "the bucket lost {spent:.2} for {admitted} admitted and {cancelled} cancelled requests: leased tokens were lost\n{}",
+        server.log()
+    );
+}
+
 /// A spent key under load: refused from memory, no script call, until the bucket can fit a
 /// request again; `Retry-After` counts down with the time the store gave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
