@@ -284,22 +284,21 @@ async fn sigterm_gives_unspent_leased_tokens_back() {
     );
 }
 
-/// Leases are lossless even when Envoy gives up on a request (its `timeout`: the call is
-/// reset) while the request's lease claim is on its way back from Redis: the tokens Redis took
-/// for the claim join the lease and are spent or given back, never dropped with the request.
-/// Real Redis behind a proxy that delays every chunk by 100 ms while the client gives each
-/// request 20 ms (as Envoy's default `timeout`); then SIGTERM gives every lease back, and the
-/// bucket must have lost only what was admitted, plus at most one token per cancelled request
-/// (a cancelled request's own token is an unknown outcome: it may be spent). Before claims ran
-/// in a task of their own, each cancelled claim lost its whole batch.
+/// Leases are lossless while Envoy gives up on requests (its `timeout`: the call is reset):
+/// real Redis behind a proxy that delays every chunk by 100 ms while the client gives each
+/// request 20 ms, as Envoy's default `timeout`. The lease runs low, its next batch is claimed
+/// ahead and comes back 200 ms later, and the requests that ran dry meanwhile wait for it and
+/// are dropped; the batch must still join the lease. Then SIGTERM gives every lease back, and
+/// the bucket must have lost what was admitted, plus at most one token per dropped request (a
+/// dropped request's own token is an unknown outcome: it may be spent), never a batch.
+/// (A claim made by the dropped request itself, rather than ahead, is held to the same by
+/// `a_batch_claimed_by_a_cancelled_request_still_joins_the_lease` in src/limiter/hot.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_claim_outlives_a_request_envoy_gave_up_on() {
+async fn leases_stay_lossless_while_envoy_drops_requests_waiting_on_a_claim() {
     let rules = "domain: lease\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: day, requests_per_unit: 1000}\n";
     let redis = TestRedis::start();
-    let proxy = common::proxy::Proxy::start(
-        format!("127.0.0.1:{}", redis.port()).parse().unwrap(),
-    )
-    .await;
+    let proxy =
+        common::proxy::Proxy::start(format!("127.0.0.1:{}", redis.port()).parse().unwrap()).await;
     let prefix = unique_prefix("lease-cancel");
     let mut server = TestServer::builder(rules)
         .arg("store", &proxy.url())
@@ -359,6 +358,11 @@ async fn a_lease_claim_outlives_a_request_envoy_gave_up_on() {
         "admitted {admitted}, cancelled {cancelled}, {granted} tokens granted to leases, bucket spent {spent:.2}"
     );
     assert!(cancelled > 0, "no request outlasted its 20 ms");
+    // Batches claimed behind the slow link came back and served requests.
+    assert!(
+        admitted >= 250,
+        "{admitted} admitted: no batch joined the lease"
+    );
     assert!(
         spent <= (admitted + cancelled) as f64 + 0.5 && spent >= admitted as f64 - 0.5,
         "the bucket lost {spent:.2} for {admitted} admitted and {cancelled} cancelled requests: leased tokens were lost\n{}",
