@@ -84,19 +84,31 @@ if algorithm == 1 then
     return math.min(ms, MAX_INT)
   end
 
-  -- token_bucket.lua's state, in either of its formats.
+  -- The stored state, in either format. The one this replica writes is asked for first: the
+  -- other answers WRONGTYPE (which Redis counts in its errorstats), so that happens once per
+  -- key while the formats change over, not on every call.
   local stored_tokens, stored_ts
-  local value = redis.pcall('GET', KEYS[1])
-  if type(value) == 'string' then
-    if #value ~= 16 then
+  local packed, hash
+  if HASH_STATE then
+    hash = redis.pcall('HMGET', KEYS[1], 't', 'ts')
+    if hash.err then
+      hash = nil
+      packed = redis.call('GET', KEYS[1])
+    end
+  else
+    packed = redis.pcall('GET', KEYS[1])
+    if type(packed) == 'table' then
+      packed = nil
+      hash = redis.call('HMGET', KEYS[1], 't', 'ts')
+    end
+  end
+  if packed then
+    if #packed ~= 16 then
       return redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than a token bucket')
     end
-    stored_tokens, stored_ts = struct.unpack('<dd', value)
-  elseif value then
-    local state = redis.call('HMGET', KEYS[1], 't', 'ts')
-    if state[1] and state[2] then
-      stored_tokens, stored_ts = tonumber(state[1]), tonumber(state[2])
-    end
+    stored_tokens, stored_ts = struct.unpack('<dd', packed)
+  elseif hash and hash[1] and hash[2] then
+    stored_tokens, stored_ts = tonumber(hash[1]), tonumber(hash[2])
   end
   local stored = stored_tokens ~= nil
   local tokens, last_ms
@@ -137,7 +149,7 @@ if algorithm == 1 then
     local ts = math.max(now_ms, last_ms)
     local ttl_ms = math.max(reset_ms, 1)
     if HASH_STATE then
-      if type(value) == 'string' then
+      if packed then
         -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
         redis.call('DEL', KEYS[1])
       end

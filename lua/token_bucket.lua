@@ -79,19 +79,31 @@ local function wait_ms(tokens, target)
   return math.min(ms, MAX_INT)
 end
 
--- The stored state, in either format: GET answers a hash (0.1.0's) with WRONGTYPE.
+-- The stored state, in either format. The one this replica writes is asked for first: the
+-- other answers WRONGTYPE (which Redis counts in its errorstats), so that happens once per
+-- key while the formats change over, not on every call.
 local stored_tokens, stored_ts
-local value = redis.pcall('GET', KEYS[1])
-if type(value) == 'string' then
-  if #value ~= 16 then
+local packed, hash
+if HASH_STATE then
+  hash = redis.pcall('HMGET', KEYS[1], 't', 'ts')
+  if hash.err then
+    hash = nil
+    packed = redis.call('GET', KEYS[1])
+  end
+else
+  packed = redis.pcall('GET', KEYS[1])
+  if type(packed) == 'table' then
+    packed = nil
+    hash = redis.call('HMGET', KEYS[1], 't', 'ts')
+  end
+end
+if packed then
+  if #packed ~= 16 then
     return redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than a token bucket')
   end
-  stored_tokens, stored_ts = struct.unpack('<dd', value)
-elseif value then
-  local state = redis.call('HMGET', KEYS[1], 't', 'ts')
-  if state[1] and state[2] then
-    stored_tokens, stored_ts = tonumber(state[1]), tonumber(state[2])
-  end
+  stored_tokens, stored_ts = struct.unpack('<dd', packed)
+elseif hash and hash[1] and hash[2] then
+  stored_tokens, stored_ts = tonumber(hash[1]), tonumber(hash[2])
 end
 local stored = stored_tokens ~= nil
 local tokens, last_ms
@@ -145,7 +157,7 @@ else
   -- token_idle_after_ms: the state stops mattering once the bucket is full again.
   local ttl_ms = math.max(reset_ms, 1)
   if HASH_STATE then
-    if type(value) == 'string' then
+    if packed then
       -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
       redis.call('DEL', KEYS[1])
     end

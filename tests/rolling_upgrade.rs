@@ -130,6 +130,10 @@ async fn with_the_hash_format_0_1_0_and_this_release_share_every_bucket_exactly(
     assert!(new_admitted > 0 && old_admitted > 0);
     let kind: String = redis.cmd(&["TYPE", &key]);
     assert_eq!(kind, "hash", "written as 0.1.0 reads it");
+    // This release reads the format it writes first: no WRONGTYPE on every call for an
+    // operator's Redis error alerts to see (`INFO errorstats`).
+    let errors: String = redis.cmd(&["INFO", "errorstats"]);
+    assert!(!errors.contains("WRONGTYPE"), "{errors}");
 
     // A 0.1.0 lease claim on a bucket this release keeps: granted from the same tokens.
     let leased = bucket_key(&prefix, "leased");
