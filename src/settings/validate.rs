@@ -481,6 +481,7 @@ mod tests {
         assert!(load("default_algorithm", "leaky").contains("default_algorithm"));
         assert!(load("otlp_endpoint", "collector:4317").contains("otlp_endpoint"));
         assert!(load("log_format", "xml").contains("log_format"));
+        assert!(load("store_state_format", "gcra").contains("store_state_format"));
         assert!(
             load("max_concurrent_requests", "0")
                 .contains("max_concurrent_requests: must be at least 1")
