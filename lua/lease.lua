@@ -72,14 +72,18 @@ if algorithm == 1 then
       return nil
     end
     local ms = math.ceil((target - tokens) * window_ms / refill)
-    -- The ulp that matters is the larger number's: the target's, or a debt's (a charge).
-    local scale = math.max(target, math.abs(tokens))
-    local step = math.max(math.ceil(scale * EPSILON * window_ms / refill), 1)
-    for _ = 1, 4 do
-      if tokens + refilled(ms) >= target then
-        break
+    if tokens + refilled(ms) < target then
+      -- Short (rare: large numbers). The ulp that matters is the larger number's: the
+      -- target's, or a debt's (a charge). As the Rust: four checks in all (the one above
+      -- included), and a fourth step taken unchecked.
+      local scale = math.max(target, math.abs(tokens))
+      local step = math.max(math.ceil(scale * EPSILON * window_ms / refill), 1)
+      for i = 1, 4 do
+        ms = ms + step
+        if i == 4 or tokens + refilled(ms) >= target then
+          break
+        end
       end
-      ms = ms + step
     end
     return math.min(ms, MAX_INT)
   end
