@@ -21,7 +21,7 @@ use tollgate::rules::load::load_sources;
 use tollgate::rules::matcher::find;
 use tollgate::rules::{Algorithm, Rate, RuleSet, Unit};
 use tollgate::service::request;
-use tollgate::service::response::to_proto;
+use tollgate::service::response::{HeaderOptions, to_proto};
 
 fn load(yaml: &str) -> RuleSet {
     load_sources(
@@ -244,6 +244,10 @@ fn response(c: &mut Criterion) {
         for headers in [false, true] {
             let id = BenchmarkId::new(if headers { "headers" } else { "no_headers" }, n);
             // to_proto for n descriptor statuses, with or without the RateLimit-* headers.
+            let headers = HeaderOptions {
+                response: headers,
+                ..HeaderOptions::default()
+            };
             g.bench_with_input(id, &d, |b, d| b.iter(|| to_proto(black_box(d), headers)));
         }
     }
@@ -308,7 +312,13 @@ fn decide(c: &mut Criterion) {
                 common::run(&rt, async {
                     let req = request::to_request(black_box(&pb), &bounds).expect("valid");
                     let d = limiter.decide(&rules, &req).await.expect("memory store");
-                    to_proto(&d, true)
+                    to_proto(
+                        &d,
+                        HeaderOptions {
+                            response: true,
+                            ..HeaderOptions::default()
+                        },
+                    )
                 })
             })
         });

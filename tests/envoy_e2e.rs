@@ -245,6 +245,45 @@ fn rate_limit_headers_tell_one_story() {
 }
 
 #[test]
+fn the_service_upstream_sees_its_callers_quota_and_a_client_cannot_forge_it() {
+    let server = TestServer::builder(&example_rules())
+        .arg("response-headers", "true")
+        .arg("request-headers", "true")
+        .arg("headers-for-every-limit", "true")
+        .start();
+    let envoy = TestEnvoy::start(server.grpc, &[]);
+    // The client sends its own copies; the example's header_mutation filter drops them before
+    // the rate limit filter adds tollgate's.
+    let forged = [
+        ("x-tenant", "acme"),
+        ("ratelimit-remaining", "999999"),
+        ("ratelimit", "\"forged\";r=999999"),
+    ];
+    let r = get_with(envoy.front, "/search", &forged).expect("envoy answered");
+    assert_eq!(r.status, 200, "{r:?}\n{}", envoy.log());
+    // /search for acme: its tenant limit (1000/minute, named tenant-acme) and the endpoint's
+    // 5/s with a burst of 10, the tightest (9 left).
+    assert_eq!(r.header("ratelimit-remaining"), Some("9"), "{r:?}");
+    assert_eq!(
+        r.header("x-upstream-saw-ratelimit-remaining"),
+        Some("9"),
+        "the backend read tollgate's number, once: {r:?}"
+    );
+    let every = r.header("ratelimit").expect("the list of every limit");
+    assert!(every.contains("\"tenant-acme\";r=999;t="), "{r:?}");
+    assert!(every.contains("\"descriptor-1\";r=9;t="), "{r:?}");
+    assert_eq!(r.header("x-upstream-saw-ratelimit"), Some(every), "{r:?}");
+    let policy = r.header("ratelimit-policy").expect("policies");
+    assert!(policy.contains("\"tenant-acme\";q=1000;w=60"), "{policy}");
+    assert!(
+        policy.contains("\"descriptor-1\";q=5;w=1;burst=10"),
+        "{policy}"
+    );
+    // Envoy's own x-ratelimit-* still come from the statuses.
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("5"), "{r:?}");
+}
+
+#[test]
 fn with_redis_killed_a_tenant_still_gets_429_once_its_local_share_is_spent() {
     let mut redis = common::redis::TestRedis::start();
     let server = TestServer::builder(&example_rules())

@@ -349,7 +349,11 @@ async fn decision_side(
         limiter,
         metrics,
         bounds: configs::bounds(settings),
-        response_headers: settings.response_headers,
+        headers: crate::service::response::HeaderOptions {
+            response: settings.response_headers,
+            request: settings.request_headers,
+            every_limit: settings.headers_for_every_limit,
+        },
         response_dynamic_metadata: settings.response_dynamic_metadata,
         admission: tokio::sync::Semaphore::new(settings.max_concurrent_requests),
     });

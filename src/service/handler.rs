@@ -26,7 +26,9 @@ pub struct Handler {
     pub limiter: Limiter,
     pub metrics: Arc<Metrics>,
     pub bounds: Bounds,
-    pub response_headers: bool,
+    /// Where the `RateLimit-*` headers go (`response_headers`, `request_headers`,
+    /// `headers_for_every_limit`).
+    pub headers: response::HeaderOptions,
     /// Add the request and the passing descriptors' `metadata` as dynamic metadata
     /// (`response_dynamic_metadata`).
     pub response_dynamic_metadata: bool,
@@ -102,7 +104,7 @@ impl Handler {
             .decide(&rules, &request)
             .await
             .map_err(|_| tonic::Status::unavailable("store unavailable"))?;
-        let mut response = response::to_proto(&decision, self.response_headers);
+        let mut response = response::to_proto(&decision, self.headers);
         if self.response_dynamic_metadata {
             response.dynamic_metadata = Some(response::dynamic_metadata(req, &decision));
         }

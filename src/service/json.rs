@@ -7,6 +7,7 @@
 //! proto3 JSON encoder writes it. Requests are converted to the proto and take the same path
 //! as gRPC, so validation and decisions are identical.
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -145,6 +146,8 @@ pub struct JsonResponse {
     statuses: Vec<JsonStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<JsonHeader>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    request_headers_to_add: Vec<JsonHeader>,
 }
 
 #[derive(Debug, Serialize)]
@@ -175,6 +178,16 @@ struct JsonHeader {
     value: String,
 }
 
+fn json_headers(headers: &[HeaderValue]) -> Vec<JsonHeader> {
+    headers
+        .iter()
+        .map(|h| JsonHeader {
+            key: h.key.clone(),
+            value: h.value.clone(),
+        })
+        .collect()
+}
+
 fn code_name(code: i32) -> &'static str {
     PbCode::try_from(code).map_or("UNKNOWN", |c| c.as_str_name())
 }
@@ -201,14 +214,8 @@ impl JsonResponse {
                         .map(|d| format!("{}s", d.seconds)),
                 })
                 .collect(),
-            response_headers_to_add: r
-                .response_headers_to_add
-                .iter()
-                .map(|h| JsonHeader {
-                    key: h.key.clone(),
-                    value: h.value.clone(),
-                })
-                .collect(),
+            response_headers_to_add: json_headers(&r.response_headers_to_add),
+            request_headers_to_add: json_headers(&r.request_headers_to_add),
         }
     }
 
@@ -293,6 +300,32 @@ impl RulesView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_carry_both_header_lists_in_camel_case() {
+        let h = |k: &str, v: &str| HeaderValue {
+            key: k.into(),
+            value: v.into(),
+            ..Default::default()
+        };
+        let r = RateLimitResponse {
+            overall_code: PbCode::Ok as i32,
+            response_headers_to_add: vec![h("RateLimit-Remaining", "3")],
+            request_headers_to_add: vec![h("RateLimit-Remaining", "3"), h("RateLimit-Reset", "1")],
+            ..Default::default()
+        };
+        let v = serde_json::to_value(JsonResponse::from_proto(&r)).unwrap();
+        assert_eq!(
+            v["responseHeadersToAdd"].as_array().unwrap().len(),
+            1,
+            "{v}"
+        );
+        assert_eq!(v["requestHeadersToAdd"][1]["key"], "RateLimit-Reset", "{v}");
+        // Empty lists stay out of the answer, as before.
+        let v =
+            serde_json::to_value(JsonResponse::from_proto(&RateLimitResponse::default())).unwrap();
+        assert!(v.get("requestHeadersToAdd").is_none(), "{v}");
+    }
 
     #[test]
     fn accepts_snake_and_camel_case_and_string_integers() {

@@ -5,7 +5,17 @@
 //! `response_headers` on, the `RateLimit-*` headers of the IETF draft (draft-ietf-httpapi-
 //! ratelimit-headers, the `RateLimit-Limit/-Remaining/-Reset` + `RateLimit-Policy` form) come
 //! from the descriptor the reference would pick (the last non-shadow OVER_LIMIT one, else the
-//! one with the least remaining), plus `Retry-After` on OVER_LIMIT.
+//! one with the least remaining), plus `Retry-After` on OVER_LIMIT. With `request_headers` on,
+//! the same `RateLimit-*` headers (never `Retry-After`) go in `request_headers_to_add`: Envoy
+//! adds them to the request it forwards, so the service behind it sees its caller's quota
+//! (envoyproxy/ratelimit's `LIMIT_REQUEST_HEADERS_ENABLED`).
+//!
+//! With `headers_for_every_limit` on, the headers also describe every descriptor that has a
+//! limit, not only the tightest: `RateLimit-Policy` and `RateLimit` take the list form of the
+//! IETF draft's later revisions (`"name";q=10;w=60, "daily";q=1000;w=86400` and
+//! `"name";r=3;t=12, "daily";r=900;t=40000`), one item per limit in request order, named by the
+//! limit's `name` (else `descriptor-<i>`). `RateLimit-Limit/-Remaining/-Reset` still tell the
+//! tightest, so clients that read only those see no change.
 //!
 //! The numbers tell one story:
 //! - **Limit** is the most a client can spend at once: a token bucket's `burst` when it has
@@ -38,17 +48,40 @@ use crate::limiter::{Code, Decision, Status};
 use crate::rules::Unit;
 use crate::structpb;
 
-pub fn to_proto(decision: &Decision, headers: bool) -> RateLimitResponse {
-    RateLimitResponse {
+/// Where the `RateLimit-*` headers go and how many limits they describe: the settings
+/// `response_headers`, `request_headers` and `headers_for_every_limit`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeaderOptions {
+    /// In the response to the client (`response_headers_to_add`).
+    pub response: bool,
+    /// In the request Envoy forwards upstream (`request_headers_to_add`).
+    pub request: bool,
+    /// Every limit as the IETF list form, beside the tightest.
+    pub every_limit: bool,
+}
+
+pub fn to_proto(decision: &Decision, headers: HeaderOptions) -> RateLimitResponse {
+    let mut response = RateLimitResponse {
         overall_code: code(decision.overall) as i32,
         statuses: decision.statuses.iter().map(status).collect(),
-        response_headers_to_add: if headers {
-            rate_limit_headers(decision)
-        } else {
-            Vec::new()
-        },
         ..Default::default()
+    };
+    if headers.response || headers.request {
+        let built = rate_limit_headers(decision, headers.every_limit);
+        if headers.request {
+            // The service upstream is told the quota; a wait is the client's business (and
+            // Envoy forwards a request only when it is admitted, or not enforced).
+            response.request_headers_to_add = built
+                .iter()
+                .filter(|h| h.key != "Retry-After")
+                .cloned()
+                .collect();
+        }
+        if headers.response {
+            response.response_headers_to_add = built;
+        }
     }
+    response
 }
 
 fn code(c: Code) -> PbCode {
@@ -170,7 +203,7 @@ fn header(key: &str, value: impl ToString) -> HeaderValue {
     }
 }
 
-fn rate_limit_headers(decision: &Decision) -> Vec<HeaderValue> {
+fn rate_limit_headers(decision: &Decision, every_limit: bool) -> Vec<HeaderValue> {
     let over = decision
         .statuses
         .iter()
@@ -220,11 +253,74 @@ fn rate_limit_headers(decision: &Decision) -> Vec<HeaderValue> {
             "RateLimit-Reset",
             retry_after.unwrap_or_else(|| reset_secs(s)),
         ),
-        header("RateLimit-Policy", policy),
     ];
+    if every_limit {
+        let (policies, states) = every_limit_lists(decision);
+        out.push(header("RateLimit-Policy", policies));
+        out.push(header("RateLimit", states));
+    } else {
+        out.push(header("RateLimit-Policy", policy));
+    }
     if let Some(wait) = retry_after {
         out.push(header("Retry-After", wait));
     }
+    out
+}
+
+/// `RateLimit-Policy` and `RateLimit` as lists of structured-field items, one per descriptor
+/// that has a limit: `"name";q=<per unit>;w=<window s>[;burst=<capacity>]` and
+/// `"name";r=<remaining>;t=<reset s>`. Each item's `t` is its own descriptor's reset (over the
+/// limit: until the request fits), as Envoy's `x-ratelimit-reset` reads it.
+fn every_limit_lists(decision: &Decision) -> (String, String) {
+    let mut named: Vec<&str> = Vec::new();
+    let mut policies = Vec::new();
+    let mut states = Vec::new();
+    for (i, s) in decision.statuses.iter().enumerate() {
+        let Some(limit) = &s.limit else { continue };
+        // Unnamed, or a name two descriptors share: the position tells them apart.
+        let name = if limit.name.is_empty() {
+            sf_string(&format!("descriptor-{i}"))
+        } else if named.contains(&limit.name.as_str()) {
+            sf_string(&format!("{}-{i}", limit.name))
+        } else {
+            sf_string(&limit.name)
+        };
+        named.push(&limit.name);
+        let capacity = limit.capacity.max(u64::from(limit.requests_per_unit));
+        let mut policy = format!(
+            "{name};q={};w={}",
+            limit.requests_per_unit,
+            ceil_secs(limit.window_ms)
+        );
+        if capacity != u64::from(limit.requests_per_unit) {
+            policy.push_str(&format!(";burst={capacity}"));
+        }
+        policies.push(policy);
+        states.push(format!(
+            "{name};r={};t={}",
+            u64::from(s.remaining).min(capacity),
+            reset_secs(s)
+        ));
+    }
+    (policies.join(", "), states.join(", "))
+}
+
+/// A structured-field string (RFC 8941 §3.3.3): printable ASCII, `"` and `\` escaped; any
+/// other character (a rule's name may be UTF-8) becomes `_`, as a header cannot carry it.
+fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
     out
 }
 
@@ -253,11 +349,17 @@ mod tests {
     }
 
     fn headers(d: &Decision) -> Vec<(String, String)> {
-        to_proto(d, true)
-            .response_headers_to_add
-            .into_iter()
-            .map(|h| (h.key, h.value))
-            .collect()
+        to_proto(
+            d,
+            HeaderOptions {
+                response: true,
+                ..HeaderOptions::default()
+            },
+        )
+        .response_headers_to_add
+        .into_iter()
+        .map(|h| (h.key, h.value))
+        .collect()
     }
 
     #[test]
@@ -267,7 +369,7 @@ mod tests {
             overall: Code::Ok,
             statuses: vec![st(Code::Ok, 3, 1_001, None)],
         };
-        let r = to_proto(&d, false);
+        let r = to_proto(&d, HeaderOptions::default());
         assert_eq!(r.overall_code, PbCode::Ok as i32);
         let s = &r.statuses[0];
         assert_eq!(s.limit_remaining, 3);
@@ -300,7 +402,7 @@ mod tests {
             "Reset tells the same story as Retry-After: {h:?}"
         );
         // Each status's own reset, for Envoy's x-ratelimit-reset, is its own wait.
-        let r = to_proto(&d, false);
+        let r = to_proto(&d, HeaderOptions::default());
         let resets: Vec<i64> = r
             .statuses
             .iter()
@@ -380,7 +482,10 @@ mod tests {
             );
         }
         // Envoy's x-ratelimit-limit is requests_per_unit (5): remaining is capped to it.
-        assert_eq!(to_proto(&d, false).statuses[0].limit_remaining, 5);
+        assert_eq!(
+            to_proto(&d, HeaderOptions::default()).statuses[0].limit_remaining,
+            5
+        );
         // Without a burst the policy is the plain quota.
         let d = Decision {
             from_fallback: false,
@@ -388,6 +493,127 @@ mod tests {
             statuses: vec![st(Code::Ok, 3, 6_000, None)],
         };
         assert!(headers(&d).contains(&("RateLimit-Policy".into(), "10;w=60".into())));
+    }
+
+    fn header_map(headers: &[HeaderValue]) -> Vec<(String, String)> {
+        headers
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn request_headers_tell_upstream_the_quota_and_never_a_wait() {
+        let d = Decision {
+            from_fallback: false,
+            overall: Code::OverLimit,
+            statuses: vec![st(Code::OverLimit, 0, 9_000, Some(8_100))],
+        };
+        let only_request = to_proto(
+            &d,
+            HeaderOptions {
+                request: true,
+                ..HeaderOptions::default()
+            },
+        );
+        assert!(only_request.response_headers_to_add.is_empty());
+        let upstream = header_map(&only_request.request_headers_to_add);
+        assert_eq!(
+            upstream,
+            [
+                ("RateLimit-Limit".into(), "10".into()),
+                ("RateLimit-Remaining".into(), "0".into()),
+                ("RateLimit-Reset".into(), "9".into()),
+                ("RateLimit-Policy".into(), "10;w=60".into()),
+            ]
+        );
+        let both = to_proto(
+            &d,
+            HeaderOptions {
+                request: true,
+                response: true,
+                every_limit: false,
+            },
+        );
+        assert_eq!(header_map(&both.request_headers_to_add), upstream);
+        let client = header_map(&both.response_headers_to_add);
+        assert!(
+            client.contains(&("Retry-After".into(), "9".into())),
+            "{client:?}"
+        );
+        assert_eq!(client.len(), upstream.len() + 1);
+        // Neither on: no headers anywhere.
+        let none = to_proto(&d, HeaderOptions::default());
+        assert!(none.request_headers_to_add.is_empty() && none.response_headers_to_add.is_empty());
+    }
+
+    #[test]
+    fn every_limit_lists_each_descriptor_in_the_ietf_list_form() {
+        let mut per_second = st(Code::Ok, 4, 800, None);
+        per_second.limit = Some(ReportedLimit {
+            requests_per_unit: 5,
+            unit: Unit::Second,
+            name: "per-second".into(),
+            capacity: 10,
+            window_ms: 1_000,
+        });
+        let mut unnamed = st(Code::OverLimit, 0, 3_600_000, Some(360_000));
+        unnamed.limit.as_mut().unwrap().name = String::new();
+        let mut same_name = st(Code::Ok, 7, 30_000, None);
+        same_name.limit.as_mut().unwrap().name = "per-second".into();
+        let mut odd = st(Code::Ok, 9, 1_000, None);
+        odd.limit.as_mut().unwrap().name = "a \"q\" \\ é".into();
+        let d = Decision {
+            from_fallback: false,
+            overall: Code::OverLimit,
+            statuses: vec![
+                per_second,
+                // No rule: no item.
+                Status {
+                    limit: None,
+                    ..st(Code::Ok, 0, 0, None)
+                },
+                unnamed,
+                same_name,
+                odd,
+            ],
+        };
+        let h = header_map(
+            &to_proto(
+                &d,
+                HeaderOptions {
+                    response: true,
+                    every_limit: true,
+                    ..HeaderOptions::default()
+                },
+            )
+            .response_headers_to_add,
+        );
+        let get = |k: &str| -> Vec<String> {
+            h.iter()
+                .filter(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+        assert_eq!(
+            get("RateLimit-Policy"),
+            [concat!(
+                r#""per-second";q=5;w=1;burst=10, "descriptor-2";q=10;w=60, "#,
+                r#""per-second-3";q=10;w=60, "a \"q\" \\ _";q=10;w=60"#
+            )],
+            "one policy header, in the list form"
+        );
+        assert_eq!(
+            get("RateLimit"),
+            [concat!(
+                r#""per-second";r=4;t=1, "descriptor-2";r=0;t=360, "#,
+                r#""per-second-3";r=7;t=30, "a \"q\" \\ _";r=9;t=1"#
+            )]
+        );
+        // The tightest (the over-limit one) is still told the old way, with its wait.
+        assert_eq!(get("RateLimit-Remaining"), ["0"]);
+        assert_eq!(get("RateLimit-Reset"), ["360"]);
+        assert_eq!(get("Retry-After"), ["360"]);
     }
 
     #[test]
@@ -404,7 +630,7 @@ mod tests {
             "{h:?}"
         );
         assert!(h.contains(&("Retry-After".into(), "360".into())), "{h:?}");
-        let r = to_proto(&d, false);
+        let r = to_proto(&d, HeaderOptions::default());
         assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 360);
     }
 

@@ -112,6 +112,10 @@ settings! {
         "global quota mode (envoyproxy/ratelimit's QUOTA_MODE): every limit is quota-mode, so a request is OVER_LIMIT only when all its limits are over";
     response_headers: bool = false,
         "add RateLimit-* and Retry-After to responses";
+    request_headers: bool = false,
+        "add the RateLimit-* headers to the request Envoy forwards upstream, so the service behind it sees its caller's quota (envoyproxy/ratelimit's LIMIT_REQUEST_HEADERS_ENABLED; strip clients' own copies first: docs/rules.md)";
+    headers_for_every_limit: bool = false,
+        "the RateLimit-* headers also list every limit that applied, not only the tightest: RateLimit-Policy and RateLimit in the IETF draft's list form, one item per limit";
     response_dynamic_metadata: bool = false,
         "return the request (domain, descriptors, hits_addend) and the passing descriptors' `metadata` as the response's dynamic metadata (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)";
     near_limit_ratio: f64 = 0.8,

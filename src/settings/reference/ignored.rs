@@ -162,6 +162,18 @@ const IGNORED: &[(&str, &str)] = &[
         "the headers are RateLimit-Limit/-Remaining/-Reset and Retry-After",
     ),
     (
+        "LIMIT_REQUEST_LIMIT_HEADER",
+        "the upstream request's headers are RateLimit-Limit/-Remaining/-Reset",
+    ),
+    (
+        "LIMIT_REQUEST_REMAINING_HEADER",
+        "the upstream request's headers are RateLimit-Limit/-Remaining/-Reset",
+    ),
+    (
+        "LIMIT_REQUEST_RESET_HEADER",
+        "the upstream request's headers are RateLimit-Limit/-Remaining/-Reset",
+    ),
+    (
         "REDIS_POOL_SIZE",
         "connections are multiplexed: store_pool_size (2) is enough",
     ),

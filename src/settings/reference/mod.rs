@@ -566,6 +566,7 @@ mod tests {
             ("NEAR_LIMIT_RATIO", "0.9"),
             ("CACHE_KEY_PREFIX", "rl_"),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REQUEST_HEADERS_ENABLED", "true"),
             ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
             ("STATSD_HOST", "localhost"),
         ]))
@@ -582,6 +583,7 @@ mod tests {
         assert_eq!(s.log_level, "warn");
         assert_eq!(s.log_format, crate::telemetry::LogFormat::Json);
         assert!(s.shadow_mode && s.response_headers && s.unready_without_rules);
+        assert!(s.request_headers);
         assert!(s.quota_mode && s.response_dynamic_metadata);
         assert_eq!(s.near_limit_ratio, 0.9);
         assert_eq!(s.key_prefix, "rl_");

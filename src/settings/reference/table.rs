@@ -165,6 +165,12 @@ pub(super) const TABLE: &[Entry] = &[
         Bool,
     ),
     Entry::new(
+        "LIMIT_REQUEST_HEADERS_ENABLED",
+        "request_headers",
+        Decisions,
+        Bool,
+    ),
+    Entry::new(
         "RESPONSE_DYNAMIC_METADATA",
         "response_dynamic_metadata",
         Decisions,
