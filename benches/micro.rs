@@ -261,6 +261,7 @@ fn descriptors<'a>(entries: &[&[(&'a str, &'a str)]]) -> Vec<RequestDescriptor<'
             entries: e.to_vec(),
             hits_addend: None,
             limit_override: None,
+            refund: false,
         })
         .collect()
 }

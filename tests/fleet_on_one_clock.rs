@@ -118,6 +118,7 @@ fn request(cost: u64) -> Request<'static> {
             entries: vec![("tenant", "t")],
             hits_addend: Some(cost),
             limit_override: None,
+            refund: false,
         }],
         hits_addend: 0,
     }

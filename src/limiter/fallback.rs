@@ -70,6 +70,9 @@ impl Fallback {
             retry_ms: Some(self.closed_retry_ms),
             granted: 0,
         };
+        if op.action == Action::Return {
+            return self.give_back(op, mode, unknown);
+        }
         match mode {
             FallbackMode::Error => None,
             FallbackMode::Open => Some(Outcome {
@@ -103,6 +106,29 @@ impl Fallback {
                 }
                 Some(outcome)
             }
+        }
+    }
+
+    /// A refund (Envoy's `is_negative_hits`) the store could not take: never refused. Under
+    /// `local` the tokens go back to this replica's share, where takes are decided meanwhile
+    /// (capped at the share, as the store caps at the capacity), unless the store may have
+    /// taken them already; otherwise they are dropped (fewer admitted later, never more).
+    fn give_back(&self, op: &Op, mode: FallbackMode, unknown: bool) -> Option<Outcome> {
+        match mode {
+            FallbackMode::Error => None,
+            FallbackMode::Local if !unknown => {
+                let n = self.replicas.count();
+                let key = format!("{}|n{n}", op.key);
+                let kind = crate::quota::share::fallback_part(op.kind, n);
+                Some(self.local.apply(&Op::give_back(key, kind, op.cost)))
+            }
+            _ => Some(Outcome {
+                allowed: true,
+                remaining: 0,
+                reset_ms: 0,
+                retry_ms: Some(0),
+                granted: 0,
+            }),
         }
     }
 

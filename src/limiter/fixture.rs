@@ -137,6 +137,7 @@ pub(super) fn req<'a>(domain: &'a str, descs: &[&[(&'a str, &'a str)]]) -> Reque
                 entries: e.to_vec(),
                 hits_addend: None,
                 limit_override: None,
+                refund: false,
             })
             .collect(),
         hits_addend: 0,

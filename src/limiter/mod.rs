@@ -68,6 +68,9 @@ pub struct RequestDescriptor<'a> {
     pub hits_addend: Option<u64>,
     /// Envoy's per-descriptor `limit`: used instead of the rules' limit, as in the reference.
     pub limit_override: Option<LimitOverride>,
+    /// Envoy's `is_negative_hits`: the cost is given back to each of the descriptor's buckets
+    /// (capped at its capacity) instead of taken; see `plan.rs`.
+    pub refund: bool,
 }
 
 /// `RateLimitDescriptor.limit`: requests per unit supplied by Envoy's route config.
@@ -318,7 +321,15 @@ impl Limiter {
             .await;
 
         // 3. What the store could not answer, the fallback decides.
-        let (outcomes, from_fallback) = self.resolve(&plan, results)?;
+        let (mut outcomes, from_fallback) = self.resolve(&plan, results)?;
+        // A refund is never refused: on a sliding limit, which takes none, it is a check that
+        // may find the limit spent, but nothing was asked of it.
+        for (o, p) in outcomes.iter_mut().zip(&plan.planned) {
+            if req.descriptors[p.desc].refund {
+                o.allowed = true;
+                o.retry_ms = Some(0);
+            }
+        }
 
         // 4. Statuses, in request order, and the overall code.
         Ok(status::fold(
@@ -346,6 +357,7 @@ impl Limiter {
                 entries: entries.to_vec(),
                 hits_addend: None,
                 limit_override: None,
+                refund: false,
             }],
             hits_addend: 1,
         };

@@ -28,7 +28,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::quota::{OpKind, Outcome};
+use crate::quota::{Action, Op, OpKind, Outcome};
 
 const SHARDS: usize = 16;
 
@@ -140,6 +140,17 @@ impl OverLimitCache {
     }
 
     /// Drops the entry for `key`, if any: tokens went back to its bucket.
+    /// What the store's answer to `op` (a take of `cost`, or a claim of it) means for the cache:
+    /// a refusal is recorded; tokens given back (a refund, a lease's give-back) end the key's
+    /// entry, as they may let the next request fit sooner than the refusal said.
+    pub(super) fn settle(&self, op: &Op, cost: u64, outcome: &Outcome, now_ms: u64) {
+        if op.action == Action::Return {
+            self.forget(&op.key);
+        } else {
+            self.record(&op.key, op.kind, cost, outcome, now_ms);
+        }
+    }
+
     pub(super) fn forget(&self, key: &str) {
         if self.shard(key).remove(key).is_some() {
             self.len.fetch_sub(1, Ordering::Relaxed);

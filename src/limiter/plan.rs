@@ -8,7 +8,9 @@
 //!    matched limit's `replaces`;
 //! 3. ops: every counted limit (not `unlimited`) becomes one [`Op`]: its bucket key
 //!    (`keys::bucket_key`), its [`OpKind`] (from the limit's [`Rate`]) and the descriptor's
-//!    cost.
+//!    cost. A descriptor with Envoy's `is_negative_hits` (a refund) gives its cost back
+//!    instead ([`Action::Return`](crate::quota::Action::Return): a token bucket refilled, a
+//!    fixed window's count lowered, capped as a lease's give-back is; see docs/rules.md).
 //!
 //! The [`Plan`] keeps, next to the ops, which descriptor and limit each op counts, so the
 //! store's outcomes (one per op, same order) can be folded back per descriptor (`status.rs`).
@@ -175,7 +177,9 @@ pub(super) fn plan(
                 shard,
                 cost,
             });
-            ops.push(if limit.overdraft {
+            ops.push(if desc.refund {
+                Op::give_back(key, kind, cost)
+            } else if limit.overdraft {
                 Op::charge(key, kind, cost)
             } else {
                 Op::take(key, kind, cost)
@@ -365,6 +369,85 @@ mod tests {
             f.decide(&req("edge", &[&[("tenant", "h3")]])).statuses[0].remaining,
             1,
             "nothing was taken"
+        );
+    }
+
+    /// `r` with its one descriptor turned into a refund of `hits` (Envoy's `is_negative_hits`).
+    fn refund<'a>(r: &Request<'a>, hits: Option<u64>) -> Request<'a> {
+        let mut back = r.clone();
+        back.descriptors[0].refund = true;
+        back.descriptors[0].hits_addend = hits;
+        back
+    }
+
+    #[test]
+    fn a_refund_gives_tokens_back_capped_and_is_never_refused() {
+        let f = fixture(false);
+        // Token bucket (tenant: 2/hour).
+        let r = req("edge", &[&[("tenant", "rf")]]);
+        let back = refund(&r, None);
+        let full = f.decide(&back).statuses[0].clone();
+        assert_eq!(
+            (full.code, full.remaining),
+            (Code::Ok, 2),
+            "never above the capacity"
+        );
+        f.decide(&r);
+        f.decide(&r);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        let given = f.decide(&back);
+        assert_eq!(given.overall, Code::Ok);
+        assert_eq!(given.statuses[0].remaining, 1);
+        assert_eq!(f.codes(&r), [Code::Ok], "the token given back");
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        assert_eq!(
+            f.decide(&refund(&r, Some(5))).statuses[0].remaining,
+            2,
+            "a refund of 5 fills an empty bucket of 2, no more"
+        );
+
+        // Fixed window (window: 2/minute): the count goes down within the current window.
+        let w = req("edge", &[&[("window", "wf")]]);
+        f.decide(&w);
+        f.decide(&w);
+        assert_eq!(f.codes(&w), [Code::OverLimit]);
+        assert_eq!(f.codes(&refund(&w, None)), [Code::Ok]);
+        assert_eq!(f.codes(&w), [Code::Ok]);
+        assert_eq!(f.codes(&w), [Code::OverLimit]);
+        // A refund after the window ended gives nothing to the new one.
+        f.clock.advance_ms(60_000);
+        assert_eq!(f.decide(&refund(&w, Some(3))).statuses[0].remaining, 2);
+        assert_eq!(f.codes(&w), [Code::Ok]);
+        assert_eq!(f.codes(&w), [Code::Ok]);
+        assert_eq!(f.codes(&w), [Code::OverLimit]);
+
+        // Sliding window (slide: 2/minute): a refund is a check; nothing comes back.
+        let s = req("edge", &[&[("slide", "sf")]]);
+        f.decide(&s);
+        f.decide(&s);
+        assert_eq!(f.codes(&refund(&s, None)), [Code::Ok], "never refused");
+        assert_eq!(f.codes(&s), [Code::OverLimit]);
+
+        // Beside a take over its limit, a refund does not change the request's answer.
+        let mixed = Request {
+            descriptors: vec![r.descriptors[0].clone(), back.descriptors[0].clone()],
+            ..r.clone()
+        };
+        f.decide(&r);
+        f.decide(&r);
+        let d = f.decide(&mixed);
+        assert_eq!(d.overall, Code::OverLimit);
+        assert_eq!(
+            d.statuses.iter().map(|s| s.code).collect::<Vec<_>>(),
+            [Code::OverLimit, Code::Ok]
+        );
+        // Refunds are their own outcome, never hits.
+        let m = f.metrics.render();
+        assert!(
+            m.contains(
+                r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="refund"} 4"#
+            ),
+            "{m}"
         );
     }
 

@@ -224,8 +224,10 @@ impl Tally {
             // Decided without the store's count.
             telemetry::Outcome::fallback_ok => Split::whole(hits, true),
             telemetry::Outcome::fallback_over_limit => Split::whole(hits, false),
-            // The reference keeps no counters for unlimited limits.
-            telemetry::Outcome::unlimited | telemetry::Outcome::no_rule => return,
+            // The reference keeps no counters for unlimited limits; a refund is no hit.
+            telemetry::Outcome::unlimited
+            | telemetry::Outcome::no_rule
+            | telemetry::Outcome::refund => return,
         };
         statsd.add(
             domain,
@@ -344,6 +346,7 @@ pub(super) fn fold(
                             .collect(),
                         hits_addend: desc.hits_addend,
                         limit_override: desc.limit_override,
+                        refund: desc.refund,
                     };
                     &folded
                 }
@@ -461,6 +464,7 @@ fn descriptor_status(
     let costs = planned.iter().filter(|p| p.desc == desc).map(|p| p.cost);
     for (((l, o), fallback), cost) in counted.iter().zip(fallback).zip(costs) {
         let outcome = match (o.allowed, l.shadow_mode, fallback) {
+            _ if req.refund => telemetry::Outcome::refund,
             (true, _, true) => telemetry::Outcome::fallback_ok,
             (false, _, true) => telemetry::Outcome::fallback_over_limit,
             (true, _, false) => tally.admitted(l.rate.map_or(0, |r| r.burst), o.remaining),

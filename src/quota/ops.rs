@@ -43,6 +43,15 @@ impl Op {
         }
     }
 
+    /// `cost` tokens given back to the bucket `key` ([`Action::Return`]): a lease's unspent
+    /// tokens, an RLQS give-back, or a refund (Envoy's `is_negative_hits`).
+    pub fn give_back(key: String, kind: OpKind, cost: u64) -> Op {
+        Op {
+            action: Action::Return,
+            ..Op::take(key, kind, cost)
+        }
+    }
+
     /// A take of `cost` that is charged even when it does not fit ([`Action::Charge`]).
     pub fn charge(key: String, kind: OpKind, cost: u64) -> Op {
         Op {

@@ -172,6 +172,7 @@ impl World {
                 entries: entries.to_vec(),
                 hits_addend: None,
                 limit_override: None,
+                refund: false,
             }],
             hits_addend: 1,
         };

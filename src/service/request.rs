@@ -46,11 +46,6 @@ pub fn to_request<'a>(
                 bounds.max_entries
             ));
         }
-        if d.is_negative_hits {
-            return invalid(format!(
-                "descriptor {i}: is_negative_hits (refunds) is not supported"
-            ));
-        }
         let mut entries = Vec::with_capacity(d.entries.len());
         for e in &d.entries {
             if e.key.len() > bounds.max_key_bytes {
@@ -89,6 +84,7 @@ pub fn to_request<'a>(
             entries,
             hits_addend: d.hits_addend.as_ref().map(|h| h.value),
             limit_override,
+            refund: d.is_negative_hits,
         });
     }
     Ok(Request {

@@ -163,6 +163,7 @@ fn one_descriptor<'a>(
                 .collect(),
             hits_addend: None,
             limit_override: None,
+            refund: false,
         }],
         hits_addend: cost,
     }

@@ -74,6 +74,8 @@ pub enum Outcome {
     fallback_ok,
     /// Decided by the fallback while the store could not answer: refused.
     fallback_over_limit,
+    /// Tokens given back (Envoy's `is_negative_hits`): not a hit, never refused.
+    refund,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

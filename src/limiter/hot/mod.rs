@@ -318,8 +318,8 @@ impl HotKeys {
             return false;
         };
         // A charge (overdraft) always reaches the store: refusing it from memory would
-        // drop usage that must be counted.
-        if op.action == Action::Charge && op.cost > 0 {
+        // drop usage that must be counted. A refund is never refused.
+        if (op.action == Action::Charge && op.cost > 0) || op.action == Action::Return {
             return false;
         }
         let Some(o) = cache.check(&op.key, op.kind, op.cost, now) else {
@@ -361,8 +361,10 @@ impl HotKeys {
     /// a token bucket or fixed window, and a cost that can fit at all (a cost above the
     /// capacity goes to the store, which refuses it for good, instead of tying up the lease).
     fn policy(&self, limit: &Limit, op: &Op) -> Option<LeasePolicy> {
-        // Leased tokens cannot go into debt: an overdraft limit is never leased.
-        if limit.overdraft {
+        // Leased tokens cannot go into debt: an overdraft limit is never leased. A refund
+        // goes to the shared bucket, where the tokens it gives back were taken (a lease holds
+        // tokens already out of it).
+        if limit.overdraft || op.action == Action::Return {
             return None;
         }
         let capacity = match op.kind {
@@ -667,6 +669,7 @@ mod tests {
                     requests_per_unit,
                     unit: crate::rules::model::Unit::Hour,
                 }),
+                refund: false,
             }],
             hits_addend: 0,
         };
@@ -684,6 +687,57 @@ mod tests {
         assert_eq!(f.codes(&high), [Code::OverLimit]);
         // And the lower limit's entry still stands for requests that carry it.
         assert_eq!(f.codes(&low), [Code::OverLimit]);
+    }
+
+    #[test]
+    fn a_refund_ends_a_cached_refusal_and_goes_past_the_lease_to_the_bucket() {
+        let f = with_hot_keys(false, hot());
+        let r = req("edge", &[&[("tenant", "back")]]);
+        let mut back = r.clone();
+        back.descriptors[0].refund = true;
+        f.decide(&r);
+        f.decide(&r);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        assert_eq!(f.codes(&r), [Code::OverLimit], "from the cache");
+        let given = f.decide(&back).statuses[0].clone();
+        assert_eq!((given.code, given.remaining), (Code::Ok, 1));
+        // The cached refusal ended with the refund: the store is asked, and admits.
+        assert_eq!(f.codes(&r), [Code::Ok]);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        let m = f.metrics.render();
+        assert!(
+            m.contains(
+                r#"tollgate_local_decisions_total{class="tenant",reason="over_limit_cache"} 1"#
+            ),
+            "{m}"
+        );
+
+        // A leased key: the refund is neither spent from this replica's lease nor added to
+        // it; the shared bucket gets the tokens, where they were taken from.
+        let l = req("edge", &[&[("leased", "r")]]);
+        for _ in 0..3 {
+            assert_eq!(f.codes(&l), [Code::Ok]);
+        }
+        let mut check = l.clone();
+        check.descriptors[0].hits_addend = Some(0);
+        let in_bucket = f.decide(&check).statuses[0].remaining;
+        let leased_before = f.metrics.render();
+        let mut five = l.clone();
+        five.descriptors[0].refund = true;
+        five.descriptors[0].hits_addend = Some(5);
+        let s = f.decide(&five).statuses[0].clone();
+        assert_eq!((s.code, s.remaining), (Code::Ok, in_bucket + 5));
+        let lease_lines = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.contains("class=\"leased\"") && l.starts_with("tollgate_l"))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            lease_lines(&f.metrics.render()),
+            lease_lines(&leased_before),
+            "the lease did not move"
+        );
     }
 
     #[test]
@@ -819,6 +873,7 @@ mod tests {
                     entries: vec![("leased_fast", "k")],
                     hits_addend: Some(0),
                     limit_override: None,
+                    refund: false,
                 }],
                 hits_addend: 0,
             };
@@ -858,6 +913,7 @@ mod tests {
                                         entries: vec![("leased_fast", "k")],
                                         hits_addend: Some(cost),
                                         limit_override: None,
+                                        refund: false,
                                     }],
                                     hits_addend: 0,
                                 };

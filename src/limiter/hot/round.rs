@@ -122,7 +122,7 @@ impl HotKeys {
                 (_, result, _) => result,
             };
             if let (Some(cache), Ok(o)) = (&self.cache, &outcome) {
-                cache.record(&op.key, op.kind, cost, o, now);
+                cache.settle(op, cost, o, now);
             }
             w.state = State::Done(outcome);
         }
@@ -162,7 +162,7 @@ impl HotKeys {
                     (None, result, _) => (result, op.cost),
                 };
                 if let (Some(cache), Ok(o)) = (&cache, &outcome) {
-                    cache.record(&op.key, op.kind, cost, o, now);
+                    cache.settle(op, cost, o, now);
                 }
                 outcomes.push(outcome);
             }

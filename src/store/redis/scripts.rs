@@ -50,6 +50,15 @@ pub enum ScriptCall {
     Lease([u64; 8]),
 }
 
+/// The cost a take script is sent: 0 (a check) for a give-back.
+fn take_cost(op: &Op) -> u64 {
+    if op.action == Action::Return {
+        0
+    } else {
+        op.cost
+    }
+}
+
 impl ScriptCall {
     pub fn for_op(op: &Op) -> Self {
         let lease = |algorithm, capacity, refill, window_ms| match op.action {
@@ -95,17 +104,13 @@ impl ScriptCall {
                     flag,
                 ])
             }
+            // A give-back (a refund: no leases on these) is a check, as on the memory store:
+            // what a refund would mean for a weighted or logged count is not defined yet.
             OpKind::SlidingWindow { limit, window_ms } => {
-                ScriptCall::SlidingWindow([limit, window_ms, op.cost, flag])
+                ScriptCall::SlidingWindow([limit, window_ms, take_cost(op), flag])
             }
-            // A give-back (never sent: no leases on a log) would be a check.
             OpKind::SlidingLog { limit, window_ms } => {
-                let cost = if op.action == Action::Return {
-                    0
-                } else {
-                    op.cost
-                };
-                ScriptCall::SlidingLog([limit, window_ms, cost])
+                ScriptCall::SlidingLog([limit, window_ms, take_cost(op)])
             }
         }
     }
