@@ -22,8 +22,15 @@
 //! The replica that gives them back forgets its entry for the key ([`OverLimitCache::forget`]),
 //! so its next request asks the store; other replicas' entries stand until they end (they
 //! refuse a little longer than the store would: under-admission, never over).
+//!
+//! A refund (Envoy's `is_negative_hits`) gives tokens back too, and on a concurrency limit
+//! that is how every slot comes back, on whichever replica the stream-done call reaches: an
+//! entry kept until the refill (an hour's limit: minutes) would refuse free slots for that
+//! long. So a key this replica has seen a refund for is never cached again (its entry ends
+//! at the refund): its refusals ask the store. The set of such keys is bounded by
+//! `over_limit_cache_max_keys` and starts over when full.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -40,6 +47,8 @@ pub(super) struct OverLimitCache {
     last_full_sweep_ms: AtomicU64,
     shards: Box<[Mutex<HashMap<String, Refusal>>]>,
     hasher: RandomState,
+    /// Keys this replica has seen refunds for: never cached (see the module doc).
+    refunded: Mutex<HashSet<String>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -63,6 +72,7 @@ impl OverLimitCache {
             last_full_sweep_ms: AtomicU64::new(0),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
+            refunded: Mutex::new(HashSet::new()),
         }
     }
 
@@ -140,15 +150,25 @@ impl OverLimitCache {
     }
 
     /// Drops the entry for `key`, if any: tokens went back to its bucket.
-    /// What the store's answer to `op` (a take of `cost`, or a claim of it) means for the cache:
-    /// a refusal is recorded; tokens given back (a refund, a lease's give-back) end the key's
-    /// entry, as they may let the next request fit sooner than the refusal said.
+    /// What the store's answer to a request's `op` (a take of `cost`, a claim of it, or a
+    /// refund) means for the cache: a refusal is recorded, unless the key takes refunds; a
+    /// refund ends the key's entry and keeps it out of the cache from then on.
     pub(super) fn settle(&self, op: &Op, cost: u64, outcome: &Outcome, now_ms: u64) {
         if op.action == Action::Return {
             self.forget(&op.key);
-        } else {
+            let mut refunded = self.refunded();
+            if refunded.len() >= self.max_keys.max(1) && !refunded.contains(&op.key) {
+                refunded.clear();
+            }
+            refunded.insert(op.key.clone());
+        } else if !outcome.allowed && !self.refunded().contains(&op.key) {
+            // (Admitted answers, nearly all of them, take no lock here.)
             self.record(&op.key, op.kind, cost, outcome, now_ms);
         }
+    }
+
+    fn refunded(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.refunded.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(super) fn forget(&self, key: &str) {
@@ -218,6 +238,29 @@ mod tests {
         );
         assert!(c.check("k", K, 2, 1_100).is_none(), "fits at `until`");
         assert_eq!(c.sweep(1_100), 0);
+    }
+
+    #[test]
+    fn a_key_that_took_a_refund_is_never_cached_again() {
+        let c = OverLimitCache::new(2);
+        let take = |key: &str| crate::quota::Op::take(key.into(), K, 1);
+        let back = |key: &str| crate::quota::Op::give_back(key.into(), K, 1);
+        let given = Outcome {
+            allowed: true,
+            ..refused(Some(0))
+        };
+        c.settle(&take("k"), 1, &refused(Some(1_000)), 100);
+        assert!(c.check("k", K, 1, 200).is_some());
+        c.settle(&back("k"), 1, &given, 300);
+        assert!(c.check("k", K, 1, 300).is_none(), "the refund ended it");
+        c.settle(&take("k"), 1, &refused(Some(1_000)), 400);
+        assert!(c.check("k", K, 1, 500).is_none(), "and keeps it out");
+        // Other keys are cached as before; the set of refunded keys stays bounded.
+        c.settle(&take("other"), 1, &refused(Some(1_000)), 400);
+        assert!(c.check("other", K, 1, 500).is_some());
+        c.settle(&back("a"), 1, &given, 600);
+        c.settle(&back("b"), 1, &given, 600);
+        assert!(c.refunded().len() <= 2);
     }
 
     #[test]
