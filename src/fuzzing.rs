@@ -417,12 +417,13 @@ const OVERRIDE_RULE_LIMIT: u64 = 5;
 /// (`to_request` with the default bounds, then `Limiter::decide`) on one memory store whose
 /// clock does not move. The first byte picks the default algorithm (an override's); then
 /// requests split at `0xFE`, each a request-level `hits_addend` byte and 6 bytes per descriptor
-/// (flags: an override, a descriptor `hits_addend`, a huge one; a tenant of three; the
-/// override's requests per unit as a u16; its unit as the proto sends it, unknown ones
-/// included; the hits). The bound: whatever Envoy sends, the hits admitted into one bucket (a
-/// tenant's rule, or a tenant's override of one size and unit) never exceed what it holds, the
-/// override's `requests_per_unit` or the rule's 5; a request is decided or refused with
-/// INVALID_ARGUMENT, never a panic.
+/// (flags: an override, a descriptor `hits_addend`, a huge one, a refund (`is_negative_hits`);
+/// a tenant of three; the override's requests per unit as a u16; its unit as the proto sends
+/// it, unknown ones included; the hits). The bound: whatever Envoy sends, the hits admitted
+/// into one bucket (a tenant's rule, or a tenant's override of one size and unit) never exceed
+/// what it holds, the override's `requests_per_unit` or the rule's 5, plus the hits refunded
+/// to it; a refund is never refused; a request is decided or refused with INVALID_ARGUMENT,
+/// never a panic.
 pub fn limit_overrides(data: &[u8]) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {
         return;
@@ -462,7 +463,8 @@ async fn override_stream(data: &[u8]) -> u64 {
     let bounds = configs::bounds(&settings);
     let clock = Clock::manual(1_700_000_000_000);
     let limiter = memory_limiter(&settings, &clock, Arc::new(Metrics::new()));
-    // Per bucket (tenant, override): the hits admitted, and what the bucket holds.
+    // Per bucket (tenant, override): the hits admitted, and what the bucket holds (its size
+    // plus the hits refunded to it).
     let mut admitted: HashMap<OverrideBucket, (u64, u64)> = HashMap::new();
     let mut total = 0;
     for request in rest.split(|&b| b == 0xFE).take(64) {
@@ -499,7 +501,7 @@ async fn override_stream(data: &[u8]) -> u64 {
                         }],
                         limit,
                         hits_addend: (flags & 2 != 0).then_some(UInt64Value { value: hits }),
-                        ..Default::default()
+                        is_negative_hits: flags & 8 != 0,
                     }
                 })
                 .collect(),
@@ -519,6 +521,16 @@ async fn override_stream(data: &[u8]) -> u64 {
         for (i, (bucket, cap)) in buckets.into_iter().enumerate() {
             let d = &req.descriptors[i];
             let cost = d.hits_addend.unwrap_or(req.hits_addend.max(1));
+            if d.refund {
+                assert_eq!(
+                    decision.statuses[i].code,
+                    Code::Ok,
+                    "a refund is never refused"
+                );
+                let (_, held) = admitted.entry(bucket).or_insert((0, cap));
+                *held = held.saturating_add(cost);
+                continue;
+            }
             if decision.statuses[i].code != Code::Ok {
                 continue;
             }
@@ -575,7 +587,13 @@ mod tests {
         // + 3 refused), a check (0) and 1 of tenant 2's; an unknown unit and a hits_addend of
         // 2^40 refused: 7. every-algorithm.bin (sliding log; 60,000 an hour is past its cap, a
         // sliding window): 200 + 200 of it, 3 of 4 a week (3 more refused), 2 of 2 a day: 405.
-        for (name, want) in [("overrides.bin", 7), ("every-algorithm.bin", 405)] {
+        // refunds.bin (token bucket): 5 of tenant 0's 5 (a sixth refused), a refund of 2, then
+        // 2 of 3: 7, the 5 it holds and the 2 given back.
+        for (name, want) in [
+            ("overrides.bin", 7),
+            ("every-algorithm.bin", 405),
+            ("refunds.bin", 7),
+        ] {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .build()
                 .unwrap();
