@@ -30,7 +30,10 @@
 --          2^64-1): `tonumber` rounds it to the same double as Rust's `cost as f64`, and an
 --          allowed cost is at most the limit, and a charged count is capped at 2 x limit,
 --          so the stored counts stay exact.
--- ARGV[4]  overdraft: 1 = a take that does not fit is counted anyway (and refused), 0 = not.
+-- ARGV[4]  mode: 0 = a take; 1 = overdraft: a take that does not fit is counted anyway (and
+--          refused); 2 = give back: `cost` hits off the current window's count, never below
+--          0 (a refund: Envoy's `is_negative_hits`; `give_back_sliding` in the Rust). Never
+--          refused; the previous window's count keeps what is left of it.
 --
 -- Returns {allowed (1|0), remaining (floor(limit - estimate after the take), >= 0),
 --          reset_ms (until the estimate has decayed to 0; 0 if it is 0),
@@ -44,6 +47,7 @@ local limit = tonumber(ARGV[1])
 local window_ms = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local overdraft = ARGV[4] == '1'
+local give_back = ARGV[4] == '2'
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -71,7 +75,15 @@ local elapsed = now_ms - start_ms
 local estimate = prev * (window_ms - elapsed) / window_ms + curr
 local need = math.max(cost, 1)
 local allowed = limit > 0 and estimate + need <= limit
-if allowed then
+if give_back then
+  allowed = true
+  local left = math.max(curr - cost, 0)
+  if left ~= curr then
+    changed = true
+  end
+  curr = left
+  estimate = prev * (window_ms - elapsed) / window_ms + curr
+elseif allowed then
   curr = curr + cost
   estimate = estimate + cost
   if cost > 0 then

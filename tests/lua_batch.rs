@@ -60,14 +60,15 @@ fn op_on(prefix: &str, which: usize, cost: u64, variant: u8) -> Op {
             cost,
         ),
     };
-    // Leases only on a token bucket or a fixed window (the rules allow no others).
+    // Leases only on a token bucket or a fixed window (the rules allow no others); a
+    // give-back (a lease's, or a refund) on those and on a sliding window.
     match variant % 4 {
         1 => charged(base, true),
         2 if which < 2 => {
             let need = cost.clamp(1, limit + 1);
             claim(base, need, need.max(limit), 2)
         }
-        3 if which < 2 => give_back(base, cost.min(limit)),
+        3 if which < 3 => give_back(base, cost.min(limit)),
         _ => base,
     }
 }

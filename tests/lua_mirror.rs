@@ -457,9 +457,16 @@ fn lua_sliding_window_mirrors_rust() {
         window_ms(&[1, 7, 1_000, 60_000, HOUR, DAY, 353 * DAY, 365 * DAY]),
     );
     let (cases, refused, weighed) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    let refunds = Cell::new(0);
     check(
-        (params, takes(), any::<bool>()),
-        |((limit, window_ms), (start, takes), overdraft)| {
+        (
+            params,
+            takes(),
+            any::<bool>(),
+            // About one op in four is a refund (Envoy's `is_negative_hits`) of its cost.
+            prop::collection::vec(0u8..4, MAX_TAKES),
+        ),
+        |((limit, window_ms), (start, takes), overdraft, kinds)| {
             let conn = &mut *conn.borrow_mut();
             let k = "mirror:{sw}";
             del(conn, k);
@@ -467,15 +474,28 @@ fn lua_sliding_window_mirrors_rust() {
             let mut state: Option<SlidingWindowState> = None;
             // When the script last wrote the hash and the TTL it set then.
             let mut expires_at: Option<u64> = None;
-            for (step, cost) in takes {
+            for ((step, cost), kind) in takes.into_iter().zip(kinds) {
                 now = step.apply(now, window_ms);
                 let cost = cost.of(limit);
-                let (next, want) =
-                    bucket::take_sliding(state, now, limit, window_ms, cost, overdraft);
-                let op = charged(sw(k, limit, window_ms, cost), overdraft);
+                let refund = kind == 0;
+                let (next, want, op) = if refund {
+                    let (next, want) =
+                        bucket::give_back_sliding(state, now, limit, window_ms, cost);
+                    (next, want, give_back(sw(k, limit, window_ms, 0), cost))
+                } else {
+                    let (next, want) =
+                        bucket::take_sliding(state, now, limit, window_ms, cost, overdraft);
+                    (
+                        next,
+                        want,
+                        charged(sw(k, limit, window_ms, cost), overdraft),
+                    )
+                };
+                refunds
+                    .set(refunds.get() + usize::from(refund && state.is_some_and(|s| s.curr > 0)));
                 let got = eval_at(conn, &source, &op, now);
                 let at = format!(
-                    "limit {limit} window {window_ms} cost {cost} overdraft {overdraft} at {now} from {state:?}"
+                    "limit {limit} window {window_ms} cost {cost} overdraft {overdraft} refund {refund} at {now} from {state:?}"
                 );
                 prop_assert_eq!(got, want, "{}", at);
                 // The stored state: an empty one is no key (the memory store does not keep it
@@ -512,10 +532,16 @@ fn lua_sliding_window_mirrors_rust() {
         },
     );
     eprintln!(
-        "sliding window: {} cases, {} takes weighed both counts, {} refusals with a retry",
+        "sliding window: {} cases, {} takes weighed both counts, {} refusals with a retry, {} refunds of a count",
         cases.get(),
         weighed.get(),
-        refused.get()
+        refused.get(),
+        refunds.get()
+    );
+    assert!(
+        refunds.get() > 100,
+        "{} refunds found a count",
+        refunds.get()
     );
     assert!(cases.get() >= CASES, "{} cases ran", cases.get());
     // The sequences exercised both counts at once and refusals that can fit later.

@@ -322,8 +322,8 @@ impl Limiter {
 
         // 3. What the store could not answer, the fallback decides.
         let (mut outcomes, from_fallback) = self.resolve(&plan, results)?;
-        // A refund is never refused: on a sliding limit, which takes none, it is a check that
-        // may find the limit spent, but nothing was asked of it.
+        // A refund is never refused: on a sliding log, which takes none, it is a check that may
+        // find the limit spent, but nothing was asked of it.
         for (o, p) in outcomes.iter_mut().zip(&plan.planned) {
             if req.descriptors[p.desc].refund {
                 o.allowed = true;

@@ -10,7 +10,7 @@
 //!    (`keys::bucket_key`), its [`OpKind`] (from the limit's [`Rate`]) and the descriptor's
 //!    cost. A descriptor with Envoy's `is_negative_hits` (a refund) gives its cost back
 //!    instead ([`Action::Return`](crate::quota::Action::Return): a token bucket refilled, a
-//!    fixed window's count lowered, capped as a lease's give-back is; see docs/rules.md).
+//!    window's count lowered, capped as a lease's give-back is; see docs/usage-costs.md).
 //!
 //! The [`Plan`] keeps, next to the ops, which descriptor and limit each op counts, so the
 //! store's outcomes (one per op, same order) can be folded back per descriptor (`status.rs`).
@@ -421,11 +421,13 @@ mod tests {
         assert_eq!(f.codes(&w), [Code::Ok]);
         assert_eq!(f.codes(&w), [Code::OverLimit]);
 
-        // Sliding window (slide: 2/minute): a refund is a check; nothing comes back.
+        // Sliding window (slide: 2/minute): off the current window's count.
         let s = req("edge", &[&[("slide", "sf")]]);
         f.decide(&s);
         f.decide(&s);
-        assert_eq!(f.codes(&refund(&s, None)), [Code::Ok], "never refused");
+        assert_eq!(f.codes(&s), [Code::OverLimit]);
+        assert_eq!(f.codes(&refund(&s, None)), [Code::Ok]);
+        assert_eq!(f.codes(&s), [Code::Ok]);
         assert_eq!(f.codes(&s), [Code::OverLimit]);
 
         // Beside a take over its limit, a refund does not change the request's answer.

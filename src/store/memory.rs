@@ -202,14 +202,14 @@ impl MemoryStore {
                     _ => None,
                 };
                 // A sliding window has no leases (the rules refuse them): a claim is a take of
-                // its cost, a give-back a check.
-                let cost = match op.action {
-                    Action::Take | Action::Charge | Action::Claim(_) => op.cost,
-                    Action::Return => 0,
-                };
+                // its cost; a give-back is a refund.
                 let overdraft = op.action == Action::Charge;
                 let now = self.clock.wall_ms();
-                let (s, o) = bucket::take_sliding(prev, now, limit, window_ms, cost, overdraft);
+                let (s, o) = if op.action == Action::Return {
+                    bucket::give_back_sliding(prev, now, limit, window_ms, op.cost)
+                } else {
+                    bucket::take_sliding(prev, now, limit, window_ms, op.cost, overdraft)
+                };
                 // reset_ms is when the estimate has decayed to 0 (0 for an empty state).
                 (
                     Entry {

@@ -42,7 +42,7 @@ mod token_bucket;
 
 pub use fixed_window::{WindowState, claim_window, overdraft_cap, return_window, take_window};
 pub use sliding_log::{SlidingLog, take_log};
-pub use sliding_window::{SlidingWindowState, take_sliding};
+pub use sliding_window::{SlidingWindowState, give_back_sliding, take_sliding};
 pub use token_bucket::{
     TokenBucketParams, TokenBucketState, claim_token, return_token, take_token, token_idle_after_ms,
 };

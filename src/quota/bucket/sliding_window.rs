@@ -111,6 +111,52 @@ pub fn take_sliding(
     )
 }
 
+/// Gives `n` hits back to a sliding window (a refund: Envoy's `is_negative_hits`): off the
+/// current window's count, never below 0. Hits of the window before are already being weighed
+/// out as time passes; what is left of them stays (a window that has ended gets nothing back,
+/// as on a fixed window). Never refused.
+pub fn give_back_sliding(
+    state: Option<SlidingWindowState>,
+    now_ms: u64,
+    limit: u64,
+    window_ms: u64,
+    n: u64,
+) -> (SlidingWindowState, Outcome) {
+    let start_ms = now_ms - now_ms % window_ms;
+    let (prev, curr) = match state {
+        Some(s) if s.start_ms == start_ms => (s.prev, s.curr),
+        Some(s) if s.start_ms.checked_add(window_ms) == Some(start_ms) => (s.curr, 0),
+        _ => (0, 0),
+    };
+    let curr = curr.saturating_sub(n);
+    let w = window_ms as f64;
+    let elapsed = (now_ms - start_ms) as f64;
+    let estimate = prev as f64 * (w - elapsed) / w + curr as f64;
+    let end_ms = start_ms.saturating_add(window_ms) - now_ms;
+    let reset_ms = if curr > 0 {
+        end_ms.saturating_add(window_ms)
+    } else if prev > 0 {
+        end_ms
+    } else {
+        0
+    };
+    let outcome = Outcome {
+        allowed: true,
+        remaining: (limit as f64 - estimate).max(0.0).floor() as u64,
+        reset_ms,
+        retry_ms: Some(0),
+        granted: 0,
+    };
+    (
+        SlidingWindowState {
+            start_ms,
+            prev,
+            curr,
+        },
+        outcome,
+    )
+}
+
 /// Milliseconds from `elapsed` ms into a `w`-ms window until the estimate, decaying with no
 /// more hits, is at most `room` (= limit - cost: the take fits). Only called for a refused take
 /// whose cost fits the limit, so the estimate is above `room` now and `room >= 0`.
@@ -141,6 +187,30 @@ mod tests {
 
     /// A wall time that starts a second, a minute and an hour (472,222 hours after the epoch).
     const T0: u64 = 1_699_999_200_000;
+
+    #[test]
+    fn a_give_back_lowers_only_the_current_count_and_never_below_zero() {
+        // 4 of 10 in the window before, 3 in this one, half-way through: estimate 2 + 3.
+        let s = SlidingWindowState {
+            start_ms: T0 - 1_000,
+            prev: 1,
+            curr: 4,
+        };
+        let (s, o) = take_sliding(Some(s), T0 + 500, 10, 1_000, 3, false);
+        assert_eq!((s.prev, s.curr, o.remaining), (4, 3, 5));
+        let (s, o) = give_back_sliding(Some(s), T0 + 500, 10, 1_000, 2);
+        assert_eq!((s.prev, s.curr, o.remaining, o.allowed), (4, 1, 7, true));
+        // More than the current count: 0, and the previous window keeps its weighed hits.
+        let (s, o) = give_back_sliding(Some(s), T0 + 500, 10, 1_000, 50);
+        assert_eq!((s.prev, s.curr, o.remaining), (4, 0, 8));
+        assert_eq!(
+            o.reset_ms, 500,
+            "only the previous count is left, until this window ends"
+        );
+        // A window later, the old count is the previous one; a refund has nothing to take.
+        let (s, o) = give_back_sliding(Some(s), T0 + 1_250, 10, 1_000, 1);
+        assert_eq!((s.prev, s.curr, o.remaining), (0, 0, 10));
+    }
 
     fn slide(steps: &[(u64, u64)], limit: u64, window_ms: u64) -> Vec<Outcome> {
         let mut state = None;

@@ -40,7 +40,7 @@ pub enum ScriptCall {
     /// overdraft: same answers, exact numbers; see the script's header), overdraft.
     FixedWindow([u64; 4]),
     /// `sliding_window.lua`: limit, window_ms, cost (unclamped, as for the token bucket:
-    /// a count is capped before it is stored), overdraft.
+    /// a count is capped before it is stored), mode (0 take, 1 overdraft, 2 give back).
     SlidingWindow([u64; 4]),
     /// `sliding_log.lua`: limit, window_ms, cost (unclamped: only a cost within the limit is
     /// recorded).
@@ -104,10 +104,11 @@ impl ScriptCall {
                     flag,
                 ])
             }
-            // A give-back (a refund: no leases on these) is a check, as on the memory store:
-            // what a refund would mean for a weighted or logged count is not defined yet.
+            // A give-back (a refund: no leases on these) is mode 2 of the sliding window's
+            // script, and a check of a log (which takes no refunds), as on the memory store.
             OpKind::SlidingWindow { limit, window_ms } => {
-                ScriptCall::SlidingWindow([limit, window_ms, take_cost(op), flag])
+                let mode = if op.action == Action::Return { 2 } else { flag };
+                ScriptCall::SlidingWindow([limit, window_ms, op.cost, mode])
             }
             OpKind::SlidingLog { limit, window_ms } => {
                 ScriptCall::SlidingLog([limit, window_ms, take_cost(op)])
@@ -388,7 +389,7 @@ pub(super) fn parse_outcome(reply: Value, op: &Op) -> Result<Outcome, CallError>
         ] => {
             let first = u64::try_from(*first).unwrap_or(0);
             let (allowed, granted) = match (ScriptCall::for_op(op), op.action) {
-                (ScriptCall::Lease(_), Action::Return) => (true, 0),
+                (_, Action::Return) => (true, 0),
                 (ScriptCall::Lease(_), _) => (first > 0, first),
                 _ => (first == 1, if first == 1 { op.cost } else { 0 }),
             };
