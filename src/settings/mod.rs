@@ -268,6 +268,13 @@ pub enum SettingsError {
     Read(#[from] config::ConfigError),
     #[error("settings: {key}: {message}")]
     Invalid { key: &'static str, message: String },
+    /// A value that is not one of a setting's names (`fallback: lcoal`).
+    #[error("settings: {key}: unknown value '{value}' (expected {expected})")]
+    UnknownValue {
+        key: String,
+        value: String,
+        expected: &'static str,
+    },
     /// A variable of the reference's environment that cannot be honoured (`reference.rs`).
     #[error("{0}")]
     Reference(String),
@@ -303,6 +310,35 @@ pub use cli::ServeArgs;
 pub use env::{from_env, unknown_env_warnings};
 pub use reference::{Mapped, REFERENCE_DEFAULTS, Refused, differences, from_reference_env};
 
+/// The config crate names the Rust type when a value is none of an enum setting's names
+/// ("enum FallbackMode does not have variant constructor lcoal for key `fallback`"): say what
+/// the setting accepts instead. Any other error is passed on as it is.
+fn unknown_value(e: config::ConfigError) -> SettingsError {
+    let text = e.to_string();
+    let parsed = text
+        .strip_prefix("enum ")
+        .and_then(|rest| rest.split_once(" does not have variant constructor "))
+        .and_then(|(ty, rest)| {
+            let (value, key) = rest.rsplit_once(" for key `")?;
+            Some((ty, value, key.strip_suffix('`')?))
+        });
+    let Some((ty, value, key)) = parsed else {
+        return SettingsError::Read(e);
+    };
+    let expected = match ty {
+        "Algorithm" => crate::rules::Algorithm::NAMES,
+        "FallbackMode" => crate::rules::FallbackMode::NAMES,
+        "LogFormat" => LogFormat::NAMES,
+        "StateFormat" => crate::store::redis::StateFormat::NAMES,
+        _ => return SettingsError::Read(e),
+    };
+    SettingsError::UnknownValue {
+        key: key.to_string(),
+        value: value.to_string(),
+        expected,
+    }
+}
+
 impl Settings {
     /// Layers the sources (file < env < flags) over the defaults and validates the result.
     pub fn load(sources: &Sources) -> Result<Settings, SettingsError> {
@@ -324,7 +360,7 @@ impl Settings {
         for (key, value) in sources.env.iter().chain(&sources.flags) {
             b = b.set_override(*key, value.as_str())?;
         }
-        let settings: Settings = b.build()?.try_deserialize()?;
+        let settings: Settings = b.build()?.try_deserialize().map_err(unknown_value)?;
         settings.validate()
     }
 

@@ -481,7 +481,26 @@ mod tests {
         assert!(load("default_algorithm", "leaky").contains("default_algorithm"));
         assert!(load("otlp_endpoint", "collector:4317").contains("otlp_endpoint"));
         assert!(load("log_format", "xml").contains("log_format"));
-        assert!(load("store_state_format", "gcra").contains("store_state_format"));
+        // An enum setting's unknown value says what it accepts, not the Rust type's name.
+        for (key, value, expected) in [
+            ("store_state_format", "gcra", "packed or hash"),
+            ("fallback", "lcoal", "local, open, closed or error"),
+            ("log_format", "xml", "text or json"),
+            (
+                "default_algorithm",
+                "leaky_bucket",
+                "token_bucket, fixed_window",
+            ),
+        ] {
+            let msg = load(key, value);
+            assert!(
+                msg.contains(&format!(
+                    "{key}: unknown value '{value}' (expected {expected}"
+                )),
+                "{msg}"
+            );
+            assert!(!msg.contains("variant constructor"), "{msg}");
+        }
         assert!(
             load("max_concurrent_requests", "0")
                 .contains("max_concurrent_requests: must be at least 1")

@@ -13,6 +13,11 @@ pub enum LogFormat {
     Json,
 }
 
+impl LogFormat {
+    /// What `log_format` accepts, for error messages.
+    pub const NAMES: &'static str = "text or json";
+}
+
 /// The tracing target of the one span per `ShouldRateLimit` call. Only the OTLP exporter
 /// listens to it (the log output never does), so without an endpoint the span costs nothing.
 pub const REQUEST_SPAN_TARGET: &str = "tollgate::request";

@@ -45,6 +45,11 @@ pub enum StateFormat {
     Hash,
 }
 
+impl StateFormat {
+    /// What `store_state_format` accepts, for error messages.
+    pub const NAMES: &'static str = "packed or hash";
+}
+
 /// The line of `token_bucket.lua` and `lease.lua` that picks the format written; `Hash`
 /// turns it to `true`.
 pub const HASH_STATE_OFF: &str = "local HASH_STATE = false";
