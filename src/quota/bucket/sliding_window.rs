@@ -48,13 +48,7 @@ pub fn take_sliding(
     cost: u64,
     overdraft: bool,
 ) -> (SlidingWindowState, Outcome) {
-    let start_ms = now_ms - now_ms % window_ms;
-    let (prev, curr) = match state {
-        Some(s) if s.start_ms == start_ms => (s.prev, s.curr),
-        // The stored window is the one before: its count becomes the previous count.
-        Some(s) if s.start_ms.checked_add(window_ms) == Some(start_ms) => (s.curr, 0),
-        _ => (0, 0),
-    };
+    let (start_ms, prev, curr) = counts_at(state, now_ms, window_ms);
     let w = window_ms as f64;
     let elapsed = (now_ms - start_ms) as f64;
     let mut estimate = prev as f64 * (w - elapsed) / w + curr as f64;
@@ -75,14 +69,7 @@ pub fn take_sliding(
         estimate += (charged - curr) as f64;
         curr = charged;
     }
-    let end_ms = start_ms.saturating_add(window_ms) - now_ms;
-    let reset_ms = if curr > 0 {
-        end_ms.saturating_add(window_ms)
-    } else if prev > 0 {
-        end_ms
-    } else {
-        0
-    };
+    let reset_ms = decayed_after(start_ms, now_ms, window_ms, prev, curr);
     let retry_ms = if allowed {
         Some(0)
     } else if limit == 0 {
@@ -111,6 +98,32 @@ pub fn take_sliding(
     )
 }
 
+/// The window `now_ms` is in (its start) and the counts of it and of the one before, from the
+/// stored state: a stored window that is the one before gives its count as the previous one;
+/// an older one (or, after a clock step back, a later one) counts nothing.
+fn counts_at(state: Option<SlidingWindowState>, now_ms: u64, window_ms: u64) -> (u64, u64, u64) {
+    let start_ms = now_ms - now_ms % window_ms;
+    let (prev, curr) = match state {
+        Some(s) if s.start_ms == start_ms => (s.prev, s.curr),
+        Some(s) if s.start_ms.checked_add(window_ms) == Some(start_ms) => (s.curr, 0),
+        _ => (0, 0),
+    };
+    (start_ms, prev, curr)
+}
+
+/// Milliseconds until the estimate has decayed to 0 (the outcome's `reset_ms`): the end of the
+/// next window while this one counts hits, the end of this one if only the previous does.
+fn decayed_after(start_ms: u64, now_ms: u64, window_ms: u64, prev: u64, curr: u64) -> u64 {
+    let end_ms = start_ms.saturating_add(window_ms) - now_ms;
+    if curr > 0 {
+        end_ms.saturating_add(window_ms)
+    } else if prev > 0 {
+        end_ms
+    } else {
+        0
+    }
+}
+
 /// Gives `n` hits back to a sliding window (a refund: Envoy's `is_negative_hits`): off the
 /// current window's count, never below 0. Hits of the window before are already being weighed
 /// out as time passes; what is left of them stays (a window that has ended gets nothing back,
@@ -122,28 +135,15 @@ pub fn give_back_sliding(
     window_ms: u64,
     n: u64,
 ) -> (SlidingWindowState, Outcome) {
-    let start_ms = now_ms - now_ms % window_ms;
-    let (prev, curr) = match state {
-        Some(s) if s.start_ms == start_ms => (s.prev, s.curr),
-        Some(s) if s.start_ms.checked_add(window_ms) == Some(start_ms) => (s.curr, 0),
-        _ => (0, 0),
-    };
+    let (start_ms, prev, curr) = counts_at(state, now_ms, window_ms);
     let curr = curr.saturating_sub(n);
     let w = window_ms as f64;
     let elapsed = (now_ms - start_ms) as f64;
     let estimate = prev as f64 * (w - elapsed) / w + curr as f64;
-    let end_ms = start_ms.saturating_add(window_ms) - now_ms;
-    let reset_ms = if curr > 0 {
-        end_ms.saturating_add(window_ms)
-    } else if prev > 0 {
-        end_ms
-    } else {
-        0
-    };
     let outcome = Outcome {
         allowed: true,
         remaining: (limit as f64 - estimate).max(0.0).floor() as u64,
-        reset_ms,
+        reset_ms: decayed_after(start_ms, now_ms, window_ms, prev, curr),
         retry_ms: Some(0),
         granted: 0,
     };
