@@ -110,7 +110,11 @@ async fn a_caller_that_gives_up_takes_no_other_answer_and_a_queued_one_is_never_
     // `gone`'s caller gives up while it waits in the queue, then `first`'s while its call is
     // on the wire (as Envoy's timeout cancels a request): the slot passes on, and `second` and
     // `third` go as one call.
+    // An abort only asks: the task is dropped when the runtime next gets to it, which on a busy
+    // machine can come after `first`'s drop has passed the slot on and formed the batch. Wait
+    // for `gone` to be gone (its place in the queue dropped with it) before `first` gives up.
     gone.abort();
+    let _ = gone.await;
     first.abort();
     tokio::time::sleep(Duration::from_millis(50)).await;
     // `second`'s caller gives up while that batch is on the wire: `third` keeps its answer.

@@ -467,6 +467,14 @@ async fn sliding_window_counts_allowed_takes_only(store: Arc<Store>, p: String) 
         assert!(!o.allowed);
         assert_eq!((o.remaining, o.reset_ms, o.retry_ms), (0, 0, None));
     }
+    // A refund (Envoy's `is_negative_hits`) takes hits off this window's count, never below 0.
+    let r = key(&p, "sw-refund");
+    assert_eq!(one(&store, sw(&r, 3, DAY, 3)).await.remaining, 0);
+    let o = one(&store, give_back(sw(&r, 3, DAY, 0), 2)).await;
+    assert_eq!((o.allowed, o.remaining, o.granted), (true, 2, 0), "{o:?}");
+    let o = one(&store, give_back(sw(&r, 3, DAY, 0), 50)).await;
+    assert_eq!(o.remaining, 3, "{o:?}");
+    assert!(one(&store, sw(&r, 3, DAY, 3)).await.allowed);
 }
 
 /// Sliding window across windows in real time (1 s windows): the previous window's count
