@@ -246,14 +246,17 @@ fn rate_limit_headers(decision: &Decision, every_limit: bool) -> Vec<HeaderValue
     if capacity != u64::from(limit.requests_per_unit) {
         policy.push_str(&format!(";burst={capacity}"));
     }
-    let mut out = vec![
-        header("RateLimit-Limit", capacity),
-        header("RateLimit-Remaining", u64::from(s.remaining).min(capacity)),
-        header(
-            "RateLimit-Reset",
-            retry_after.unwrap_or_else(|| reset_secs(s)),
-        ),
-    ];
+    // Room for all of them at once: no reallocation on the way (one allocation per response).
+    let mut out = Vec::with_capacity(6);
+    out.push(header("RateLimit-Limit", capacity));
+    out.push(header(
+        "RateLimit-Remaining",
+        u64::from(s.remaining).min(capacity),
+    ));
+    out.push(header(
+        "RateLimit-Reset",
+        retry_after.unwrap_or_else(|| reset_secs(s)),
+    ));
     if every_limit {
         let (policies, states) = every_limit_lists(decision);
         out.push(header("RateLimit-Policy", policies));
