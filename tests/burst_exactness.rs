@@ -191,3 +191,104 @@ async fn an_overdraft_burst_through_three_replicas_admits_exactly_the_limit() {
         .unwrap();
     burst_with(OVERDRAFT, &cluster.url(), 3).await;
 }
+
+/// Refunds (Envoy's `is_negative_hits`) in a burst: the shared bucket is spent first, then
+/// 300 takes and 60 refunds of 1 arrive at once, spread over the replicas. A refund gives back
+/// exactly one hit and nothing else does (the refill is 100 an hour: under one hit in the few
+/// seconds this takes), so the takes admitted in the burst plus what is left after it are
+/// exactly the 60 refunded: none lost, none minted, whatever the order they met in Redis.
+async fn refunds_in_a_burst(rules: &str, store: &str, replicas: usize) {
+    const REFUNDS: usize = 60;
+    let prefix = unique_prefix("refund-burst");
+    let servers: Vec<InProcess> = (0..replicas)
+        .map(|_| {
+            InProcess::start(rules, |s| {
+                s.store = store.to_string();
+                s.key_prefix = prefix.clone();
+            })
+        })
+        .collect();
+    let mut clients = Vec::new();
+    for server in &servers {
+        for _ in 0..CHANNELS {
+            let mut client = server.client().await;
+            client
+                .should_rate_limit(request("burst", &[&[("tenant", "warm")]]))
+                .await
+                .expect("answered");
+            clients.push(client);
+        }
+    }
+    assert_eq!(burst(&clients, "burst", "hot", CALLS).await, LIMIT, "spent");
+
+    let refund = {
+        let mut r = request("burst", &[&[("tenant", "hot")]]);
+        r.descriptors[0].is_negative_hits = true;
+        r
+    };
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CALLS + REFUNDS));
+    let tasks: Vec<_> = (0..CALLS + REFUNDS)
+        .map(|i| {
+            let mut client = clients[i % clients.len()].clone();
+            let start = start.clone();
+            let req = if i % 6 == 0 && i / 6 < REFUNDS {
+                refund.clone()
+            } else {
+                request("burst", &[&[("tenant", "hot")]])
+            };
+            let is_refund = req.descriptors[0].is_negative_hits;
+            tokio::spawn(async move {
+                start.wait().await;
+                let r = client.should_rate_limit(req).await.expect("answered");
+                let ok = r.get_ref().overall_code == Code::Ok as i32;
+                assert!(ok || !is_refund, "a refund was refused");
+                (is_refund, ok)
+            })
+        })
+        .collect();
+    let (mut admitted, mut refunds) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            (true, _) => refunds += 1,
+            (false, ok) => admitted += usize::from(ok),
+        }
+    }
+    assert_eq!(refunds, REFUNDS);
+    let mut check = request("burst", &[&[("tenant", "hot")]]);
+    check.descriptors[0].hits_addend =
+        Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let left = clients[0]
+        .clone()
+        .should_rate_limit(check)
+        .await
+        .expect("answered")
+        .get_ref()
+        .statuses[0]
+        .limit_remaining as usize;
+    eprintln!(
+        "refunds in a burst, {replicas} replica(s) on {store}: {admitted} admitted, {left} left"
+    );
+    assert_eq!(
+        admitted + left,
+        REFUNDS,
+        "{admitted} admitted + {left} left after {REFUNDS} refunds, through {replicas} replica(s) on {store}"
+    );
+    let fallback: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
+    assert_eq!(fallback, 0.0, "the fallback decided on a healthy store");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn refunds_in_a_burst_are_given_back_exactly_on_redis_and_a_cluster() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    within_one_day_window().await;
+    let redis = TestRedis::start();
+    let cluster = tokio::task::spawn_blocking(TestCluster::shared)
+        .await
+        .unwrap();
+    for store in [redis.url(), cluster.url()] {
+        for rules in [RULES, FIXED_WINDOW] {
+            refunds_in_a_burst(rules, &store, 1).await;
+            refunds_in_a_burst(rules, &store, 3).await;
+        }
+    }
+}
