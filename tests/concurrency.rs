@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::envoy::TestEnvoy;
 use common::redis::{TestRedis, unique_prefix};
-use common::{InProcess, get_with, metric_sum};
+use common::{InProcess, get_with, get_with_timeout, metric_sum};
 
 const EXAMPLE: &str = "examples/envoy/concurrency/envoy.yaml";
 
@@ -52,7 +52,14 @@ fn burst(front: SocketAddr, tenant: &str, n: usize) -> mpsc::Receiver<u16> {
         let (tx, start, tenant) = (tx.clone(), start.clone(), tenant.to_string());
         std::thread::spawn(move || {
             start.wait();
-            let status = get_with(front, "/work", &[("x-tenant", &tenant)]).map_or(0, |r| r.status);
+            // Well past the backend's 5 s: an admitted request is answered after it.
+            let status = get_with_timeout(
+                front,
+                "/work",
+                &[("x-tenant", &tenant)],
+                Duration::from_secs(30),
+            )
+            .map_or(0, |r| r.status);
             let _ = tx.send(status);
         });
     }

@@ -199,8 +199,18 @@ impl HttpResponse {
 
 /// GET `path` with extra request headers; `None` when the connection fails.
 pub fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Option<HttpResponse> {
+    get_with_timeout(addr, path, headers, Duration::from_secs(5))
+}
+
+/// [`get_with`], waiting up to `read_timeout` for the answer (a backend that holds requests).
+pub fn get_with_timeout(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    read_timeout: Duration,
+) -> Option<HttpResponse> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.set_read_timeout(Some(read_timeout)).ok()?;
     let mut req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
