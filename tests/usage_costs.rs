@@ -147,3 +147,159 @@ async fn a_charge_is_counted_while_the_over_limit_cache_refuses_checks() {
         "balance {t}: the last charge was not counted"
     );
 }
+
+// ---- Reserve, then commit: examples/envoy/llm-reserve ----
+
+const RESERVE_EXAMPLE: &str = "examples/envoy/llm-reserve/envoy.yaml";
+
+/// The reserve example's rules with a budget of 1,000 tokens an hour.
+fn reserve_rules() -> String {
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/envoy/llm-reserve/rules.yaml"),
+    )
+    .expect("read examples/envoy/llm-reserve/rules.yaml");
+    assert!(example.contains("requests_per_unit: 1000000"));
+    example.replace("requests_per_unit: 1000000", "requests_per_unit: 1000")
+}
+
+fn reserve_server(redis: &TestRedis, prefix: &str) -> InProcess {
+    let (url, prefix) = (redis.url(), prefix.to_string());
+    InProcess::start(&reserve_rules(), move |s| {
+        s.store = url;
+        s.key_prefix = prefix;
+        s.response_dynamic_metadata = true;
+    })
+}
+
+/// The example with a 3 s model (the burst's reservations are all in flight together on a
+/// loaded machine) and Envoy's wait for tollgate at 1 s (a call Envoy gives up on is let
+/// through unreserved: the example fails open; the test must not count that).
+fn reserve_envoy(tollgate: &InProcess, more: &[(&str, &str)]) -> TestEnvoy {
+    let mut subs = vec![
+        ("fixed_delay: 1s", "fixed_delay: 3s"),
+        ("timeout: 0.02s", "timeout: 1s"),
+    ];
+    subs.extend_from_slice(more);
+    TestEnvoy::start_example(RESERVE_EXAMPLE, tollgate.grpc, &subs)
+}
+
+/// Sends `n` requests at once with `headers`; their statuses, in order.
+fn burst(front: std::net::SocketAddr, n: usize, headers: &[(&str, &str)]) -> Vec<u16> {
+    let start = std::sync::Arc::new(std::sync::Barrier::new(n));
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let start = start.clone();
+            let headers: Vec<(String, String)> = headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            std::thread::spawn(move || {
+                let headers: Vec<(&str, &str)> =
+                    headers.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+                start.wait();
+                common::get_with_timeout(
+                    front,
+                    "/v1/chat/completions",
+                    &headers,
+                    Duration::from_secs(30),
+                )
+                .map_or(0, |r| r.status)
+            })
+        })
+        .collect();
+    let mut statuses: Vec<u16> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    statuses.sort_unstable();
+    statuses
+}
+
+/// Waits until tollgate has seen `n` refunds (each settlement gives its estimate back).
+fn wait_settled(tollgate: &InProcess, envoy: &TestEnvoy, n: f64) {
+    let refunds = || {
+        metric_sum(
+            tollgate.admin,
+            "tollgate_decisions_total",
+            &[r#"outcome="refund""#],
+        )
+    };
+    let settled = poll(Duration::from_secs(10), || (refunds() >= n).then_some(()));
+    assert!(
+        settled.is_some() && refunds() == n,
+        "{} refunds, want {n}; envoy:\n{}",
+        refunds(),
+        envoy.log()
+    );
+}
+
+/// Reservations in flight hold the budget: a burst of 5 reserving 300 of 1,000 admits 3, and
+/// the 2 refused give nothing back. When the streams end, each settles: its 300 back, its 40
+/// used charged (1,000 − 3 × 40 = 880). An estimate that was too small is charged what was
+/// used; a request without one reserves the example's default 4,096, which does not fit.
+#[test]
+fn reservations_hold_the_budget_and_settle_on_what_was_used() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("llm-reserve");
+    let tollgate = reserve_server(&redis, &prefix);
+    let envoy = reserve_envoy(&tollgate, &[]);
+    let acme = [("x-tenant", "acme"), ("x-max-tokens", "300")];
+
+    let statuses = burst(envoy.front, 5, &acme);
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "{}", tollgate.log());
+    wait_settled(&tollgate, &envoy, 3.0);
+    // The refill (1,000 an hour: 0.28 a second) adds a little over the test's seconds.
+    let t = balance(&redis, &prefix, "acme").expect("the budget is stored");
+    assert!(
+        (880.0..886.0).contains(&t),
+        "balance {t}, want 880 + refill"
+    );
+
+    // An estimate of 10 for a response that used 40: the 40 is charged.
+    let r = get_with(
+        envoy.front,
+        "/v1/chat/completions",
+        &[("x-tenant", "acme"), ("x-max-tokens", "10")],
+    )
+    .expect("envoy answered");
+    assert_eq!(r.status, 200);
+    wait_settled(&tollgate, &envoy, 4.0);
+    let after = balance(&redis, &prefix, "acme").expect("the budget is stored");
+    assert!(
+        (t - 40.0..t - 38.0).contains(&after),
+        "balance {after} after {t}: the usage above the estimate was not charged"
+    );
+
+    // No estimate: the example reserves 4,096, more than the budget holds.
+    let r = get_with(envoy.front, "/v1/chat/completions", &[("x-tenant", "acme")])
+        .expect("envoy answered");
+    assert_eq!(
+        r.status, 429,
+        "a request without x-max-tokens must not pass unreserved"
+    );
+}
+
+/// A response that does not say what it used is charged its whole estimate: nothing is
+/// given back (the example's `header_mutation` fills `x-tokens-used` in).
+#[test]
+fn a_response_without_its_usage_is_charged_the_estimate() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("llm-reserve-silent");
+    let tollgate = reserve_server(&redis, &prefix);
+    // The stand-in model stops saying what it used.
+    let envoy = reserve_envoy(
+        &tollgate,
+        &[(
+            "key: x-tokens-used, value: \"40\"",
+            "key: x-model, value: \"stand-in\"",
+        )],
+    );
+    let r = get_with(
+        envoy.front,
+        "/v1/chat/completions",
+        &[("x-tenant", "initech"), ("x-max-tokens", "250")],
+    )
+    .expect("envoy answered");
+    assert_eq!(r.status, 200);
+    wait_settled(&tollgate, &envoy, 1.0);
+    let t = balance(&redis, &prefix, "initech").expect("the budget is stored");
+    assert!((750.0..752.0).contains(&t), "balance {t}, want 1000 - 250");
+}

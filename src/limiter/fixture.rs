@@ -51,6 +51,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window}
   - key: leased
     rate_limit: {unit: hour, requests_per_unit: 100, lease: {max_batch: 10, ttl_ms: 1000}}
+    descriptors:
+      - key: settle
+        charge_parent: true
   - key: leased_fast
     rate_limit: {unit: second, requests_per_unit: 10, lease: {max_batch: 5, ttl_ms: 1000}}
   - key: sharded
@@ -64,6 +67,12 @@ descriptors:
     quota_mode: true
     metadata: {budget: team, tier: {name: paid, seats: 5}}
     rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: budget
+    rate_limit: {unit: hour, requests_per_unit: 10}
+    descriptors:
+      - key: settle
+        value: held
+        charge_parent: true
 "#;
 
 /// The rules above, loaded.

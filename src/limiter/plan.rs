@@ -101,7 +101,7 @@ pub(super) fn plan(
     let replaced: Vec<&str> = matches
         .iter()
         .flatten()
-        .flat_map(|m| m.node.limits.iter())
+        .flat_map(|m| m.node.counted_limits().iter())
         .flat_map(|l| l.replaces.iter().map(String::as_str))
         .collect();
     let limits: Vec<Vec<Arc<Limit>>> = req
@@ -116,7 +116,7 @@ pub(super) fn plan(
             )],
             (None, Some(m)) => m
                 .node
-                .limits
+                .counted_limits()
                 .iter()
                 .filter(|l| {
                     !l.name
@@ -150,13 +150,21 @@ pub(super) fn plan(
             req.hits_addend
         });
         let shared = m.as_ref().map_or(&[][..], |m| &m.shared[..]);
+        // A `charge_parent` node is counted on its parent's buckets: keyed by the entries
+        // down to the parent, and charged (never lost) rather than taken.
+        let charges_parent = desc.limit_override.is_none()
+            && m.as_ref().is_some_and(|m| m.node.charge_parent.is_some());
+        let depth = desc.entries.len() - usize::from(charges_parent);
         for limit in desc_limits {
             let Some(rate) = limit.rate else { continue };
             // Shared values are keyed by their pattern, so they all land in one bucket.
-            let entries = desc.entries.iter().enumerate().map(|(j, &(k, v))| {
-                let pattern = shared.iter().find(|(at, _)| *at == j).map(|(_, p)| *p);
-                (k, pattern.unwrap_or(v))
-            });
+            let entries = desc.entries[..depth]
+                .iter()
+                .enumerate()
+                .map(|(j, &(k, v))| {
+                    let pattern = shared.iter().find(|(at, _)| *at == j).map(|(_, p)| *p);
+                    (k, pattern.unwrap_or(v))
+                });
             // A sharded limit: a random shard, holding its part of the limit.
             let shard = (limit.shards > 1).then(|| shard::pick(limit.shards));
             let key = keys::bucket_key(
@@ -179,7 +187,7 @@ pub(super) fn plan(
             });
             ops.push(if desc.refund {
                 Op::give_back(key, kind, cost)
-            } else if limit.overdraft {
+            } else if limit.overdraft || charges_parent {
                 Op::charge(key, kind, cost)
             } else {
                 Op::take(key, kind, cost)
@@ -193,7 +201,7 @@ pub(super) fn plan(
         .enumerate()
         .filter_map(|(i, m)| {
             let m = m.as_ref()?;
-            let detailed = m.node.limits.iter().any(|l| l.detailed_metric);
+            let detailed = m.node.counted_limits().iter().any(|l| l.detailed_metric);
             (detailed && !m.shared.is_empty()).then(|| {
                 let patterns = m.shared.iter();
                 (i, patterns.map(|(at, p)| (*at, p.to_string())).collect())
@@ -451,6 +459,55 @@ mod tests {
             ),
             "{m}"
         );
+    }
+
+    #[test]
+    fn charge_parent_settles_a_reservation_on_the_parents_bucket() {
+        let f = fixture(false);
+        // budget: 10/hour; (budget, settle=held) is charged to it.
+        let reserve = |n| {
+            let mut r = req("edge", &[&[("budget", "a")]]);
+            r.descriptors[0].hits_addend = Some(n);
+            r
+        };
+        let settle = |n, is_refund| {
+            let mut r = req("edge", &[&[("budget", "a"), ("settle", "held")]]);
+            r.descriptors[0].hits_addend = Some(n);
+            r.descriptors[0].refund = is_refund;
+            r
+        };
+        let domain = &f.rules.domains["edge"];
+        let class: Arc<str> = OVERRIDE_CLASS.into();
+        let taken = plan(domain, &reserve(6), &f.config, &class);
+        let charged = plan(domain, &settle(2, false), &f.config, &class);
+        assert_eq!(charged.ops[0].key, taken.ops[0].key, "the parent's bucket");
+        assert_eq!(charged.ops[0].action, crate::quota::Action::Charge);
+        assert_eq!(taken.ops[0].action, crate::quota::Action::Take);
+        assert_eq!(
+            plan(domain, &settle(6, true), &f.config, &class).ops[0].action,
+            crate::quota::Action::Return
+        );
+
+        assert_eq!(f.decide(&reserve(6)).statuses[0].remaining, 4);
+        assert_eq!(
+            f.codes(&reserve(6)),
+            [Code::OverLimit],
+            "a reservation that does not fit is refused, and not charged"
+        );
+        // The stream is done: 6 reserved, 2 used.
+        assert_eq!(f.decide(&settle(6, true)).statuses[0].remaining, 10);
+        assert_eq!(f.decide(&settle(2, false)).statuses[0].remaining, 8);
+        // Usage above what is left is charged all the same: into debt.
+        let over = f.decide(&settle(15, false));
+        assert_eq!(over.statuses[0].code, Code::OverLimit);
+        assert_eq!(
+            f.codes(&reserve(1)),
+            [Code::OverLimit],
+            "the budget is in debt"
+        );
+        // Counted in the parent's class.
+        let m = f.metrics.render();
+        assert!(m.contains(r#"class="budget",outcome="refund"} 1"#), "{m}");
     }
 
     #[test]

@@ -328,8 +328,22 @@ pub struct Descriptor {
     /// `value_to_metric`: the request's value for this descriptor's key joins the metrics
     /// class of the limit matched through it (`limiter/status.rs`).
     pub value_to_metric: bool,
+    /// `charge_parent: true`: the parent's limits (shared with it), charged on the parent's
+    /// buckets by a request that matches this node. A take here is a charge (`overdraft`'s:
+    /// counted even when it does not fit), a refund gives back: what a reservation's
+    /// stream-done call does (docs/usage-costs.md, "Reserve, then commit"). Such a node has
+    /// no limits of its own.
+    pub charge_parent: Option<Vec<Arc<Limit>>>,
     pub children: Level,
     pub origin: Origin,
+}
+
+impl Descriptor {
+    /// The limits a request matching this node is counted against: its own, or with
+    /// `charge_parent` its parent's.
+    pub fn counted_limits(&self) -> &[Arc<Limit>] {
+        self.charge_parent.as_deref().unwrap_or(&self.limits)
+    }
 }
 
 /// A domain: a namespace of descriptors, one per rules file.

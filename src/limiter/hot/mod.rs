@@ -361,10 +361,11 @@ impl HotKeys {
     /// a token bucket or fixed window, and a cost that can fit at all (a cost above the
     /// capacity goes to the store, which refuses it for good, instead of tying up the lease).
     fn policy(&self, limit: &Limit, op: &Op) -> Option<LeasePolicy> {
-        // Leased tokens cannot go into debt: an overdraft limit is never leased. A refund
-        // goes to the shared bucket, where the tokens it gives back were taken (a lease holds
-        // tokens already out of it).
-        if limit.overdraft || op.action == Action::Return {
+        // Leased tokens cannot go into debt: an overdraft limit, and a charge (a
+        // `charge_parent` node's, on a limit whose takes may be leased), are never leased. A
+        // refund goes to the shared bucket, where the tokens it gives back were taken (a lease
+        // holds tokens already out of it).
+        if limit.overdraft || matches!(op.action, Action::Return | Action::Charge) {
             return None;
         }
         let capacity = match op.kind {
@@ -733,6 +734,18 @@ mod tests {
                 .map(str::to_string)
                 .collect()
         };
+        assert_eq!(
+            lease_lines(&f.metrics.render()),
+            lease_lines(&leased_before),
+            "the lease did not move"
+        );
+
+        // A `charge_parent` settlement on the leased key goes to the shared bucket too: its
+        // charge is never spent from the lease (which cannot go into debt).
+        let mut settle = req("edge", &[&[("leased", "r"), ("settle", "x")]]);
+        settle.descriptors[0].hits_addend = Some(7);
+        let s = f.decide(&settle).statuses[0].clone();
+        assert_eq!((s.code, s.remaining), (Code::Ok, in_bucket + 5 - 7));
         assert_eq!(
             lease_lines(&f.metrics.render()),
             lease_lines(&leased_before),

@@ -125,7 +125,7 @@ impl FileWalk<'_> {
             None => None,
         };
         let level = match f.get("descriptors") {
-            Some(node) => self.level(node, "descriptors", &RulePath::default())?,
+            Some(node) => self.level(node, "descriptors", &RulePath::default(), &[])?,
             None => Level::default(),
         };
         let (name, pos) = domain?;
@@ -162,6 +162,17 @@ impl FileWalk<'_> {
                 line: node.origin.line,
                 col: 1,
             };
+            if node.charge_parent.is_some() {
+                self.error(
+                    pos,
+                    "charge_parent",
+                    format!(
+                        "descriptor '{}' has charge_parent, but the domain has rlqs: true and Envoy's quota filter reports usage without a reservation to settle: serve this domain over RLS only",
+                        node.key
+                    ),
+                );
+                ok = false;
+            }
             if counted.len() > 1 {
                 self.error(
                     pos,
@@ -241,7 +252,15 @@ impl FileWalk<'_> {
     }
 
     /// A `descriptors:` list → one level of the tree.
-    fn level(&mut self, node: &Node, path: &str, parent: &RulePath) -> Option<Level> {
+    /// `parent_limits`: the limits of the descriptor this list is under (none at the top),
+    /// which a child with `charge_parent` is charged to.
+    fn level(
+        &mut self,
+        node: &Node,
+        path: &str,
+        parent: &RulePath,
+        parent_limits: &[Arc<Limit>],
+    ) -> Option<Level> {
         let items = yaml::seq(self.problems, node, path)?;
         let mut level = Level::default();
         let mut seen: HashMap<(String, Option<String>), usize> = HashMap::new();
@@ -271,7 +290,7 @@ impl FileWalk<'_> {
                     seen.insert(id, item.pos.line);
                 }
             }
-            let Some(d) = self.descriptor(item, &field, parent) else {
+            let Some(d) = self.descriptor(item, &field, parent, parent_limits) else {
                 ok = false;
                 continue;
             };
@@ -296,7 +315,13 @@ impl FileWalk<'_> {
         ok.then_some(level)
     }
 
-    fn descriptor(&mut self, node: &Node, path: &str, parent: &RulePath) -> Option<Descriptor> {
+    fn descriptor(
+        &mut self,
+        node: &Node,
+        path: &str,
+        parent: &RulePath,
+        parent_limits: &[Arc<Limit>],
+    ) -> Option<Descriptor> {
         const FIELDS: &[&str] = &[
             "key",
             "value",
@@ -309,6 +334,7 @@ impl FileWalk<'_> {
             "quota_mode",
             "value_to_metric",
             "metadata",
+            "charge_parent",
         ];
         let f = yaml::fields(self.problems, node, path, FIELDS)?;
         let mut ok = true;
@@ -339,6 +365,7 @@ impl FileWalk<'_> {
         let detailed_metric = flag(self, "detailed_metric");
         let quota_mode = flag(self, "quota_mode");
         let value_to_metric = flag(self, "value_to_metric");
+        let charge_parent = flag(self, "charge_parent");
         let metadata = match f.get("metadata") {
             Some(n) if !n.is_null() => match metadata_json(n) {
                 Ok(v) => Some(Arc::new(v)),
@@ -382,8 +409,23 @@ impl FileWalk<'_> {
         };
         let limits = self.limits(&f, path, &inherited, &at);
         ok &= limits.is_some();
+        let charge_parent = match f.get("charge_parent") {
+            Some(n) if charge_parent => {
+                let own = limits.as_ref().is_some_and(|l| !l.is_empty());
+                match self.charged_parent(parent_limits, own) {
+                    Ok(limits) => Some(limits),
+                    Err(why) => {
+                        self.error(n.pos, &join(path, "charge_parent"), why);
+                        ok = false;
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let own_limits = limits.as_deref().unwrap_or(&[]);
         let children = match f.get("descriptors") {
-            Some(n) => self.level(n, &join(path, "descriptors"), &at),
+            Some(n) => self.level(n, &join(path, "descriptors"), &at, own_limits),
             None => Some(Level::default()),
         };
         let children = children?;
@@ -394,9 +436,30 @@ impl FileWalk<'_> {
             share_threshold,
             detailed_metric,
             value_to_metric,
+            charge_parent,
             children,
             origin: self.origin(node.pos),
         })
+    }
+
+    /// The limits a `charge_parent: true` node is charged to: its parent's, which must be
+    /// there, counted and whole (a charge goes to the one bucket a reservation was taken
+    /// from; a shard is picked at random per request). `own`: the node declares limits too.
+    fn charged_parent(
+        &mut self,
+        parent_limits: &[Arc<Limit>],
+        own: bool,
+    ) -> Result<Vec<Arc<Limit>>, String> {
+        if own {
+            return Err("a descriptor with charge_parent is counted on its parent's limits and has none of its own: drop its rate_limit(s)".into());
+        }
+        if !parent_limits.iter().any(|l| l.rate.is_some()) {
+            return Err("the parent descriptor has no counted limit to charge: put charge_parent on a child of a descriptor with a rate_limit".into());
+        }
+        if parent_limits.iter().any(|l| l.shards > 1) {
+            return Err("the parent's limit is sharded, and a charge must reach the bucket its reservation was taken from: drop `shards` there".into());
+        }
+        Ok(parent_limits.to_vec())
     }
 }
 
@@ -488,6 +551,59 @@ mod tests {
         assert_eq!(err.errors.len(), 1, "{err}");
         let e = &err.errors[0];
         (e.line, e.field.clone(), e.message.clone())
+    }
+
+    #[test]
+    fn charge_parent_is_read_and_refused_where_there_is_nothing_to_charge() {
+        let set = load("domain: d\ndescriptors:\n  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9}\n    descriptors:\n      - key: settle\n        charge_parent: true\n").unwrap();
+        let t = &set.domains["d"].root.bare["t"];
+        let settle = &t.children.bare["settle"];
+        assert!(settle.limits.is_empty());
+        assert_eq!(
+            settle.counted_limits(),
+            &t.limits[..],
+            "the parent's, shared"
+        );
+        assert!(t.charge_parent.is_none());
+
+        let base = "domain: d\ndescriptors:\n";
+        for (rules, line, why) in [
+            (
+                "  - key: t\n    charge_parent: true\n",
+                4,
+                "the parent descriptor has no counted limit",
+            ),
+            (
+                "  - key: t\n    descriptors:\n      - key: s\n        charge_parent: true\n",
+                6,
+                "the parent descriptor has no counted limit",
+            ),
+            (
+                "  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9}\n    descriptors:\n      - key: s\n        charge_parent: true\n        rate_limit: {unit: hour, requests_per_unit: 9}\n",
+                7,
+                "has none of its own",
+            ),
+            (
+                "  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9, shards: 3}\n    descriptors:\n      - key: s\n        charge_parent: true\n",
+                7,
+                "sharded",
+            ),
+            (
+                "  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9}\n    descriptors:\n      - key: s\n        charge_parent: yes please\n",
+                7,
+                "",
+            ),
+        ] {
+            let (at, field, message) = refused(&format!("{base}{rules}"));
+            assert_eq!(at, line, "{rules}: {message}");
+            assert!(field.ends_with("charge_parent"), "{field}");
+            assert!(message.contains(why), "{message}");
+        }
+        let (_, field, message) = refused(
+            "domain: d\nrlqs: true\ndescriptors:\n  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9000}\n    descriptors:\n      - key: s\n        charge_parent: true\n",
+        );
+        assert_eq!(field, "charge_parent");
+        assert!(message.contains("RLS only"), "{message}");
     }
 
     #[test]
