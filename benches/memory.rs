@@ -153,6 +153,7 @@ fn rate(unit: Unit) -> Rate {
         unit_multiplier: 1,
         burst: 100,
         algorithm: Algorithm::TokenBucket,
+        calendar: None,
     }
 }
 

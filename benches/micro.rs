@@ -152,6 +152,7 @@ fn rate() -> Rate {
         unit_multiplier: 1,
         burst: 100,
         algorithm: Algorithm::TokenBucket,
+        calendar: None,
     }
 }
 

@@ -19,7 +19,7 @@
 -- its place, so one op's error (a WRONGTYPE key, say) neither fails the others nor hides
 -- what they spent. The ops before it ran and stay run, as they would have alone.
 
-local NARGS = {5, 4, 4, 3, 8}
+local NARGS = {5, 6, 4, 3, 8}
 
 local out = {}
 local at = 1

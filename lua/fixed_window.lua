@@ -17,13 +17,25 @@
 -- edge the two can disagree, and comparing `w` keeps the count of the old window out of the
 -- new one (beyond its debt).
 --
+-- Calendar windows (ARGV[5] > 0) are a day, ISO week, month or year of the civil calendar
+-- at a fixed UTC offset instead (src/rules/calendar.rs, whose integer date arithmetic,
+-- Hinnant's days_from_civil / civil_from_days, is copied here line for line): a month's
+-- window is that month, 28 to 31 days long.
+--
 -- KEYS[1]  the window key
 -- ARGV[1]  limit: hits allowed per window
--- ARGV[2]  window_ms: the window length, >= 1
--- ARGV[3]  cost: hits to count, 0 = check only. The caller clamps it to limit + 1 (2 x limit
---          + 1 with overdraft), which changes no answer and keeps the numbers exact doubles.
--- ARGV[4]  overdraft: 1 = a hit that does not fit is charged anyway (into debt, the count
---          capped at 2 x limit), 0 = it is refused and counts up to the limit.
+-- ARGV[2]  window_ms: the window length, >= 1 (a calendar window's nominal length: unused)
+-- ARGV[3]  cost: hits to count, 0 = check only; with mode 2 the hits given back. The caller
+--          clamps a take's cost to limit + 1 (2 x limit + 1 with overdraft), which changes no
+--          answer and keeps the numbers exact doubles.
+-- ARGV[4]  mode: 0 = take (a hit that does not fit is refused and counts up to the limit),
+--          1 = overdraft (it is charged anyway, into debt, the count capped at 2 x limit),
+--          2 = give back: `cost` off this window's count, never below 0 (a refund; a past
+--          window's count is left as it is). An epoch-aligned window's give-backs go through
+--          lease.lua; a calendar window is never leased, and its refunds come here.
+-- ARGV[5]  calendar: 0 = windows of window_ms from the epoch, 1 day, 2 ISO week, 3 month,
+--          4 year
+-- ARGV[6]  the calendar's UTC offset in minutes + 1080 (never negative; 1080 is UTC)
 --
 -- Returns {allowed (1|0), remaining (hits left), reset_ms (until the count is back at 0: the
 --          window's end, or the end of its debt), retry_ms (until a refused hit of this cost
@@ -32,27 +44,122 @@
 local limit = tonumber(ARGV[1])
 local window_ms = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-local overdraft = ARGV[4] == '1'
+local mode = tonumber(ARGV[4])
+local overdraft = mode == 1
+local calendar = tonumber(ARGV[5])
+local offset_ms = (tonumber(ARGV[6]) - 1080) * 60000
+local DAY = 86400000
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
-local start_ms = now_ms - now_ms % window_ms
+-- Days since 1970-01-01 of a civil date, and back (src/rules/calendar.rs).
+local function days_from_civil(y, m, d)
+  if m <= 2 then
+    y = y - 1
+  end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = (m + 9) % 12
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+local function civil_from_days(days)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then
+    y = y + 1
+  end
+  return y, m
+end
+-- The Rust's Calendar::start and Calendar::next (a window's start, the next one's).
+local function window_start(t)
+  if calendar == 0 then
+    return t - t % window_ms
+  end
+  local days = math.floor((t + offset_ms) / DAY)
+  local start_day = days
+  if calendar == 2 then
+    start_day = days - (days + 3) % 7
+  elseif calendar == 3 then
+    local y, m = civil_from_days(days)
+    start_day = days_from_civil(y, m, 1)
+  elseif calendar == 4 then
+    local y = civil_from_days(days)
+    start_day = days_from_civil(y, 1, 1)
+  end
+  return math.max(start_day * DAY - offset_ms, 0)
+end
+local function window_next(s)
+  if calendar == 0 then
+    return s + window_ms
+  end
+  local days = math.floor((s + offset_ms) / DAY)
+  local next_day = days + 1
+  if calendar == 2 then
+    next_day = days + 7
+  elseif calendar == 3 then
+    local y, m = civil_from_days(days)
+    if m == 12 then
+      next_day = days_from_civil(y + 1, 1, 1)
+    else
+      next_day = days_from_civil(y, m + 1, 1)
+    end
+  elseif calendar == 4 then
+    local y = civil_from_days(days)
+    next_day = days_from_civil(y + 1, 1, 1)
+  end
+  return math.max(next_day * DAY - offset_ms, 0)
+end
+
+local start_ms = window_start(now_ms)
+local end_ms = window_next(start_ms)
 local state = redis.call('HMGET', KEYS[1], 'w', 'c')
 local stored_w = state[1] and state[2] and tonumber(state[1])
 local before = 0
 if stored_w == start_ms then
   before = tonumber(state[2])
 elseif stored_w and stored_w < start_ms then
-  -- window_at: `windows` later, the windows between have paid a limit each.
-  local windows = (start_ms - stored_w) / window_ms
-  before = math.max(tonumber(state[2]) - windows * limit, 0)
+  -- The Rust's Window::before: `windows` later, the windows between have paid a limit each
+  -- (a calendar's counted one by one, up to one more than the count holds limits).
+  local stored_c = tonumber(state[2])
+  local windows
+  if calendar == 0 then
+    windows = (start_ms - stored_w) / window_ms
+  else
+    local most = 1
+    if limit > 0 then
+      most = math.floor(stored_c / limit) + 1
+    end
+    windows = 0
+    local at = stored_w
+    while at < start_ms and windows < most do
+      at = window_next(at)
+      windows = windows + 1
+    end
+  end
+  before = math.max(stored_c - windows * limit, 0)
 end
-local window_left = start_ms + window_ms - now_ms
+local window_left = end_ms - now_ms
 
--- The Rust's later(n): the end of the window n - 1 windows after this one.
+-- The Rust's later(n): until the end of the window n - 1 windows after this one.
 local function later(n)
-  return window_left + math.max(n - 1, 0) * window_ms
+  if calendar == 0 then
+    return window_left + math.max(n - 1, 0) * window_ms
+  end
+  local e = end_ms
+  for _ = 2, n do
+    e = window_next(e)
+  end
+  return e - now_ms
 end
 -- The Rust's retry_of: until a hit of `c` fits after `n` (false: never).
 local function retry_of(n, c)
@@ -63,6 +170,28 @@ local function retry_of(n, c)
     return false
   end
   return later(math.ceil((n + c - limit) / limit))
+end
+
+local function reset_of(count)
+  -- The count is back at 0 once ceil(count / limit) windows have paid a limit each.
+  if limit > 0 and count > limit then
+    return later(math.ceil(count / limit))
+  end
+  return window_left
+end
+
+if mode == 2 then
+  -- The Rust's return_windows: off this window's count, never below 0; another window's
+  -- count is left as it is.
+  local count = 0
+  if stored_w == start_ms then
+    count = math.max(before - cost, 0)
+    redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
+    redis.call('PEXPIRE', KEYS[1], reset_of(count))
+  elseif stored_w then
+    count = before
+  end
+  return {1, math.max(limit - count, 0), reset_of(count), 0}
 end
 
 local count, allowed
@@ -89,11 +218,7 @@ else
   end
 end
 
-local reset_ms = window_left
-if limit > 0 and count > limit then
-  -- The count is back at 0 once ceil(count / limit) windows have paid a limit each.
-  reset_ms = later(math.ceil(count / limit))
-end
+local reset_ms = reset_of(count)
 if cost > 0 then
   redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
   redis.call('PEXPIRE', KEYS[1], reset_ms)

@@ -107,6 +107,7 @@ pub fn key_encoding(data: &[u8]) {
             unit_multiplier: 1,
             burst: 10,
             algorithm: Algorithm::TokenBucket,
+            calendar: None,
         };
         bucket_key(
             "tg:",

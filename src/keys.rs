@@ -47,18 +47,32 @@ pub fn bucket_key<'a>(
     let mut key = descriptor_part(prefix, domain, entries);
     // The limit's part, `|<tag>:<window ms>:[ov]<rpu>[b<burst>][:<index>]`, with the digits
     // written by hand: this runs for every descriptor of every request, and `write!`'s
-    // formatting machinery cost as much as the rest of the key.
+    // formatting machinery cost as much as the rest of the key. A calendar window is
+    // `|cw:<unit>[±<offset minutes>]:…` (`|cw:month:10000`, `|cw:day+540:50`): never a plain
+    // fixed window's bucket, and one per calendar.
     key.push('|');
-    key.push_str(rate.algorithm.key_tag());
-    key.push(':');
-    push_u64(&mut key, rate.window_ms());
+    match rate.calendar {
+        None => {
+            key.push_str(rate.algorithm.key_tag());
+            key.push(':');
+            push_u64(&mut key, rate.window_ms());
+        }
+        Some(c) => {
+            key.push_str("cw:");
+            key.push_str(rate.unit.name());
+            if c.offset_min != 0 {
+                key.push(if c.offset_min < 0 { '-' } else { '+' });
+                push_u64(&mut key, u64::from(c.offset_min.unsigned_abs()));
+            }
+        }
+    }
     key.push(':');
     if index == OVERRIDE_INDEX {
         key.push_str("ov");
         push_u64(&mut key, u64::from(rate.requests_per_unit));
     } else {
         push_u64(&mut key, u64::from(rate.requests_per_unit));
-        if let (_, _, rpu, Some(burst)) = rate.numbers()
+        if let (_, _, rpu, Some(burst), _) = rate.numbers()
             && burst != u64::from(rpu)
         {
             key.push('b');
@@ -180,6 +194,7 @@ mod tests {
             unit_multiplier: 1,
             burst: 10,
             algorithm,
+            calendar: None,
         }
     }
 
@@ -459,7 +474,7 @@ mod tests {
             let _ = write!(key, "|{tag}:{window}:ov{}", rate.requests_per_unit);
         } else {
             let _ = write!(key, "|{tag}:{window}:{}", rate.requests_per_unit);
-            if let (_, _, rpu, Some(burst)) = rate.numbers()
+            if let (_, _, rpu, Some(burst), _) = rate.numbers()
                 && burst != u64::from(rpu)
             {
                 let _ = write!(key, "b{burst}");
@@ -518,6 +533,7 @@ mod tests {
                 unit_multiplier: multiplier,
                 burst: burst.unwrap_or(u64::from(rpu)),
                 algorithm,
+                calendar: None,
             };
             let key = bucket_key(
                 "tg:",

@@ -87,6 +87,7 @@ async fn cluster_routes_every_op_of_any_request() {
                         unit_multiplier: 1,
                         burst: 50,
                         algorithm: g.algorithm,
+                        calendar: None,
                     };
                     let key = if g.raw {
                         format!("{prefix}{}{{{}}}{{{i}}}{request}", g.key, g.value)

@@ -109,6 +109,7 @@ async fn leased_key_stays_within_the_documented_bound() {
         unit_multiplier: 1,
         burst: 300,
         algorithm: Algorithm::TokenBucket,
+        calendar: None,
     };
     let redis = TestRedis::start();
     let store = common::store::connect(&redis.url(), 2_000).await;
@@ -258,6 +259,7 @@ async fn sigterm_gives_unspent_leased_tokens_back() {
         unit_multiplier: 1,
         burst: 1000,
         algorithm: Algorithm::TokenBucket,
+        calendar: None,
     };
     let key = tollgate::keys::bucket_key(&prefix, "lease", [("tenant", "t")], &rate, 0, None);
     let tokens = |redis: &TestRedis| -> f64 {
@@ -348,6 +350,7 @@ async fn leases_stay_lossless_while_envoy_drops_requests_waiting_on_a_claim() {
         unit_multiplier: 1,
         burst: 1000,
         algorithm: Algorithm::TokenBucket,
+        calendar: None,
     };
     let key = tollgate::keys::bucket_key(&prefix, "lease", [("tenant", "t")], &rate, 0, None);
     // A bucket given back to full is no key. Refill (1000 a day) adds ~0.06 in this test.
@@ -525,6 +528,7 @@ async fn sharded_key_spreads_over_nodes_and_the_retry_cuts_false_refusals() {
         unit_multiplier: 1,
         burst: 100,
         algorithm: Algorithm::TokenBucket,
+        calendar: None,
     };
     let (mut refused_retry, mut refused_plain_shards, mut refused_unsharded) = (0, 0, 0);
     for t in 0..TRIALS {

@@ -43,7 +43,7 @@ fn on_test_clock(script: &str) -> String {
 }
 
 /// The bucket of algorithm `which` (0 token bucket, 1 fixed window, 2 sliding window,
-/// 3 sliding log) under `prefix`, and an op on it.
+/// 3 sliding log, 4 a calendar day at UTC+05:30) under `prefix`, and an op on it.
 fn op_on(prefix: &str, which: usize, cost: u64, variant: u8) -> Op {
     let key = format!("{prefix}{{b{which}}}");
     let limit = 5;
@@ -51,6 +51,18 @@ fn op_on(prefix: &str, which: usize, cost: u64, variant: u8) -> Op {
         0 => tb(&key, limit, 2, 1_000, cost),
         1 => fw(&key, limit, 1_000, cost),
         2 => sw(&key, limit, 1_000, cost),
+        4 => Op::take(
+            key,
+            OpKind::CalendarWindow {
+                limit,
+                calendar: tollgate::rules::Calendar {
+                    unit: tollgate::rules::CalendarUnit::Day,
+                    offset_min: 330,
+                },
+                window_ms: 86_400_000,
+            },
+            cost,
+        ),
         _ => Op::take(
             key,
             OpKind::SlidingLog {
@@ -61,14 +73,14 @@ fn op_on(prefix: &str, which: usize, cost: u64, variant: u8) -> Op {
         ),
     };
     // Leases only on a token bucket or a fixed window (the rules allow no others); a
-    // give-back (a lease's, or a refund) on those and on a sliding window.
+    // give-back (a lease's, or a refund) on those, on a sliding window and a calendar window.
     match variant % 4 {
         1 => charged(base, true),
         2 if which < 2 => {
             let need = cost.clamp(1, limit + 1);
             claim(base, need, need.max(limit), 2)
         }
-        3 if which < 3 => give_back(base, cost.min(limit)),
+        3 if which != 3 => give_back(base, cost.min(limit)),
         _ => base,
     }
 }
@@ -106,7 +118,7 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
         let scripts: [String; 5] = std::array::from_fn(|i| {
             let call = [
                 ScriptCall::TokenBucket([0; 5]),
-                ScriptCall::FixedWindow([0; 4]),
+                ScriptCall::FixedWindow([0; 6]),
                 ScriptCall::SlidingWindow([0; 4]),
                 ScriptCall::SlidingLog([0; 3]),
                 ScriptCall::Lease([0; 8]),
@@ -131,7 +143,7 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
     ];
     let step = (
         prop_oneof![Just(0i64), 1..400i64, Just(1_000), Just(2_500), -300..0i64],
-        prop::collection::vec((0usize..4, cost, 0u8..4), 1..8),
+        prop::collection::vec((0usize..5, cost, 0u8..4), 1..8),
     );
     let mut runner = TestRunner::new(ProptestConfig {
         cases: 48,

@@ -371,7 +371,7 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
 fn lua_fixed_window_mirrors_take_window_exactly() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
-    let source = with_test_clock(FIXED_WINDOW_LUA, 1);
+    let source = with_test_clock(FIXED_WINDOW_LUA, 2);
     let params = (
         limit(&[0, 1, 2, 3, 10, 1_000, u64::from(u32::MAX)]),
         window_ms(&[7, 1_000, 60_000, HOUR, DAY]),
@@ -423,6 +423,155 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
         refused.get() > 100,
         "{} refusals with a retry",
         refused.get()
+    );
+}
+
+/// How the clock moves before a calendar window's op: near the window's edge, where the
+/// calendar's arithmetic decides.
+#[derive(Clone, Copy, Debug)]
+enum CalendarStep {
+    Stay,
+    /// Forward by up to 2 s.
+    Forward(u64),
+    /// Back by up to 3 s.
+    Back(u64),
+    /// To `d` ms (up to 2 s) before the current window's end.
+    BeforeEdge(u64),
+    /// To `d` ms (up to 2 s) after the current window's end: the next window.
+    AfterEdge(u64),
+    /// Two windows on, plus `d`.
+    Skip(u64),
+}
+
+fn calendar_step() -> impl Strategy<Value = CalendarStep> {
+    prop_oneof![
+        2 => Just(CalendarStep::Stay),
+        3 => (0..2_000u64).prop_map(CalendarStep::Forward),
+        1 => (0..3_000u64).prop_map(CalendarStep::Back),
+        2 => (1..2_000u64).prop_map(CalendarStep::BeforeEdge),
+        2 => (0..2_000u64).prop_map(CalendarStep::AfterEdge),
+        1 => (0..DAY).prop_map(CalendarStep::Skip),
+    ]
+}
+
+/// Calendar windows (`calendar:`, `rules/calendar.rs`): random takes, charges and refunds
+/// through `fixed_window.lua`'s calendar mode and through `take_windows` / `return_windows`,
+/// at times near the windows' edges (month ends of every length, leap Februaries, week and
+/// year ends) from 2024 to 2100, at UTC and at offsets on both sides of it: identical
+/// outcomes, stored window and count, and TTL.
+#[test]
+fn lua_calendar_window_mirrors_rust() {
+    use tollgate::rules::{Calendar, CalendarUnit};
+    let redis = TestRedis::start();
+    let conn = RefCell::new(redis.conn());
+    let source = with_test_clock(FIXED_WINDOW_LUA, 2);
+    let unit = prop::sample::select(vec![
+        CalendarUnit::Day,
+        CalendarUnit::Week,
+        CalendarUnit::Month,
+        CalendarUnit::Year,
+    ]);
+    let offset = prop::sample::select(vec![0i16, 0, 540, -300, 330, -720, 840, 1080, -1080]);
+    // 2024-01-01 to 2100-03-01 (2100 is not a leap year).
+    let start = 1_704_067_200_000..4_107_542_400_000u64;
+    let ops = prop::collection::vec(
+        (
+            calendar_step(),
+            cost(),
+            prop::sample::select(vec![0u8, 0, 0, 1, 2]),
+        ),
+        1..=MAX_TAKES,
+    );
+    let (cases, edges, refunds) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    check(
+        (unit, offset, limit(&[0, 1, 2, 3, 10, 1_000]), start, ops),
+        |(unit, offset_min, limit, start, ops)| {
+            let conn = &mut *conn.borrow_mut();
+            let k = "mirror:{cw}";
+            del(conn, k);
+            let calendar = Calendar { unit, offset_min };
+            let windows = bucket::Windows::Calendar(calendar);
+            let mut now = start;
+            let mut state: Option<WindowState> = None;
+            for (step, cost, what) in ops {
+                let end = calendar.next(calendar.start(now));
+                now = match step {
+                    CalendarStep::Stay => now,
+                    CalendarStep::Forward(d) => now + d,
+                    CalendarStep::Back(d) => now - d,
+                    CalendarStep::BeforeEdge(d) => end - d,
+                    CalendarStep::AfterEdge(d) => end + d,
+                    CalendarStep::Skip(d) => calendar.next(end) + d,
+                };
+                edges.set(edges.get() + usize::from(matches!(step, CalendarStep::AfterEdge(_))));
+                let cost = cost.of(limit);
+                // 0 take, 1 charge (overdraft), 2 refund.
+                let (next, want) = match what {
+                    2 => bucket::return_windows(state, now, limit, windows, cost),
+                    _ => bucket::take_windows(state, now, limit, windows, cost, what == 1),
+                };
+                let action = match what {
+                    1 => Action::Charge,
+                    2 => Action::Return,
+                    _ => Action::Take,
+                };
+                let op = Op {
+                    key: k.into(),
+                    kind: OpKind::CalendarWindow {
+                        limit,
+                        calendar,
+                        window_ms: 30 * DAY,
+                    },
+                    cost,
+                    action,
+                };
+                let got = eval_at(conn, &source, &op, now);
+                let at =
+                    format!("{calendar} limit {limit} {action:?} {cost} at {now} from {state:?}");
+                prop_assert_eq!(got, want, "{}", at);
+                let wrote = take_ttl(conn, k);
+                if what != 2 && cost > 0 {
+                    prop_assert_eq!(wrote, Some(want.reset_ms), "{}: the TTL", at);
+                }
+                // A refund in the window of a stored count writes it (and its TTL).
+                if what == 2
+                    && state.is_some_and(|s| s.start_ms == calendar.start(now) && s.count > 0)
+                {
+                    refunds.set(refunds.get() + 1);
+                    prop_assert_eq!(wrote, Some(want.reset_ms), "{}: the refund's TTL", at);
+                }
+                // What is stored is what the Rust keeps (a missing key or count 0 are alike).
+                let stored: Vec<Option<u64>> = ::redis::cmd("HMGET")
+                    .arg(k)
+                    .arg(&["w", "c"])
+                    .query(conn)
+                    .unwrap();
+                if let [Some(w), Some(c)] = stored[..] {
+                    prop_assert_eq!((w, c), (next.start_ms, next.count), "{}: stored", at);
+                } else {
+                    prop_assert!(
+                        next.count == 0 || state.is_some_and(|s| s == next),
+                        "{}: {:?}",
+                        at,
+                        next
+                    );
+                }
+                state = Some(next);
+            }
+            cases.set(cases.get() + 1);
+            Ok(())
+        },
+    );
+    eprintln!(
+        "calendar window: {} cases, {} steps across an edge, {} refunds in their window",
+        cases.get(),
+        edges.get(),
+        refunds.get()
+    );
+    assert!(cases.get() >= CASES, "{} cases ran", cases.get());
+    assert!(
+        edges.get() > 100 && refunds.get() > 20,
+        "too few edges or refunds"
     );
 }
 
@@ -686,7 +835,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
     // lease.lua's TTLs: the token bucket's two formats and the fixed window's two paths.
     let lease = both_formats(LEASE_LUA, 4);
     let token = both_formats(TOKEN_BUCKET_LUA, 2);
-    let window = with_test_clock(FIXED_WINDOW_LUA, 1);
+    let window = with_test_clock(FIXED_WINDOW_LUA, 2);
     let params = (
         any::<bool>(),
         limit(&[0, 1, 2, 3, 10, 100, 1_000, u64::from(u32::MAX)]),

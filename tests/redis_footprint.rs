@@ -102,6 +102,7 @@ async fn a_token_bucket_is_one_small_string() {
         unit_multiplier: 1,
         burst: 100,
         algorithm: Algorithm::TokenBucket,
+        calendar: None,
     };
     let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
     assert!(one(&store, tb(&k, 100, 100, HOUR, 1)).await.allowed);
@@ -142,6 +143,7 @@ async fn a_sliding_window_is_one_small_hash() {
         unit_multiplier: 1,
         burst: 100,
         algorithm: Algorithm::SlidingWindow,
+        calendar: None,
     };
     let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
     // A check on an unseen key leaves no key behind.
@@ -187,6 +189,7 @@ async fn a_sliding_log_grows_with_the_hits_it_keeps() {
             unit_multiplier: 1,
             burst: hits,
             algorithm: Algorithm::SlidingLog,
+            calendar: None,
         };
         let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
         let kind = tollgate::quota::OpKind::SlidingLog {

@@ -33,6 +33,7 @@ fn bucket_key(prefix: &str, tenant: &str) -> String {
         unit_multiplier: 1,
         burst: LIMIT,
         algorithm: Algorithm::TokenBucket,
+        calendar: None,
     };
     tollgate::keys::bucket_key(prefix, "upgrade", [("tenant", tenant)], &rate, 0, None)
 }

@@ -173,6 +173,76 @@ async fn fixed_window_counts_every_hit(store: Arc<Store>, p: String) {
     assert!(!one(&store, fw(&w, 3, DAY, 0)).await.allowed);
 }
 
+/// A calendar window (`calendar:`): a month at UTC and a day at UTC+09:00 end at their
+/// calendar's midnight, whatever their length; a charge goes into debt, a refund comes off the
+/// month's count. The exact arithmetic near every kind of edge is `lua_mirror.rs`'s.
+async fn calendar_windows_end_at_the_calendars_midnight(store: Arc<Store>, p: String) {
+    use tollgate::rules::{Calendar, CalendarUnit};
+    clear_of_window_edge(DAY).await;
+    let month = Calendar {
+        unit: CalendarUnit::Month,
+        offset_min: 0,
+    };
+    let tokyo_day = Calendar {
+        unit: CalendarUnit::Day,
+        offset_min: 540,
+    };
+    let op = |k: &str, calendar, limit, cost| {
+        Op::take(
+            k.to_string(),
+            OpKind::CalendarWindow {
+                limit,
+                calendar,
+                window_ms: 30 * DAY,
+            },
+            cost,
+        )
+    };
+    let (m, d) = (key(&p, "month"), key(&p, "tokyo"));
+    let now = wall_ms();
+    let o = one(&store, op(&m, month, 3, 2)).await;
+    assert!(o.allowed);
+    assert_eq!(o.remaining, 1);
+    assert_near(
+        "month reset",
+        o.reset_ms,
+        month.next(month.start(now)) - now,
+        1_000,
+    );
+    let o = one(&store, op(&d, tokyo_day, 3, 1)).await;
+    assert_near(
+        "Tokyo day reset",
+        o.reset_ms,
+        tokyo_day.next(tokyo_day.start(now)) - now,
+        1_000,
+    );
+    // Refused, counted up to the limit; a refund of 2 makes room for 2.
+    let o = one(&store, op(&m, month, 3, 2)).await;
+    assert!(!o.allowed);
+    assert_eq!(
+        o.retry_ms,
+        Some(o.reset_ms),
+        "fits again when the month ends"
+    );
+    let back = one(&store, give_back(op(&m, month, 3, 0), 2)).await;
+    assert_eq!(back.remaining, 2);
+    assert!(one(&store, op(&m, month, 3, 2)).await.allowed);
+    // A charge of 4 on 3: into debt, paid off by the next month.
+    let charged = Op {
+        action: tollgate::quota::Action::Charge,
+        ..op(&m, month, 3, 4)
+    };
+    let o = one(&store, charged).await;
+    assert!(!o.allowed);
+    let end = month.next(month.start(now));
+    assert_near(
+        "debt paid with the next month",
+        o.reset_ms,
+        month.next(end) - now,
+        1_000,
+    );
+}
+
 /// A charge (`overdraft: true`) that does not fit is counted anyway: the budget goes into
 /// debt, later checks are refused until it is refilled away, and the wait says when; on every
 /// algorithm. The case: 100 tokens an hour, responses of 40.
@@ -639,4 +709,5 @@ contract!(
     lease_claims_share_the_bucket_with_takes,
     overdraft_charges_what_does_not_fit,
     sliding_log_counts_each_hit_in_the_window,
+    calendar_windows_end_at_the_calendars_midnight,
 );

@@ -67,6 +67,8 @@ descriptors:
     quota_mode: true
     metadata: {budget: team, tier: {name: paid, seats: 5}}
     rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: monthly
+    rate_limit: {unit: month, requests_per_unit: 2, calendar: utc}
   - key: budget
     rate_limit: {unit: hour, requests_per_unit: 10}
     descriptors:

@@ -59,6 +59,13 @@ pub(super) struct Planned {
 impl From<Rate> for OpKind {
     fn from(rate: Rate) -> Self {
         let window_ms = rate.window_ms();
+        if let Some(calendar) = rate.calendar {
+            return OpKind::CalendarWindow {
+                limit: u64::from(rate.requests_per_unit),
+                calendar,
+                window_ms,
+            };
+        }
         match rate.algorithm {
             Algorithm::TokenBucket => OpKind::TokenBucket {
                 capacity: rate.burst,
@@ -251,6 +258,7 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Ar
             unit_multiplier: 1,
             burst: u64::from(o.requests_per_unit),
             algorithm,
+            calendar: None,
         }),
         shadow_mode: false,
         detailed_metric: false,
@@ -286,6 +294,7 @@ mod tests {
             unit_multiplier: 2,
             burst: 8,
             algorithm,
+            calendar: None,
         }
     }
 
@@ -547,6 +556,46 @@ mod tests {
         assert_eq!(f.codes(&r), [Code::OverLimit]);
         f.clock.advance_ms(40_000);
         assert_eq!(f.codes(&r), [Code::Ok]);
+    }
+
+    #[test]
+    fn a_calendar_month_ends_on_the_first_of_the_next() {
+        let f = fixture(false);
+        // 1.7e12 ms is 2023-11-14 22:13:20 UTC: November ends in 15 d 1 h 46 min 40 s.
+        let to_december = 1_701_388_800_000 - 1_700_000_000_000;
+        let r = req("edge", &[&[("monthly", "acme")]]);
+        let p = plan(
+            &f.rules.domains["edge"],
+            &r,
+            &f.config,
+            &OVERRIDE_CLASS.into(),
+        );
+        assert!(p.ops[0].key.contains("|cw:month:2}"), "{}", p.ops[0].key);
+        let first = f.decide(&r).statuses[0].clone();
+        assert_eq!((first.code, first.reset_ms), (Code::Ok, to_december));
+        f.decide(&r);
+        let over = f.decide(&r).statuses[0].clone();
+        assert_eq!(
+            (over.code, over.retry_ms),
+            (Code::OverLimit, Some(to_december))
+        );
+        f.clock.advance_ms(to_december - 1);
+        assert_eq!(
+            f.codes(&r),
+            [Code::OverLimit],
+            "November's last millisecond"
+        );
+        f.clock.advance_ms(1);
+        let december = f.decide(&r).statuses[0].clone();
+        assert_eq!(
+            (december.code, december.reset_ms),
+            (Code::Ok, 31 * 86_400_000),
+            "December: 31 days"
+        );
+        // A refund goes back into the month it was taken in.
+        let mut back = r.clone();
+        back.descriptors[0].refund = true;
+        assert_eq!(f.decide(&back).statuses[0].remaining, 2);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! [`Outcome`](super::Outcome) computed by `bucket.rs` (memory) or its Lua mirror (Redis).
 
 use super::ClaimAsk;
+use crate::rules::Calendar;
 
 /// One bucket operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +81,15 @@ pub enum OpKind {
         limit: u64,
         window_ms: u64,
     },
+    /// A fixed window aligned to the civil calendar (`rules/calendar.rs`): `limit` hits per
+    /// day, ISO week, month or year. `window_ms` is the nominal length (a month is 30 days),
+    /// for what needs only a scale (sizes, the simulator); the windows are the calendar's.
+    /// Never leased, sharded or served over RLQS (the rules refuse it).
+    CalendarWindow {
+        limit: u64,
+        calendar: Calendar,
+        window_ms: u64,
+    },
 }
 
 impl OpKind {
@@ -92,7 +102,10 @@ impl OpKind {
             } => (refill, window_ms),
             OpKind::FixedWindow { limit, window_ms }
             | OpKind::SlidingWindow { limit, window_ms }
-            | OpKind::SlidingLog { limit, window_ms } => (limit, window_ms),
+            | OpKind::SlidingLog { limit, window_ms }
+            | OpKind::CalendarWindow {
+                limit, window_ms, ..
+            } => (limit, window_ms),
         }
     }
 }

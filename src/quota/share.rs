@@ -42,6 +42,23 @@ pub fn fallback_part(kind: OpKind, n: u64) -> OpKind {
             let (limit, window_ms) = window_share(limit, window_ms, n);
             OpKind::SlidingLog { limit, window_ms }
         }
+        // limit ÷ n per calendar window; below one, a plain fixed window of the nominal
+        // length stretched as above (a calendar window cannot be stretched).
+        OpKind::CalendarWindow {
+            limit,
+            calendar,
+            window_ms,
+        } if limit >= n || limit == 0 => OpKind::CalendarWindow {
+            limit: limit / n,
+            calendar,
+            window_ms,
+        },
+        OpKind::CalendarWindow {
+            limit, window_ms, ..
+        } => {
+            let (limit, window_ms) = window_share(limit, window_ms, n);
+            OpKind::FixedWindow { limit, window_ms }
+        }
     }
 }
 
@@ -78,8 +95,10 @@ pub fn shard_part(kind: OpKind, shards: u32, i: u32) -> OpKind {
             limit: part(limit, shards, i),
             window_ms,
         },
-        // The rules refuse shards on a sliding window and a sliding log.
-        OpKind::SlidingWindow { .. } | OpKind::SlidingLog { .. } => kind,
+        // The rules refuse shards on a sliding window, a sliding log and a calendar window.
+        OpKind::SlidingWindow { .. }
+        | OpKind::SlidingLog { .. }
+        | OpKind::CalendarWindow { .. } => kind,
     }
 }
 
@@ -139,6 +158,29 @@ mod tests {
         assert_eq!(window_share(100, 60_000, 3), (33, 60_000));
         assert_eq!(window_share(2, 60_000, 5), (1, 180_000), "1 per 3 minutes");
         assert_eq!(window_share(0, 60_000, 5), (0, 60_000), "0 stays 0");
+    }
+
+    #[test]
+    fn a_calendar_window_share_keeps_its_calendar_or_stretches_a_plain_window() {
+        let calendar = crate::rules::Calendar {
+            unit: crate::rules::CalendarUnit::Month,
+            offset_min: 0,
+        };
+        let month = |limit| OpKind::CalendarWindow {
+            limit,
+            calendar,
+            window_ms: 30 * 86_400_000,
+        };
+        assert_eq!(fallback_part(month(300), 3), month(100));
+        // Below one per replica: one per 2 nominal months (a calendar cannot be stretched).
+        assert_eq!(
+            fallback_part(month(2), 3),
+            OpKind::FixedWindow {
+                limit: 1,
+                window_ms: 60 * 86_400_000
+            }
+        );
+        assert_eq!(shard_part(month(10), 2, 0), month(10), "never sharded");
     }
 
     #[test]

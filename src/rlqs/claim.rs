@@ -95,7 +95,8 @@ impl Session {
             OpKind::TokenBucket { capacity, .. } => capacity,
             OpKind::FixedWindow { limit, .. }
             | OpKind::SlidingWindow { limit, .. }
-            | OpKind::SlidingLog { limit, .. } => limit,
+            | OpKind::SlidingLog { limit, .. }
+            | OpKind::CalendarWindow { limit, .. } => limit,
         };
         let supply = size::supply(*kind, remaining.unwrap_or(capacity), interval);
         let ramp = size::refill_per_interval(*kind, interval);

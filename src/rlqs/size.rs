@@ -24,9 +24,10 @@ pub fn supply(kind: OpKind, remaining: u64, interval_ms: u64) -> u64 {
             let refilled = u64::try_from(refilled).unwrap_or(u64::MAX);
             remaining.min(capacity).saturating_add(refilled).max(1)
         }
-        OpKind::FixedWindow { .. } | OpKind::SlidingWindow { .. } | OpKind::SlidingLog { .. } => {
-            remaining.max(1)
-        }
+        OpKind::FixedWindow { .. }
+        | OpKind::SlidingWindow { .. }
+        | OpKind::SlidingLog { .. }
+        | OpKind::CalendarWindow { .. } => remaining.max(1),
     }
 }
 

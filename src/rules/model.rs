@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::calendar::Calendar;
+
 /// A time unit as envoyproxy/ratelimit spells it (case-insensitive in files).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -262,6 +264,10 @@ pub struct Rate {
     /// Token-bucket capacity; defaults to `requests_per_unit`.
     pub burst: u64,
     pub algorithm: Algorithm,
+    /// `calendar:` — a fixed window aligned to the civil calendar (a day, ISO week, month or
+    /// year at UTC or a fixed offset) instead of to the epoch; `window_ms` is then its nominal
+    /// length (the reference's: a month is 30 days), for what only needs a scale.
+    pub calendar: Option<Calendar>,
 }
 
 impl Rate {
@@ -270,15 +276,17 @@ impl Rate {
     }
 
     /// The numbers that make a limit what it is (its store key names it by them, so a rules
-    /// edit that keeps them keeps its bucket): the algorithm, the window, `requests_per_unit`
-    /// and, for a token bucket, `burst` (the windows have none).
-    pub fn numbers(&self) -> (Algorithm, u64, u32, Option<u64>) {
+    /// edit that keeps them keeps its bucket): the algorithm, the window, `requests_per_unit`,
+    /// for a token bucket `burst` (the windows have none), and the calendar of a calendar
+    /// window.
+    pub fn numbers(&self) -> (Algorithm, u64, u32, Option<u64>, Option<Calendar>) {
         let burst = (self.algorithm == Algorithm::TokenBucket).then_some(self.burst);
         (
             self.algorithm,
             self.window_ms(),
             self.requests_per_unit,
             burst,
+            self.calendar,
         )
     }
 }

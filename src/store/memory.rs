@@ -174,6 +174,35 @@ impl MemoryStore {
                     o,
                 )
             }
+            OpKind::CalendarWindow {
+                limit, calendar, ..
+            } => {
+                let prev = match old {
+                    Some(State::Window(s)) => Some(s),
+                    _ => None,
+                };
+                let now = self.clock.wall_ms();
+                let windows = bucket::Windows::Calendar(calendar);
+                // A calendar window has no leases (the rules refuse them): a claim is a take
+                // of its cost; a give-back is a refund.
+                let (s, o) = match op.action {
+                    Action::Take | Action::Claim(_) => {
+                        bucket::take_windows(prev, now, limit, windows, op.cost, false)
+                    }
+                    Action::Charge => {
+                        bucket::take_windows(prev, now, limit, windows, op.cost, true)
+                    }
+                    Action::Return => bucket::return_windows(prev, now, limit, windows, op.cost),
+                };
+                (
+                    Entry {
+                        state: State::Window(s),
+                        idle_at_ms: mono.saturating_add(o.reset_ms),
+                        uses,
+                    },
+                    o,
+                )
+            }
             OpKind::SlidingLog { limit, window_ms } => {
                 // `apply` sends logs to `apply_log`; this copy is the same take, slower.
                 let mut log = match old {

@@ -371,7 +371,11 @@ impl HotKeys {
         let capacity = match op.kind {
             OpKind::TokenBucket { capacity, .. } => capacity,
             OpKind::FixedWindow { limit, .. } => limit,
-            OpKind::SlidingWindow { .. } | OpKind::SlidingLog { .. } => return None,
+            // A calendar window is never leased: a lease's window half is the epoch-aligned
+            // one (`lease.lua`).
+            OpKind::SlidingWindow { .. }
+            | OpKind::SlidingLog { .. }
+            | OpKind::CalendarWindow { .. } => return None,
         };
         if op.cost == 0 || op.cost > capacity {
             return None;
@@ -429,7 +433,8 @@ fn capacity(limit: &Limit) -> u64 {
         OpKind::TokenBucket { capacity, .. } => capacity,
         OpKind::FixedWindow { limit, .. }
         | OpKind::SlidingWindow { limit, .. }
-        | OpKind::SlidingLog { limit, .. } => limit,
+        | OpKind::SlidingLog { limit, .. }
+        | OpKind::CalendarWindow { limit, .. } => limit,
     })
 }
 

@@ -14,6 +14,7 @@
 //! without erasing anyone's debt.
 
 use super::{ClaimAsk, Outcome};
+use crate::rules::Calendar;
 
 /// A fixed window's stored state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,25 +24,124 @@ pub struct WindowState {
     pub count: u64,
 }
 
-/// The fixed window at wall time `now_ms`: its start, the count it starts from (this window's
-/// count when the stored window is this one; an earlier window's debt, less a limit per window
-/// since; else 0) and the ms until it ends.
-fn window_at(
-    state: Option<WindowState>,
-    now_ms: u64,
-    limit: u64,
-    window_ms: u64,
-) -> (u64, u64, u64) {
-    let start_ms = now_ms - now_ms % window_ms;
-    let before = match state {
-        Some(s) if s.start_ms == start_ms => s.count,
-        Some(s) if s.start_ms < start_ms => {
-            let windows = (start_ms - s.start_ms) / window_ms;
-            s.count.saturating_sub(windows.saturating_mul(limit))
+/// How a fixed window's windows are laid out: every `window_ms` from the epoch (the
+/// reference's), or the civil calendar's days, weeks, months or years (`rules/calendar.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Windows {
+    Every(u64),
+    Calendar(Calendar),
+}
+
+impl Windows {
+    /// The start of the window holding `now_ms`.
+    fn start(self, now_ms: u64) -> u64 {
+        match self {
+            Windows::Every(w) => now_ms - now_ms % w,
+            Windows::Calendar(c) => c.start(now_ms),
         }
-        _ => 0,
-    };
-    (start_ms, before, start_ms + window_ms - now_ms)
+    }
+
+    /// The start of the window after the one starting at `start_ms`.
+    fn next(self, start_ms: u64) -> u64 {
+        match self {
+            Windows::Every(w) => start_ms.saturating_add(w),
+            Windows::Calendar(c) => c.next(start_ms),
+        }
+    }
+
+    /// How many windows after the one starting at `from` the one starting at `to` is
+    /// (`from` < `to`), counted up to `most` (a calendar's are counted one by one; debt is
+    /// paid within a few windows, so no caller needs more).
+    fn between(self, from: u64, to: u64, most: u64) -> u64 {
+        match self {
+            Windows::Every(w) => (to - from) / w,
+            Windows::Calendar(c) => {
+                let (mut n, mut at) = (0, from);
+                while at < to && n < most {
+                    at = c.next(at);
+                    n += 1;
+                }
+                n
+            }
+        }
+    }
+}
+
+/// The window holding `now_ms`: where it starts and how long is left of it.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    windows: Windows,
+    start_ms: u64,
+    now_ms: u64,
+    /// Until the window ends.
+    left: u64,
+}
+
+impl Window {
+    fn at(windows: Windows, now_ms: u64) -> Window {
+        let start_ms = windows.start(now_ms);
+        Window {
+            windows,
+            start_ms,
+            now_ms,
+            left: windows.next(start_ms) - now_ms,
+        }
+    }
+
+    /// Until the end of the window `n - 1` windows after this one (`n` = 1: this one's end).
+    fn later(&self, n: u64) -> u64 {
+        match self.windows {
+            Windows::Every(w) => self
+                .left
+                .saturating_add(n.saturating_sub(1).saturating_mul(w)),
+            Windows::Calendar(c) => {
+                let mut end = c.next(self.start_ms);
+                for _ in 1..n {
+                    end = c.next(end);
+                }
+                end - self.now_ms
+            }
+        }
+    }
+
+    /// The count this window starts from: the stored window's count when it is this one; an
+    /// earlier window's debt, less a limit per window since; else 0.
+    fn before(&self, state: Option<WindowState>, limit: u64) -> u64 {
+        match state {
+            Some(s) if s.start_ms == self.start_ms => s.count,
+            Some(s) if s.start_ms < self.start_ms => {
+                // Enough windows to pay any count: one more than it holds limits.
+                let most = s.count.checked_div(limit).map_or(1, |n| n + 1);
+                let windows = self.windows.between(s.start_ms, self.start_ms, most);
+                s.count.saturating_sub(windows.saturating_mul(limit))
+            }
+            _ => 0,
+        }
+    }
+
+    /// Until the count is back at 0: this window's end, or with debt the end of the window
+    /// that pays its last part (`ceil(count / limit)` windows, this one included).
+    fn reset_of(&self, count: u64, limit: u64) -> u64 {
+        if limit > 0 && count > limit {
+            self.later(count.div_ceil(limit))
+        } else {
+            self.left
+        }
+    }
+
+    /// Until a hit of `cost` fits after `count` (windows start `limit` lower each): 0 if it
+    /// fits now, `None` if it never does.
+    fn retry_of(&self, count: u64, cost: u64, limit: u64) -> Option<u64> {
+        if count.saturating_add(cost) <= limit {
+            return Some(0);
+        }
+        if cost > limit || limit == 0 {
+            return None;
+        }
+        // The first `k` with count - k × limit + cost <= limit.
+        let k = (count.saturating_add(cost) - limit).div_ceil(limit);
+        Some(self.later(k))
+    }
 }
 
 /// With `overdraft`, the most a fixed window's count holds: the limit and one limit of debt.
@@ -49,42 +149,8 @@ pub fn overdraft_cap(limit: u64) -> u64 {
     limit.saturating_mul(2)
 }
 
-/// The end of the window `n - 1` windows after the current one (`n` = 1: this one's end),
-/// from `window_left`, the ms until the current one ends.
-fn later(window_left: u64, window_ms: u64, n: u64) -> u64 {
-    window_left.saturating_add(n.saturating_sub(1).saturating_mul(window_ms))
-}
-
-/// Until the count is back at 0: this window's end, or with debt the end of the window that
-/// pays its last part (`ceil(count / limit)` windows, this one included).
-fn reset_of(count: u64, limit: u64, window_left: u64, window_ms: u64) -> u64 {
-    if limit > 0 && count > limit {
-        later(window_left, window_ms, count.div_ceil(limit))
-    } else {
-        window_left
-    }
-}
-
-/// Until a hit of `cost` fits after `count` (windows start `limit` lower each): 0 if it fits
-/// now, `None` if it never does.
-fn retry_of(count: u64, cost: u64, limit: u64, window_left: u64, window_ms: u64) -> Option<u64> {
-    if count.saturating_add(cost) <= limit {
-        return Some(0);
-    }
-    if cost > limit || limit == 0 {
-        return None;
-    }
-    // The first `k` with count - k × limit + cost <= limit.
-    let k = (count.saturating_add(cost) - limit).div_ceil(limit);
-    Some(later(window_left, window_ms, k))
-}
-
-/// One fixed-window hit of `cost` at wall time `now_ms`, with `limit` hits per `window_ms`.
-///
-/// A refused hit is counted up to the limit (module doc). With `overdraft` a hit that does
-/// not fit is charged anyway, into debt (at most one limit of it, [`overdraft_cap`]); a
-/// refused hit's `retry_ms` is then the start of the first window with room for a hit of 1.
-/// `reset_ms` is until the count is back at 0 (the window's end, or the end of its debt).
+/// One fixed-window hit of `cost` at wall time `now_ms`, with `limit` hits per `window_ms`:
+/// [`take_windows`] on epoch-aligned windows.
 pub fn take_window(
     state: Option<WindowState>,
     now_ms: u64,
@@ -93,7 +159,33 @@ pub fn take_window(
     cost: u64,
     overdraft: bool,
 ) -> (WindowState, Outcome) {
-    let (start_ms, before, window_left) = window_at(state, now_ms, limit, window_ms);
+    take_windows(
+        state,
+        now_ms,
+        limit,
+        Windows::Every(window_ms),
+        cost,
+        overdraft,
+    )
+}
+
+/// One fixed-window hit of `cost` at wall time `now_ms`, with `limit` hits per window.
+///
+/// A refused hit is counted up to the limit (module doc). With `overdraft` a hit that does
+/// not fit is charged anyway, into debt (at most one limit of it, [`overdraft_cap`]); a
+/// refused hit's `retry_ms` is then the start of the first window with room for a hit of 1.
+/// `reset_ms` is until the count is back at 0 (the window's end, or the end of its debt).
+pub fn take_windows(
+    state: Option<WindowState>,
+    now_ms: u64,
+    limit: u64,
+    windows: Windows,
+    cost: u64,
+    overdraft: bool,
+) -> (WindowState, Outcome) {
+    let window = Window::at(windows, now_ms);
+    let start_ms = window.start_ms;
+    let before = window.before(state, limit);
     let (count, allowed) = if cost == 0 {
         (before, before < limit)
     } else {
@@ -110,14 +202,14 @@ pub fn take_window(
     let retry_ms = if allowed {
         Some(0)
     } else if overdraft {
-        retry_of(count, 1, limit, window_left, window_ms)
+        window.retry_of(count, 1, limit)
     } else {
-        retry_of(count, cost.max(1), limit, window_left, window_ms)
+        window.retry_of(count, cost.max(1), limit)
     };
     let outcome = Outcome {
         allowed,
         remaining: limit.saturating_sub(count),
-        reset_ms: reset_of(count, limit, window_left, window_ms),
+        reset_ms: window.reset_of(count, limit),
         retry_ms,
         granted: if allowed { cost } else { 0 },
     };
@@ -140,7 +232,8 @@ pub fn claim_window(
     window_ms: u64,
     ask: ClaimAsk,
 ) -> (WindowState, Outcome) {
-    let (start_ms, before, window_left) = window_at(state, now_ms, limit, window_ms);
+    let window = Window::at(Windows::Every(window_ms), now_ms);
+    let (start_ms, before) = (window.start_ms, window.before(state, limit));
     let ask = ClaimAsk {
         need: ask.need.max(1),
         ..ask
@@ -157,11 +250,11 @@ pub fn claim_window(
     let outcome = Outcome {
         allowed,
         remaining: limit.saturating_sub(count),
-        reset_ms: reset_of(count, limit, window_left, window_ms),
+        reset_ms: window.reset_of(count, limit),
         retry_ms: if allowed {
             Some(0)
         } else {
-            retry_of(before, need, limit, window_left, window_ms)
+            window.retry_of(before, need, limit)
         },
         granted,
     };
@@ -174,9 +267,8 @@ pub fn claim_window(
     (next, outcome)
 }
 
-/// Gives `n` unspent leased hits back to a fixed window, if it is still the window they were
-/// claimed in (a past window's tokens are gone with it). They come off the count, never below
-/// 0: a count past the limit is other holders' debt and stays past it by what they charged.
+/// Gives `n` unspent leased hits back to a fixed window: [`return_windows`] on
+/// epoch-aligned windows.
 pub fn return_window(
     state: Option<WindowState>,
     now_ms: u64,
@@ -184,21 +276,35 @@ pub fn return_window(
     window_ms: u64,
     n: u64,
 ) -> (WindowState, Outcome) {
-    let start_ms = now_ms - now_ms % window_ms;
-    let window_left = start_ms + window_ms - now_ms;
+    return_windows(state, now_ms, limit, Windows::Every(window_ms), n)
+}
+
+/// Gives `n` hits back to a fixed window (unspent leased hits, or a refund), if it is still
+/// the window they were counted in (a past window's tokens are gone with it). They come off
+/// the count, never below 0: a count past the limit is other holders' debt and stays past it
+/// by what they charged.
+pub fn return_windows(
+    state: Option<WindowState>,
+    now_ms: u64,
+    limit: u64,
+    windows: Windows,
+    n: u64,
+) -> (WindowState, Outcome) {
+    let window = Window::at(windows, now_ms);
+    let start_ms = window.start_ms;
     let (count, next) = match state {
         Some(s) if s.start_ms == start_ms => {
             let count = s.count.saturating_sub(n);
             (count, WindowState { start_ms, count })
         }
         // Another window's count is left as it is (`lease.lua` writes nothing either).
-        Some(s) => (window_at(state, now_ms, limit, window_ms).1, s),
+        Some(s) => (window.before(state, limit), s),
         None => (0, WindowState { start_ms, count: 0 }),
     };
     let outcome = Outcome {
         allowed: true,
         remaining: limit.saturating_sub(count),
-        reset_ms: reset_of(count, limit, window_left, window_ms),
+        reset_ms: window.reset_of(count, limit),
         retry_ms: Some(0),
         granted: 0,
     };

@@ -40,7 +40,10 @@ mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
-pub use fixed_window::{WindowState, claim_window, overdraft_cap, return_window, take_window};
+pub use fixed_window::{
+    WindowState, Windows, claim_window, overdraft_cap, return_window, return_windows, take_window,
+    take_windows,
+};
 pub use sliding_log::{SlidingLog, take_log};
 pub use sliding_window::{SlidingWindowState, give_back_sliding, take_sliding};
 pub use token_bucket::{

@@ -88,7 +88,8 @@ impl Lease {
             }
             OpKind::FixedWindow { limit, .. }
             | OpKind::SlidingWindow { limit, .. }
-            | OpKind::SlidingLog { limit, .. } => (
+            | OpKind::SlidingLog { limit, .. }
+            | OpKind::CalendarWindow { limit, .. } => (
                 (self.shared_remaining + self.tokens).min(limit),
                 self.window_end_ms.saturating_sub(now_ms),
             ),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::{FileWalk, RulePath};
 use crate::rules::FallbackMode;
+use crate::rules::calendar::{Calendar, CalendarUnit};
 use crate::rules::model::{Algorithm, LeaseRule, Limit, Rate, Unit};
 use crate::rules::yaml::{self, Fields, Node, join};
 
@@ -96,6 +97,7 @@ impl FileWalk<'_> {
             "lease",
             "quota_mode",
             "overdraft",
+            "calendar",
         ];
         let f = yaml::fields(self.problems, node, path, FIELDS)?;
         // Every check below runs even after one fails (to report them all); whether any
@@ -207,6 +209,11 @@ impl FileWalk<'_> {
                 &field,
                 "only applies to token_bucket and fixed_window (a sliding window's estimate, or a sliding log, cannot be split)",
             ),
+            Some(r) if r.calendar.is_some() => self.error(
+                n.pos,
+                &field,
+                "not with calendar: a calendar window is not split into shards",
+            ),
             Some(r) => {
                 let most = match r.algorithm {
                     Algorithm::TokenBucket => r.burst.min(u64::from(r.requests_per_unit)),
@@ -253,6 +260,11 @@ impl FileWalk<'_> {
                 n.pos,
                 &field,
                 "only applies to token_bucket and fixed_window (a sliding window or log cannot hand out tokens ahead of time)",
+            ),
+            Some(r) if r.calendar.is_some() && max_batch != Some(0) => self.error(
+                n.pos,
+                &field,
+                "not with calendar: a calendar window is not leased (global leasing passes it by)",
             ),
             _ => {}
         }
@@ -404,13 +416,47 @@ impl FileWalk<'_> {
         };
         let burst = self.at_least_one(f, path, "burst", u64::from(u32::MAX));
         let multiplier = self.at_least_one(f, path, "unit_multiplier", 1_000_000);
-        let (Some(unit), Some(rpu), Some(algorithm)) = (unit, rpu, algorithm) else {
+        let calendar = match f.get("calendar") {
+            None => Ok(None),
+            Some(n) => self.calendar(n, path, unit),
+        };
+        // A calendar window is a fixed window: it is the algorithm unless another is named.
+        let algorithm = match (&calendar, f.get("algorithm")) {
+            (Ok(Some(_)), None) => Some(Algorithm::FixedWindow),
+            _ => algorithm,
+        };
+        let (Some(unit), Some(rpu), Some(algorithm), Ok(calendar)) =
+            (unit, rpu, algorithm, calendar)
+        else {
             return None;
         };
         let (burst, multiplier) = match (burst, multiplier) {
             (AtLeastOne::Refused, _) | (_, AtLeastOne::Refused) => return None,
             (burst, multiplier) => (burst.given(), multiplier.given()),
         };
+        if calendar.is_some() {
+            // One calendar unit per window, counted as a fixed window.
+            if algorithm != Algorithm::FixedWindow
+                && let Some(n) = f.get("algorithm")
+            {
+                self.error(
+                    n.pos,
+                    &join(path, "algorithm"),
+                    "a calendar window is a fixed window: use algorithm fixed_window (or leave it out)",
+                );
+                return None;
+            }
+            if multiplier.is_some_and(|m| m != 1)
+                && let Some(n) = f.get("unit_multiplier")
+            {
+                self.error(
+                    n.pos,
+                    &join(path, "unit_multiplier"),
+                    "a calendar window is one day, week, month or year: leave unit_multiplier out",
+                );
+                return None;
+            }
+        }
         if burst.is_some()
             && algorithm != Algorithm::TokenBucket
             && let Some(n) = f.get("burst")
@@ -456,7 +502,44 @@ impl FileWalk<'_> {
             unit_multiplier: multiplier.unwrap_or(1) as u32, // capped at 1_000_000
             burst: burst.unwrap_or(rpu),
             algorithm,
+            calendar,
         })
+    }
+
+    /// `calendar: utc` (or `true`, or an offset such as `+09:00`): the fixed window is a
+    /// calendar day, ISO week, month or year (`rules/calendar.rs`), of a unit of a day or
+    /// longer. `Err`: refused, with the error recorded.
+    fn calendar(
+        &mut self,
+        n: &Node,
+        path: &str,
+        unit: Option<Unit>,
+    ) -> Result<Option<Calendar>, ()> {
+        let field = join(path, "calendar");
+        let s = yaml::string(self.problems, n, &field).ok_or(())?;
+        let offset_min = match s.as_str() {
+            "false" => return Ok(None),
+            "true" => 0,
+            other => match Calendar::parse_offset(other) {
+                Ok(o) => o,
+                Err(e) => {
+                    self.error(n.pos, &field, e);
+                    return Err(());
+                }
+            },
+        };
+        let Some(unit) = unit else {
+            return Err(()); // refused with its own error
+        };
+        let Some(unit) = CalendarUnit::of(unit) else {
+            self.error(
+                n.pos,
+                &field,
+                "calendar windows are days, weeks, months or years: use one of those units (a second, minute or hour window is aligned already)",
+            );
+            return Err(());
+        };
+        Ok(Some(Calendar { unit, offset_min }))
     }
 
     fn at_least_one(&mut self, f: &Fields<'_>, path: &str, name: &str, max: u64) -> AtLeastOne {
@@ -696,6 +779,92 @@ mod tests {
             ..LoadOptions::default()
         };
         assert!(load_sources(&src, opts).is_ok());
+    }
+
+    #[test]
+    fn calendar_windows_are_read_and_refused_where_they_mean_nothing() {
+        use crate::rules::{Calendar, CalendarUnit};
+        let set = load(
+            "domain: d\ndescriptors:\n  - key: m\n    rate_limit: {unit: month, requests_per_unit: 10000, calendar: utc}\n  - key: t\n    rate_limit: {unit: Day, requests_per_unit: 5, algorithm: fixed_window, calendar: \"+09:00\", overdraft: true}\n  - key: w\n    rate_limit: {unit: week, requests_per_unit: 5, calendar: true, lease: {max_batch: 0}}\n  - key: off\n    rate_limit: {unit: year, requests_per_unit: 5, calendar: false}\n",
+        )
+        .unwrap();
+        let rate = |k: &str| set.domains["d"].root.bare[k].limits[0].rate.unwrap();
+        let m = rate("m");
+        assert_eq!(
+            m.algorithm,
+            Algorithm::FixedWindow,
+            "calendar implies the fixed window"
+        );
+        assert_eq!(
+            m.calendar,
+            Some(Calendar {
+                unit: CalendarUnit::Month,
+                offset_min: 0
+            })
+        );
+        assert_eq!(rate("t").calendar.unwrap().offset_min, 540);
+        assert_eq!(rate("w").calendar.unwrap().unit, CalendarUnit::Week);
+        assert_eq!(rate("off").calendar, None);
+        assert_ne!(
+            m.numbers(),
+            crate::rules::Rate {
+                calendar: None,
+                ..m
+            }
+            .numbers(),
+            "its own bucket"
+        );
+
+        let base =
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      requests_per_unit: 10\n";
+        for (extra, field, needle) in [
+            (
+                "      unit: hour\n      calendar: utc\n",
+                "calendar",
+                "days, weeks, months or years",
+            ),
+            (
+                "      unit: month\n      calendar: Europe/Berlin\n",
+                "calendar",
+                "daylight saving",
+            ),
+            (
+                "      unit: month\n      calendar: \"+19:00\"\n",
+                "calendar",
+                "+09:00",
+            ),
+            (
+                "      unit: month\n      calendar: utc\n      algorithm: token_bucket\n",
+                "algorithm",
+                "fixed window",
+            ),
+            (
+                "      unit: month\n      calendar: utc\n      unit_multiplier: 3\n",
+                "unit_multiplier",
+                "leave unit_multiplier out",
+            ),
+            (
+                "      unit: month\n      calendar: utc\n      shards: 2\n",
+                "shards",
+                "not with calendar",
+            ),
+            (
+                "      unit: month\n      calendar: utc\n      lease: {max_batch: 5}\n",
+                "lease",
+                "not with calendar",
+            ),
+        ] {
+            let (_, got, msg) = refused(&format!("{base}{extra}"));
+            assert_eq!(got, format!("descriptors[0].rate_limit.{field}"), "{extra}");
+            assert!(msg.contains(needle), "{extra}: {msg}");
+        }
+        let err = load("domain: d\nrlqs: true\ndescriptors:\n  - key: a\n    rate_limit: {unit: month, requests_per_unit: 10, calendar: utc}\n")
+            .expect_err("rlqs");
+        assert!(
+            err.to_string()
+                .contains("calendar window cannot be claimed"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -199,6 +199,11 @@ impl FileWalk<'_> {
                         "algorithm {} cannot be claimed in advance; use token_bucket or fixed_window",
                         rate.algorithm.name()
                     ))
+                } else if rate.calendar.is_some() {
+                    Some(
+                        "a calendar window cannot be claimed in advance (assignments are claimed on epoch-aligned windows); drop calendar, or serve this domain over RLS only"
+                            .into(),
+                    )
                 } else if limit.shards > 1 {
                     Some(
                         "shards split the bucket, and an assignment is claimed from one bucket"

@@ -150,11 +150,11 @@ mod tests {
     #[test]
     fn each_call_has_the_number_and_the_argument_count_the_dispatcher_expects() {
         // NARGS in lua/batch.lua, by script number.
-        let nargs = [5, 4, 4, 3, 8];
-        assert!(DISPATCH_LUA.contains("local NARGS = {5, 4, 4, 3, 8}"));
+        let nargs = [5, 6, 4, 3, 8];
+        assert!(DISPATCH_LUA.contains("local NARGS = {5, 6, 4, 3, 8}"));
         let calls = [
             ScriptCall::TokenBucket([0; 5]),
-            ScriptCall::FixedWindow([0; 4]),
+            ScriptCall::FixedWindow([0; 6]),
             ScriptCall::SlidingWindow([0; 4]),
             ScriptCall::SlidingLog([0; 3]),
             ScriptCall::Lease([0; 8]),

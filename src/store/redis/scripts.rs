@@ -37,8 +37,10 @@ pub enum ScriptCall {
     /// not fit).
     TokenBucket([u64; 5]),
     /// `fixed_window.lua`: limit, window_ms, cost clamped to limit + 1 (2 × limit + 1 with
-    /// overdraft: same answers, exact numbers; see the script's header), overdraft.
-    FixedWindow([u64; 4]),
+    /// overdraft: same answers, exact numbers; see the script's header; a give-back's
+    /// unclamped), mode (0 take, 1 overdraft, 2 give back), calendar (0: epoch-aligned
+    /// windows), the calendar's UTC offset in minutes + 1080.
+    FixedWindow([u64; 6]),
     /// `sliding_window.lua`: limit, window_ms, cost (unclamped, as for the token bucket:
     /// a count is capped before it is stored), mode (0 take, 1 overdraft, 2 give back).
     SlidingWindow([u64; 4]),
@@ -48,6 +50,20 @@ pub enum ScriptCall {
     /// `lease.lua`: algorithm (1 token bucket, 2 fixed window), action (1 claim, 2 give
     /// back), capacity or limit, refill, window_ms, need, want, share.
     Lease([u64; 8]),
+}
+
+/// `fixed_window.lua`'s offset argument for UTC (the offset in minutes + 1080).
+const UTC_ARG: u64 = crate::rules::calendar::MAX_OFFSET_MIN as u64;
+
+/// `fixed_window.lua`'s ARGV for `op` (see [`ScriptCall::FixedWindow`]).
+fn window_args(op: &Op, limit: u64, window_ms: u64, calendar: u64, offset: u64) -> [u64; 6] {
+    let (mode, most) = match op.action {
+        Action::Charge => (1, bucket::overdraft_cap(limit)),
+        Action::Return => (2, u64::MAX - 1),
+        Action::Take | Action::Claim(_) => (0, limit),
+    };
+    let cost = op.cost.min(most.saturating_add(1));
+    [limit, window_ms, cost, mode, calendar, offset]
 }
 
 /// The cost a take script is sent: 0 (a check) for a give-back.
@@ -77,8 +93,11 @@ impl ScriptCall {
                 window_ms,
             } => lease(1, capacity, refill, window_ms),
             OpKind::FixedWindow { limit, window_ms } => lease(2, limit, 0, window_ms),
-            // No leases on a sliding window or log (the rules refuse them): a take.
-            OpKind::SlidingWindow { .. } | OpKind::SlidingLog { .. } => None,
+            // No leases on a sliding window or log, or a calendar window (the rules refuse
+            // them): a take.
+            OpKind::SlidingWindow { .. }
+            | OpKind::SlidingLog { .. }
+            | OpKind::CalendarWindow { .. } => None,
         };
         if let Some(call) = leased {
             return call;
@@ -92,18 +111,21 @@ impl ScriptCall {
                 window_ms,
             } => ScriptCall::TokenBucket([capacity, refill, window_ms, op.cost, flag]),
             OpKind::FixedWindow { limit, window_ms } => {
-                let most = if overdraft {
-                    bucket::overdraft_cap(limit)
-                } else {
-                    limit
-                };
-                ScriptCall::FixedWindow([
-                    limit,
-                    window_ms,
-                    op.cost.min(most.saturating_add(1)),
-                    flag,
-                ])
+                ScriptCall::FixedWindow(window_args(op, limit, window_ms, 0, UTC_ARG))
             }
+            // A calendar window's give-back (a refund: it has no leases) is mode 2 of the
+            // fixed window's script.
+            OpKind::CalendarWindow {
+                limit,
+                calendar,
+                window_ms,
+            } => ScriptCall::FixedWindow(window_args(
+                op,
+                limit,
+                window_ms,
+                calendar.unit.code(),
+                calendar.offset_arg(),
+            )),
             // A give-back (a refund: no leases on these) is mode 2 of the sliding window's
             // script, and a check of a log (which takes no refunds), as on the memory store.
             OpKind::SlidingWindow { limit, window_ms } => {
@@ -444,8 +466,8 @@ mod tests {
         };
         assert_eq!(
             ScriptCall::for_op(&fw).argv(),
-            [3, 60_000, 4, 0],
-            "clamped to limit + 1"
+            [3, 60_000, 4, 0, 0, 1080],
+            "clamped to limit + 1; epoch-aligned windows (calendar 0, UTC)"
         );
         let charge = Op {
             action: Action::Charge,
@@ -453,8 +475,26 @@ mod tests {
         };
         assert_eq!(
             ScriptCall::for_op(&charge).argv(),
-            [3, 60_000, 7, 1],
+            [3, 60_000, 7, 1, 0, 1080],
             "with overdraft the debt counts: clamped to 2 × limit + 1"
+        );
+        // A calendar window: its unit's code and offset; a refund is mode 2, unclamped.
+        let month = Op {
+            kind: OpKind::CalendarWindow {
+                limit: 3,
+                calendar: crate::rules::Calendar {
+                    unit: crate::rules::CalendarUnit::Month,
+                    offset_min: -300,
+                },
+                window_ms: 2_592_000_000,
+            },
+            action: Action::Return,
+            cost: 9,
+            ..fw.clone()
+        };
+        assert_eq!(
+            ScriptCall::for_op(&month).argv(),
+            [3, 2_592_000_000, 9, 2, 3, 780]
         );
         let huge = Op {
             kind: OpKind::FixedWindow {
