@@ -8,6 +8,7 @@
 //! | `GET /metrics` | every family in `telemetry/mod.rs` and the `process_*` ones: OpenMetrics when the `Accept` header names it, else the Prometheus text format |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (the only route that changes state: it spends tokens) |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit; `?pretty`: indented |
+//! | `POST /counters/read`, `POST /counters/reset` | the counter API (`counter_api.rs`): a descriptor's buckets read or reset, behind a bearer token; 404 unless `counter_api_token_file` is set |
 //!
 //! Readiness is about tollgate itself: a store outage does not pull replicas out of the
 //! Service (that would turn a Redis blip into a full outage); the store state is reported
@@ -44,6 +45,8 @@ pub struct AdminState {
     pub settings: Settings,
     /// When the rules in force were loaded, and the last failed reload since.
     pub reload: Arc<crate::rules::reload::ReloadStatus>,
+    /// The counter API, when `counter_api_token_file` is set.
+    pub counter_api: Option<crate::counter_api::CounterApi>,
 }
 
 impl AdminState {
@@ -68,7 +71,14 @@ pub fn router(state: Arc<AdminState>) -> Router {
     } else {
         router.route("/json", any(json_off))
     };
-    router.with_state(state)
+    let counters = state.counter_api.clone().map(|api| {
+        crate::counter_api::router(api, state.handler.clone(), state.settings.max_message_bytes)
+    });
+    let router = router.with_state(state);
+    match counters {
+        Some(counters) => router.merge(counters),
+        None => router,
+    }
 }
 
 /// Serves `router` on the connections `accept` gives (HTTP/1, with a header read timeout of
@@ -88,7 +98,11 @@ pub async fn serve(
             conn = accept.next() => conn,
             _ = &mut stop => break,
         };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        // Who is on the other end, for the counter API's log.
+        let peer = crate::counter_api::Peer(conn.peer());
+        let service = hyper_util::service::TowerToHyperService::new(
+            router.clone().layer(axum::Extension(peer)),
+        );
         let mut closed = closed.clone();
         connections.spawn(async move {
             let mut http = hyper::server::conn::http1::Builder::new();

@@ -43,7 +43,8 @@
 //!    shared buckets through the limiter, settled at the next report).
 //! 6. [`service`] (gRPC RLS and RLQS, the shared handler, request bounds, response; the
 //!    listeners' bounds), then [`configs`] (each part's typed config from the settings, so no
-//!    part below imports [`settings`]), [`admin`] and [`fuzzing`] (the fuzz targets' bodies,
+//!    part below imports [`settings`]), [`counter_api`] (the admin port's counter routes and
+//!    the follower of the fleet's reset log), [`admin`] and [`fuzzing`] (the fuzz targets' bodies,
 //!    which `make test` replays on the committed seeds), then [`app`] (wiring: `app::serve` on
 //!    listeners the caller bound, tests bind port 0; `app::grpc` builds the gRPC server).
 //!    [`loadgen`] (`tollgate bench`) stands apart.
@@ -56,6 +57,7 @@ pub mod admin;
 pub mod app;
 pub mod clock;
 pub mod configs;
+pub mod counter_api;
 pub mod error_text;
 pub mod fleet;
 pub mod fuzzing;

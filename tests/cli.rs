@@ -191,6 +191,10 @@ fn serve_refuses_broken_rules_bad_settings_and_missing_files_before_binding() {
             ][..],
             "store_password_file",
         ),
+        (
+            &[("TOLLGATE_COUNTER_API_TOKEN_FILE", "/nonexistent/token")][..],
+            "counter_api_token_file",
+        ),
     ] {
         let (code, _, err) = serve("examples/rules", files);
         assert_eq!(code, 1, "{err}");

@@ -103,6 +103,26 @@ impl Tasks {
                 .await
             }
         });
+        // With the counter API on, this replica follows the fleet's reset log (every replica
+        // of a fleet has the same settings): what it holds of a bucket reset anywhere goes.
+        if !settings.counter_api_token_file.is_empty() {
+            clock.spawn({
+                let (handler, clock) = (handler.clone(), clock.clone());
+                let stop = stopped(stop.clone());
+                let key = format!("{}{{members}}", settings.key_prefix);
+                let interval = Duration::from_millis(settings.membership_interval_ms);
+                async move {
+                    crate::counter_api::follow_resets(
+                        &handler.limiter,
+                        &key,
+                        interval,
+                        &clock,
+                        stop,
+                    )
+                    .await
+                }
+            });
+        }
         Ok(Tasks {
             membership,
             reference_prometheus,

@@ -11,13 +11,36 @@ use crate::store::Store;
 use crate::telemetry;
 
 /// Reads every file a setting names (the gRPC port's TLS files; the store's TLS files and
-/// password file) and checks what it holds, without binding or connecting anything: `serve`
+/// password file; the counter API's token file) and checks what it holds, without binding or connecting anything: `serve`
 /// reads them again when it starts the parts.
 pub(super) fn check_files(settings: &Settings) -> Result<(), AppError> {
     crate::service::tls::server_config(&configs::grpc_tls_files(settings))?;
     Store::check(&configs::store_config(settings))?;
     reference_mapper(settings)?;
+    counter_api(settings)?;
     Ok(())
+}
+
+/// The counter API's config when `counter_api_token_file` is set; its token file must be
+/// readable and hold a token now (a typo in the path stops the rollout, rather than failing
+/// the first support call).
+pub(super) fn counter_api(
+    settings: &Settings,
+) -> Result<Option<crate::counter_api::CounterApi>, AppError> {
+    if settings.counter_api_token_file.is_empty() {
+        return Ok(None);
+    }
+    let token_file = std::path::PathBuf::from(&settings.counter_api_token_file);
+    crate::counter_api::read_token(&token_file).map_err(|message| {
+        AppError::Settings(crate::settings::SettingsError::Invalid {
+            key: "counter_api_token_file",
+            message,
+        })
+    })?;
+    Ok(Some(crate::counter_api::CounterApi {
+        token_file,
+        members_key: format!("{}{{members}}", settings.key_prefix),
+    }))
 }
 
 /// The statsd exporter mapping of the reference's Prometheus port: the file `prometheus_mapper`

@@ -243,11 +243,13 @@ async fn serve_loaded(
     if settings.rules_xds_server.is_empty() {
         reload_status.loaded();
     }
+    let counter_api = load::counter_api(&settings)?;
     let admin_state = Arc::new(AdminState {
         ready: false.into(),
         handler: handler.clone(),
         settings: settings.redacted(),
         reload: reload_status.clone(),
+        counter_api: counter_api.clone(),
     });
     background::drain_on(
         shutdown,

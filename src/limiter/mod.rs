@@ -23,6 +23,7 @@
 //! spendable until their TTL; a claim that fails falls back like any op, for its request's
 //! cost, and a sharded limit falls back as a whole limit (not one shard's part).
 
+mod counters;
 pub mod fallback;
 mod hot;
 mod overlimit;
@@ -37,6 +38,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use counters::{BucketView, ShardView};
 pub use fallback::FallbackMode;
 pub use hot::HotKeyConfig;
 pub use shard::seed_picks as seed_shard_picks;

@@ -9,6 +9,7 @@
 //! fallback's share, a shard, a lease) is computed in `share.rs`.
 
 pub mod bucket;
+pub mod calendar;
 pub mod lease;
 pub mod ops;
 pub mod share;

@@ -3,7 +3,7 @@
 //! [`Outcome`](super::Outcome) computed by `bucket.rs` (memory) or its Lua mirror (Redis).
 
 use super::ClaimAsk;
-use crate::rules::Calendar;
+use super::calendar::Calendar;
 
 /// One bucket operation.
 #[derive(Clone, Debug, PartialEq, Eq)]

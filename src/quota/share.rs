@@ -162,8 +162,8 @@ mod tests {
 
     #[test]
     fn a_calendar_window_share_keeps_its_calendar_or_stretches_a_plain_window() {
-        let calendar = crate::rules::Calendar {
-            unit: crate::rules::CalendarUnit::Month,
+        let calendar = crate::quota::calendar::Calendar {
+            unit: crate::quota::calendar::CalendarUnit::Month,
             offset_min: 0,
         };
         let month = |limit| OpKind::CalendarWindow {

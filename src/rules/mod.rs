@@ -12,12 +12,11 @@
 //! - `error.rs` holds [`RuleError`] (`file:line:col: field: message`), [`RulesError`], and the
 //!   per-file record of errors and warnings the readers and the walk write to.
 //!
-//! Using the rules: `model.rs` holds the loaded types (immutable once built), `calendar.rs`
-//! where a calendar window starts and ends; `matcher.rs`
+//! Using the rules: `model.rs` holds the loaded types (immutable once built; a calendar
+//! window's [`Calendar`] is `quota/calendar.rs`'s); `matcher.rs`
 //! walks the tree for one request descriptor; `reload.rs` watches the rules path and swaps a
 //! new set in atomically.
 
-pub mod calendar;
 pub mod error;
 pub mod load;
 pub mod matcher;
@@ -27,7 +26,7 @@ mod validate;
 pub mod xds;
 pub mod yaml;
 
-pub use calendar::{Calendar, CalendarUnit};
+pub use crate::quota::calendar::{Calendar, CalendarUnit};
 pub use error::{RuleError, RulesError};
 pub use load::load_path;
 pub use model::LoadOptions;

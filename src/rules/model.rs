@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::calendar::Calendar;
+use crate::quota::calendar::Calendar;
 
 /// A time unit as envoyproxy/ratelimit spells it (case-insensitive in files).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

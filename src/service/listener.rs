@@ -142,6 +142,13 @@ pub struct Conn {
     seen: usize,
 }
 
+impl Conn {
+    /// The address of the other end, when the socket still knows it.
+    pub fn peer(&self) -> Option<std::net::SocketAddr> {
+        self.tcp.peer_addr().ok()
+    }
+}
+
 impl AsyncRead for Conn {
     fn poll_read(
         mut self: Pin<&mut Self>,

@@ -102,6 +102,8 @@ settings! {
         "an admin request's headers must arrive within this long, or the connection is closed";
     admin_json: bool = true,
         "serve POST /json on the admin port (decisions over HTTP: it spends tokens); false where more than operators reach that port";
+    counter_api_token_file: String = String::new(),
+        "a file holding the bearer token of the counter API (POST /counters/read and /counters/reset on the admin port: a descriptor's buckets read, or reset); empty: the API is off. Read at each call (a rotated Secret applies at once); never logged or shown";
     store: String = "memory".to_string(),
         "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS) / redis+unix:///path (see docs/redis.md)";
     default_algorithm: Algorithm = Algorithm::TokenBucket,

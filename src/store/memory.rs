@@ -312,6 +312,14 @@ impl MemoryStore {
 
     /// Drops entries that no longer differ from a fresh bucket. Returns how many were dropped.
     /// Holds one shard's lock at a time, so requests on other shards go on meanwhile.
+    /// Forgets the buckets `keys` (the counter API's reset: each starts over, full);
+    /// how many were held.
+    pub fn remove(&self, keys: &[String]) -> u64 {
+        keys.iter()
+            .map(|k| u64::from(self.shard(k).remove(k.as_str()).is_some()))
+            .sum()
+    }
+
     pub fn sweep(&self) -> usize {
         let now = self.clock.mono_ms();
         let mut dropped = 0;

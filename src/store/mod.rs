@@ -167,6 +167,21 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
         replica: &'a str,
     ) -> futures_util::future::BoxFuture<'a, Result<u64, StoreError>>;
 
+    /// Deletes the buckets `keys` (the counter API's reset); how many existed. A test's
+    /// store need not take resets.
+    fn reset<'a>(
+        &'a self,
+        keys: &'a [String],
+    ) -> futures_util::future::BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = keys;
+        Box::pin(async {
+            Err(StoreError::new(
+                StoreErrorKind::Config,
+                "this store does not take counter resets",
+            ))
+        })
+    }
+
     /// A short name for logs and `/readyz`.
     fn name(&self) -> &'static str;
 
@@ -264,6 +279,32 @@ impl Store {
                     .await
             }
             Store::Custom(b) => b.leave(key, replica).await,
+        }
+    }
+
+    /// Deletes the buckets `keys` (the counter API's reset: each starts over, full) and, on
+    /// Redis, writes them to the fleet's reset log under the membership set `members_key`, so
+    /// the other replicas forget what they hold of them ([`Store::resets_since`]). How many
+    /// of the keys existed.
+    pub async fn reset(&self, keys: &[String], members_key: &str) -> Result<u64, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.remove(keys)),
+            Store::Redis(r) => r.reset(keys, members_key).await,
+            Store::Custom(b) => b.reset(keys).await,
+        }
+    }
+
+    /// The fleet's reset log after sequence number `after` (`None`: only where it is): its
+    /// sequence number now and the bucket keys reset since. One process on the memory store:
+    /// nothing to follow.
+    pub async fn resets_since(
+        &self,
+        members_key: &str,
+        after: Option<u64>,
+    ) -> Result<(u64, Vec<String>), StoreError> {
+        match self {
+            Store::Memory(_) | Store::Custom(_) => Ok((after.unwrap_or(0), Vec::new())),
+            Store::Redis(r) => r.resets_since(members_key, after).await,
         }
     }
 

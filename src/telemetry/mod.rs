@@ -34,6 +34,7 @@ pub const REQUEST_DURATION: &str = "tollgate_request_duration_seconds";
 pub const REQUESTS: &str = "tollgate_requests";
 pub const GLOBAL_SHADOW: &str = "tollgate_global_shadow";
 pub const RULES_RELOADS: &str = "tollgate_rules_reloads";
+pub const COUNTER_API_CALLS: &str = "tollgate_counter_api_calls";
 pub const RULES_LOADED: &str = "tollgate_rules_loaded_limits";
 pub const STORE_ERRORS: &str = "tollgate_store_errors";
 pub const STORE_CALL_DURATION: &str = "tollgate_store_call_duration_seconds";
@@ -95,6 +96,14 @@ pub struct RequestLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+/// A counter API call: `read` or `reset`, and how it ended (`ok`, `unauthorized`, `invalid`,
+/// `error`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CounterApiLabels {
+    pub action: &'static str,
     pub result: &'static str,
 }
 
@@ -205,6 +214,8 @@ pub struct Metrics {
     pub global_shadow: Counter,
     pub rules_reloads: Family<ResultLabels, Counter>,
     pub rules_loaded: Gauge,
+    /// The admin port's counter API calls (`counter_api.rs`).
+    pub counter_api: Family<CounterApiLabels, Counter>,
     pub store: StoreMetrics,
     /// Live replicas as the fallback counts them (membership, or the fixed count or floor).
     pub replicas: Gauge,
@@ -302,6 +313,12 @@ impl Metrics {
             RULES_RELOADS,
             "Rules reloads by result (ok, error)",
             rules_reloads.clone(),
+        );
+        let counter_api = Family::<CounterApiLabels, Counter>::default();
+        registry.register(
+            COUNTER_API_CALLS,
+            "Counter API calls on the admin port, by action (read, reset) and result (ok, unauthorized, invalid, error)",
+            counter_api.clone(),
         );
         let rules_loaded = Gauge::default();
         registry.register(
@@ -438,6 +455,7 @@ impl Metrics {
             request_duration,
             global_shadow,
             rules_reloads,
+            counter_api,
             rules_loaded,
             store: StoreMetrics {
                 errors: store_errors,

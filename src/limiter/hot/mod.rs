@@ -124,6 +124,25 @@ impl HotKeys {
         }
     }
 
+    /// The unspent tokens this replica's lease of the bucket with store key `key` holds.
+    pub(super) fn leased(&self, key: &str) -> u64 {
+        self.leases
+            .as_ref()
+            .map_or(0, |l| l.held(crate::keys::bucket_id(key)))
+    }
+
+    /// Forgets what this replica holds of the bucket with store key `key`, which was reset
+    /// (the counter API): its over-limit cache entry, and its lease's tokens (dropped, not
+    /// given back). How many leased tokens were dropped.
+    pub(super) fn forget_bucket(&self, key: &str) -> u64 {
+        if let Some(cache) = &self.cache {
+            cache.forget(key);
+        }
+        self.leases
+            .as_ref()
+            .map_or(0, |l| l.forfeit(crate::keys::bucket_id(key)))
+    }
+
     /// One outcome (or store error) per op of `plan`, in op order. `share` is the live
     /// replica count, which splits a nearly spent bucket between claims.
     pub(super) async fn apply(

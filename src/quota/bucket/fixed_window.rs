@@ -14,7 +14,7 @@
 //! without erasing anyone's debt.
 
 use super::{ClaimAsk, Outcome};
-use crate::rules::Calendar;
+use crate::quota::calendar::Calendar;
 
 /// A fixed window's stored state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -388,6 +388,21 @@ impl Leases {
         (outcome, events)
     }
 
+    /// The unspent tokens this replica's lease of bucket `id` holds (0 when none).
+    pub fn held(&self, id: &str) -> u64 {
+        self.shard(id).get(id).map_or(0, |lease| lease.tokens)
+    }
+
+    /// Drops the unspent tokens of the lease of bucket `id` without giving them back: the
+    /// bucket was reset (the counter API), and they were claimed from its old count. A claim
+    /// in flight still settles into the lease (its tokens come from the bucket as it is now).
+    /// How many were dropped.
+    pub fn forfeit(&self, id: &str) -> u64 {
+        self.shard(id)
+            .get_mut(id)
+            .map_or(0, |lease| std::mem::take(&mut lease.tokens))
+    }
+
     /// Takes every unspent token out of the leases (graceful shutdown): the queued
     /// give-backs and one more per lease that holds tokens, with its class, for the caller to
     /// send.

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use super::{FileWalk, RulePath};
+use crate::quota::calendar::{Calendar, CalendarUnit};
 use crate::rules::FallbackMode;
-use crate::rules::calendar::{Calendar, CalendarUnit};
 use crate::rules::model::{Algorithm, LeaseRule, Limit, Rate, Unit};
 use crate::rules::yaml::{self, Fields, Node, join};
 
@@ -531,7 +531,14 @@ impl FileWalk<'_> {
         let Some(unit) = unit else {
             return Err(()); // refused with its own error
         };
-        let Some(unit) = CalendarUnit::of(unit) else {
+        let unit = match unit {
+            Unit::Day => Some(CalendarUnit::Day),
+            Unit::Week => Some(CalendarUnit::Week),
+            Unit::Month => Some(CalendarUnit::Month),
+            Unit::Year => Some(CalendarUnit::Year),
+            Unit::Second | Unit::Minute | Unit::Hour => None,
+        };
+        let Some(unit) = unit else {
             self.error(
                 n.pos,
                 &field,

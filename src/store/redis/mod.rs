@@ -65,6 +65,8 @@
 //! - [`version`]: a server older than Redis 5 is refused at connect.
 //! - `lua/membership.lua` ([`RedisStore::membership`]): the fleet's live replicas, a sorted set
 //!   of replica id → expiry on the Redis clock, under its own hash tag.
+//! - [`resets`]: the counter API's reset (its keys deleted) and the fleet's log of resets
+//!   (`lua/resets.lua`, under the membership set's hash tag).
 
 mod apply;
 mod batch;
@@ -79,6 +81,7 @@ mod lua;
 mod outage;
 mod pool;
 mod probe;
+mod resets;
 mod scripts;
 mod sentinel;
 mod slots;
@@ -125,6 +128,8 @@ pub struct RedisStore {
     /// Decisions that wait for a busy node and go as one call (`batch.rs`).
     batching: batch::Batching,
     membership: redis::Script,
+    /// `lua/resets.lua`: the fleet's log of counter resets (`resets.rs`).
+    resets: redis::Script,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -201,6 +206,7 @@ impl RedisStore {
             standalone: probe::STANDALONE.into(),
             batching: batch::Batching::new(cfg.batch_in_flight, cfg.batch_max_ops),
             membership: redis::Script::new(MEMBERSHIP_LUA),
+            resets: redis::Script::new(resets::RESETS_LUA),
         })
     }
 

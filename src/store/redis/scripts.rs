@@ -53,7 +53,7 @@ pub enum ScriptCall {
 }
 
 /// `fixed_window.lua`'s offset argument for UTC (the offset in minutes + 1080).
-const UTC_ARG: u64 = crate::rules::calendar::MAX_OFFSET_MIN as u64;
+const UTC_ARG: u64 = crate::quota::calendar::MAX_OFFSET_MIN as u64;
 
 /// `fixed_window.lua`'s ARGV for `op` (see [`ScriptCall::FixedWindow`]).
 fn window_args(op: &Op, limit: u64, window_ms: u64, calendar: u64, offset: u64) -> [u64; 6] {

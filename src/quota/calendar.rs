@@ -6,7 +6,8 @@
 //! starts at local midnight. Time zones with daylight saving are not offered: their day
 //! lengths need the zone rules inside the Redis script, which has none.
 //!
-//! Data flow: the rules read `calendar:` into a [`Calendar`] on the limit's rate; the limiter
+//! Data flow: the rules read `calendar:` into a [`Calendar`] on the limit's rate (`rules/`
+//! re-exports it); the limiter
 //! makes it an `OpKind::CalendarWindow`; the memory store's bucket math
 //! (`quota/bucket/fixed_window.rs`) asks [`Calendar::start`] and [`Calendar::next`] for the
 //! window at its clock, and `lua/fixed_window.lua` computes the same two numbers from Redis's
@@ -17,8 +18,6 @@
 use std::fmt;
 
 use serde::Serialize;
-
-use super::model::Unit;
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -34,17 +33,6 @@ pub enum CalendarUnit {
 }
 
 impl CalendarUnit {
-    /// The calendar unit of a rule's `unit` (`None`: second, minute and hour have no calendar).
-    pub fn of(unit: Unit) -> Option<CalendarUnit> {
-        match unit {
-            Unit::Day => Some(CalendarUnit::Day),
-            Unit::Week => Some(CalendarUnit::Week),
-            Unit::Month => Some(CalendarUnit::Month),
-            Unit::Year => Some(CalendarUnit::Year),
-            Unit::Second | Unit::Minute | Unit::Hour => None,
-        }
-    }
-
     /// The number `lua/fixed_window.lua` knows the unit by (0 is a plain fixed window).
     pub fn code(self) -> u64 {
         match self {
