@@ -18,7 +18,7 @@
 -- new one (beyond its debt).
 --
 -- Calendar windows (ARGV[5] > 0) are a day, ISO week, month or year of the civil calendar
--- at a fixed UTC offset instead (src/rules/calendar.rs, whose integer date arithmetic,
+-- at a fixed UTC offset instead (src/quota/calendar.rs, whose integer date arithmetic,
 -- Hinnant's days_from_civil / civil_from_days, is copied here line for line): a month's
 -- window is that month, 28 to 31 days long.
 --
@@ -53,7 +53,7 @@ local DAY = 86400000
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
--- Days since 1970-01-01 of a civil date, and back (src/rules/calendar.rs).
+-- Days since 1970-01-01 of a civil date, and back (src/quota/calendar.rs).
 local function days_from_civil(y, m, d)
   if m <= 2 then
     y = y - 1

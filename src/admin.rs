@@ -6,7 +6,7 @@
 //! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded; with `unready_until_store_answers`, until the store first answered); a JSON body: status, rules (domains, limits, when loaded, the last failed reload's error), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
 //! | `GET /healthcheck` | envoyproxy/ratelimit's probe (Envoy Gateway's readiness probe): 200 `OK` when `/readyz` is 200, else 500 with the reason |
 //! | `GET /metrics` | every family in `telemetry/mod.rs` and the `process_*` ones: OpenMetrics when the `Accept` header names it, else the Prometheus text format |
-//! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (the only route that changes state: it spends tokens) |
+//! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (it spends tokens: with `/counters/reset`, behind its token, the only routes that change state) |
 //! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit; `?pretty`: indented |
 //! | `POST /counters/read`, `POST /counters/reset` | the counter API (`counter_api.rs`): a descriptor's buckets read or reset, behind a bearer token; 404 unless `counter_api_token_file` is set |
 //!

@@ -81,9 +81,23 @@ pub fn read_token(path: &std::path::Path) -> Result<String, String> {
     Ok(token.to_string())
 }
 
-/// Equal byte strings in a time that does not depend on where they first differ.
+/// Equal byte strings, compared in a time that depends on neither where they first differ
+/// nor whether their lengths do (only on the longer one's length).
 fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let n = a.len().max(b.len());
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..n {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+/// The credentials of an `Authorization: Bearer <token>` header (the scheme in any case, as
+/// RFC 9110 has it); `None` without one.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 enum Action {
@@ -154,29 +168,8 @@ async fn call(
         (code, Json(json!({ "error": message }))).into_response()
     };
 
-    // 1. Who asks.
-    let token = match read_token(&api.token_file) {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::error!(error = %e, "counter API: the token file cannot be read; every call is refused");
-            count("error");
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the counter API's token file cannot be read (see the server's log)".into(),
-            );
-        }
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let refused = match given {
-        None => Some("missing: send Authorization: Bearer <token>"),
-        Some(g) if !same(g.as_bytes(), token.as_bytes()) => Some("wrong bearer token"),
-        Some(_) => None,
-    };
-    if let Some(why) = refused {
+    // 1. Who asks: a caller without credentials is refused before the file is read.
+    let refuse = |why: &'static str| {
         tracing::warn!(action = action.name(), %peer, %operator, why, "counter API: refused");
         count("unauthorized");
         let mut r = error(StatusCode::UNAUTHORIZED, why.to_string());
@@ -184,7 +177,32 @@ async fn call(
             header::WWW_AUTHENTICATE,
             header::HeaderValue::from_static("Bearer realm=\"tollgate counters\""),
         );
-        return r;
+        r
+    };
+    let Some(given) = bearer(headers) else {
+        return refuse("missing: send Authorization: Bearer <token>");
+    };
+    let path = api.token_file.clone();
+    let token = match tokio::task::spawn_blocking(move || read_token(&path)).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "counter API: the token file cannot be read; every call is refused");
+            count("error");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the counter API's token file cannot be read (see the server's log)".into(),
+            );
+        }
+        Err(e) => {
+            count("error");
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the token check failed: {e}"),
+            );
+        }
+    };
+    if !same(given.as_bytes(), token.as_bytes()) {
+        return refuse("wrong bearer token");
     }
 
     // 2. What about: a RateLimitRequest, checked as any.
@@ -260,15 +278,23 @@ pub async fn follow_resets(
     let mut warned = false;
     loop {
         match limiter.store().resets_since(members_key, seen).await {
-            Ok((seq, keys)) => {
-                if seen.is_some() && !keys.is_empty() {
-                    let dropped = limiter.forget_buckets(&keys);
+            Ok(log) => {
+                if seen.is_some() && !log.complete {
+                    let dropped = limiter.forget_all_cached();
+                    tracing::warn!(
+                        entries = dropped,
+                        "counter API: resets may be missing from the fleet's log (more than it keeps, or it was lost): forgot the whole over-limit cache"
+                    );
+                }
+                if seen.is_some() && !log.keys.is_empty() {
+                    let dropped = limiter.forget_buckets(&log.keys);
                     tracing::info!(
-                        buckets = keys.len(),
+                        buckets = log.keys.len(),
                         leased_tokens_dropped = dropped,
                         "counter API: forgot buckets reset in the fleet"
                     );
                 }
+                let seq = log.seq;
                 seen = Some(seq);
                 warned = false;
             }
@@ -294,6 +320,23 @@ mod tests {
         assert!(same(b"s3cret", b"s3cret"));
         assert!(!same(b"s3cret", b"s3cre"));
         assert!(!same(b"s3cret", b"s3creT"));
+        assert!(
+            !same(b"s3cret", b"s3cret\0"),
+            "a padded token is another token"
+        );
+        assert!(!same(b"", b"x") && same(b"", b""));
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        for (value, want) in [
+            ("Bearer abc", Some("abc")),
+            ("bearer abc ", Some("abc")),
+            ("BEARER abc", Some("abc")),
+            ("Basic abc", None),
+            ("abc", None),
+        ] {
+            h.insert(header::AUTHORIZATION, value.parse().unwrap());
+            assert_eq!(bearer(&h), want, "{value}");
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("token");
         std::fs::write(&path, "s3cret\n").unwrap();

@@ -285,3 +285,39 @@ async fn reads_and_resets_reach_every_node_of_a_cluster() {
         assert_eq!(spend(&server, &[("tenant", t)], 1).await, [1]);
     }
 }
+
+/// The fleet's reset log (`lua/resets.lua`) says when a reader may have missed resets: more
+/// than the 1,000 keys it keeps reset since its last look, or the log lost (a flushed Redis).
+/// The follower then empties its whole over-limit cache.
+#[tokio::test]
+async fn the_reset_log_says_when_resets_may_be_missing() {
+    let redis = TestRedis::start();
+    let store = common::store::contract_store(&redis.url()).await;
+    let members = format!("{}{{members}}", unique_prefix("resetlog"));
+    let first = store.resets_since(&members, None).await.unwrap();
+    assert_eq!((first.seq, first.keys.len()), (0, 0));
+
+    let two = vec!["k1".to_string(), "k2".to_string()];
+    store.reset(&two, &members).await.unwrap();
+    let log = store.resets_since(&members, Some(first.seq)).await.unwrap();
+    assert_eq!((log.seq, log.keys.clone(), log.complete), (1, two.clone(), true));
+    let nothing_new = store.resets_since(&members, Some(log.seq)).await.unwrap();
+    assert_eq!((nothing_new.keys.len(), nothing_new.complete), (0, true));
+
+    // 1,200 keys in one reset: the log keeps the last 1,000.
+    let many: Vec<String> = (0..1_200).map(|i| format!("m{i}")).collect();
+    store.reset(&many, &members).await.unwrap();
+    let trimmed = store.resets_since(&members, Some(log.seq)).await.unwrap();
+    assert_eq!(trimmed.seq, 2);
+    assert_eq!(trimmed.keys.len(), 1_000);
+    assert!(!trimmed.complete, "200 keys and the first reset are gone");
+    // A reader that saw up to 2 has nothing missing.
+    let caught_up = store.resets_since(&members, Some(2)).await.unwrap();
+    assert!(caught_up.complete && caught_up.keys.is_empty());
+
+    // A flushed Redis: the number starts over below what the reader saw.
+    redis.cmd::<()>(&["FLUSHALL"]);
+    store.reset(&two, &members).await.unwrap();
+    let lost = store.resets_since(&members, Some(2)).await.unwrap();
+    assert_eq!((lost.seq, lost.keys.clone(), lost.complete), (1, two, false));
+}

@@ -85,14 +85,21 @@ impl Limiter {
             .flat_map(|p| &p.keys)
             .map(|(key, kind)| Op::take(key.clone(), *kind, 0))
             .collect();
-        let mut outcomes = self.store.apply(&checks).await?.into_iter();
+        let outcomes = self.store.apply(&checks).await?;
+        if outcomes.len() != checks.len() {
+            return Err(StoreError::new(
+                crate::store::StoreErrorKind::Protocol,
+                format!("{} answers to {} checks", outcomes.len(), checks.len()),
+            ));
+        }
+        let mut outcomes = outcomes.into_iter();
         let mut views = Vec::with_capacity(planned.len());
         for p in planned {
-            let rate = p.limit.rate.expect("planned buckets are counted limits");
+            let Some(rate) = p.limit.rate else { continue };
             let mut shards = Vec::new();
             let (mut remaining, mut reset_ms) = (0u64, 0u64);
             for (key, _) in &p.keys {
-                let o = outcomes.next().expect("one outcome per check");
+                let Some(o) = outcomes.next() else { break };
                 remaining = remaining.saturating_add(o.remaining);
                 reset_ms = reset_ms.max(o.reset_ms);
                 if p.keys.len() > 1 {
@@ -154,6 +161,12 @@ impl Limiter {
     /// (reset by the counter API, here or on another replica); the leased tokens dropped.
     pub fn forget_buckets(&self, keys: &[String]) -> u64 {
         keys.iter().map(|k| self.hot.forget_bucket(k)).sum()
+    }
+
+    /// Empties this replica's over-limit cache (resets it may have missed: the fleet's log
+    /// lost some); how many entries it held. Leases stay: what they hold is bounded by a TTL.
+    pub fn forget_all_cached(&self) -> usize {
+        self.hot.forget_all_cached()
     }
 
     /// Each counted limit's bucket of `req`, with every key it is stored under.

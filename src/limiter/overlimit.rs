@@ -177,6 +177,18 @@ impl OverLimitCache {
         }
     }
 
+    /// Drops every entry (the counter API's reset log lost some resets); how many there were.
+    pub(super) fn clear(&self) -> usize {
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            dropped += shard.len();
+            self.len.fetch_sub(shard.len(), Ordering::Relaxed);
+            shard.clear();
+        }
+        dropped
+    }
+
     /// Drops ended entries; returns how many are left.
     pub(super) fn sweep(&self, now_ms: u64) -> usize {
         for shard in self.shards.iter() {

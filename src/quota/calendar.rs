@@ -131,7 +131,8 @@ impl Calendar {
             _ => return Err(bad()),
         };
         let (h, m) = hm.split_once(':').ok_or_else(bad)?;
-        if h.len() != 2 || m.len() != 2 {
+        let digits = |t: &str| t.len() == 2 && t.bytes().all(|b| b.is_ascii_digit());
+        if !digits(h) || !digits(m) {
             return Err(bad());
         }
         let (h, m): (i16, i16) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);

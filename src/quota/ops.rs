@@ -81,7 +81,7 @@ pub enum OpKind {
         limit: u64,
         window_ms: u64,
     },
-    /// A fixed window aligned to the civil calendar (`rules/calendar.rs`): `limit` hits per
+    /// A fixed window aligned to the civil calendar (`quota/calendar.rs`): `limit` hits per
     /// day, ISO week, month or year. `window_ms` is the nominal length (a month is 30 days),
     /// for what needs only a scale (sizes, the simulator); the windows are the calendar's.
     /// Never leased, sharded or served over RLQS (the rules refuse it).

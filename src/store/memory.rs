@@ -310,8 +310,6 @@ impl MemoryStore {
             .fetch_add((before - shard.len()) as u64, Ordering::Relaxed);
     }
 
-    /// Drops entries that no longer differ from a fresh bucket. Returns how many were dropped.
-    /// Holds one shard's lock at a time, so requests on other shards go on meanwhile.
     /// Forgets the buckets `keys` (the counter API's reset: each starts over, full);
     /// how many were held.
     pub fn remove(&self, keys: &[String]) -> u64 {
@@ -320,6 +318,8 @@ impl MemoryStore {
             .sum()
     }
 
+    /// Drops entries that no longer differ from a fresh bucket. Returns how many were dropped.
+    /// Holds one shard's lock at a time, so requests on other shards go on meanwhile.
     pub fn sweep(&self) -> usize {
         let now = self.clock.mono_ms();
         let mut dropped = 0;

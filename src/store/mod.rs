@@ -142,6 +142,18 @@ pub enum Store {
     Custom(std::sync::Arc<dyn Backend>),
 }
 
+/// The fleet's reset log (the counter API's resets) read after a sequence number.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResetLog {
+    /// The log's sequence number now: where the next read starts.
+    pub seq: u64,
+    /// The bucket keys reset since.
+    pub keys: Vec<String>,
+    /// `false` when resets since may be missing from `keys` (the log was trimmed past them, or
+    /// lost): the reader must forget everything it caches.
+    pub complete: bool,
+}
+
 /// A store other than the built-in two, behind the same calls as [`Store`]: a test's or a
 /// simulator's, usually a [`MemoryStore`] wrapped with latency or faults. Memory and Redis
 /// stay enum variants so that their calls are not boxed futures on the request path.
@@ -294,16 +306,19 @@ impl Store {
         }
     }
 
-    /// The fleet's reset log after sequence number `after` (`None`: only where it is): its
-    /// sequence number now and the bucket keys reset since. One process on the memory store:
-    /// nothing to follow.
+    /// The fleet's reset log after sequence number `after` (`None`: only where it is now).
+    /// One process on the memory store: nothing to follow.
     pub async fn resets_since(
         &self,
         members_key: &str,
         after: Option<u64>,
-    ) -> Result<(u64, Vec<String>), StoreError> {
+    ) -> Result<ResetLog, StoreError> {
         match self {
-            Store::Memory(_) | Store::Custom(_) => Ok((after.unwrap_or(0), Vec::new())),
+            Store::Memory(_) | Store::Custom(_) => Ok(ResetLog {
+                seq: after.unwrap_or(0),
+                keys: Vec::new(),
+                complete: true,
+            }),
             Store::Redis(r) => r.resets_since(members_key, after).await,
         }
     }

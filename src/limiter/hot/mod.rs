@@ -143,6 +143,11 @@ impl HotKeys {
             .map_or(0, |l| l.forfeit(crate::keys::bucket_id(key)))
     }
 
+    /// Empties the over-limit cache; how many entries it held.
+    pub(super) fn forget_all_cached(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.clear())
+    }
+
     /// One outcome (or store error) per op of `plan`, in op order. `share` is the live
     /// replica count, which splits a nearly spent bucket between claims.
     pub(super) async fn apply(

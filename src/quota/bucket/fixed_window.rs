@@ -25,7 +25,7 @@ pub struct WindowState {
 }
 
 /// How a fixed window's windows are laid out: every `window_ms` from the epoch (the
-/// reference's), or the civil calendar's days, weeks, months or years (`rules/calendar.rs`).
+/// reference's), or the civil calendar's days, weeks, months or years (`quota/calendar.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Windows {
     Every(u64),

@@ -507,7 +507,7 @@ impl FileWalk<'_> {
     }
 
     /// `calendar: utc` (or `true`, or an offset such as `+09:00`): the fixed window is a
-    /// calendar day, ISO week, month or year (`rules/calendar.rs`), of a unit of a day or
+    /// calendar day, ISO week, month or year (`quota/calendar.rs`), of a unit of a day or
     /// longer. `Err`: refused, with the error recorded.
     fn calendar(
         &mut self,

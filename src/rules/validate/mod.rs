@@ -464,6 +464,19 @@ impl FileWalk<'_> {
         if parent_limits.iter().any(|l| l.shards > 1) {
             return Err("the parent's limit is sharded, and a charge must reach the bucket its reservation was taken from: drop `shards` there".into());
         }
+        // A fixed window (calendar or not) counts a refused take up to its limit, and a
+        // refused reservation is never settled: it would spend what is left of the window. A
+        // sliding log cannot be charged into debt or given back to.
+        if let Some(rate) = parent_limits
+            .iter()
+            .filter_map(|l| l.rate)
+            .find(|r| matches!(r.algorithm, Algorithm::FixedWindow | Algorithm::SlidingLog))
+        {
+            return Err(format!(
+                "the parent's limit is a {}, where a refused reservation would be counted (a fixed window) or a settlement cannot be charged or given back (a sliding log): use token_bucket or sliding_window there",
+                rate.algorithm.name()
+            ));
+        }
         Ok(parent_limits.to_vec())
     }
 }
@@ -597,6 +610,16 @@ mod tests {
                 "  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9}\n    descriptors:\n      - key: s\n        charge_parent: yes please\n",
                 7,
                 "",
+            ),
+            (
+                "  - key: t\n    rate_limit: {unit: month, requests_per_unit: 9, calendar: utc}\n    descriptors:\n      - key: s\n        charge_parent: true\n",
+                7,
+                "fixed_window",
+            ),
+            (
+                "  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9, algorithm: sliding_log}\n    descriptors:\n      - key: s\n        charge_parent: true\n",
+                7,
+                "sliding_log",
             ),
         ] {
             let (at, field, message) = refused(&format!("{base}{rules}"));

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::RedisStore;
 use super::errors::CallError;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::{ResetLog, StoreError, StoreErrorKind};
 
 /// `lua/resets.lua`, compiled into the binary.
 pub const RESETS_LUA: &str = include_str!("../../../lua/resets.lua");
@@ -51,18 +51,17 @@ impl RedisStore {
         Ok(deleted)
     }
 
-    /// The keys reset since sequence number `after` (the log's entries after it; `None`:
-    /// none, only the number) and the log's sequence number now.
+    /// The reset log after sequence number `after` (`None`: only where it is now).
     pub async fn resets_since(
         &self,
         members_key: &str,
         after: Option<u64>,
-    ) -> Result<(u64, Vec<String>), StoreError> {
+    ) -> Result<ResetLog, StoreError> {
         let mut conn = self.any_conn()?;
         let [seq, log] = log_keys(members_key);
         let mut read = self.resets.key(seq);
-        let after = after.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
-        read.key(log).arg("read").arg(after);
+        let after_arg = after.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+        read.key(log).arg("read").arg(after_arg);
         let reply: Vec<redis::Value> = bounded(
             self.pool.connect_timeout(),
             read.invoke_async(&mut conn),
@@ -70,22 +69,33 @@ impl RedisStore {
         )
         .await?;
         let mut items = reply.into_iter();
-        let seq = match items.next() {
-            Some(redis::Value::Int(n)) => n.max(0) as u64,
-            other => {
-                return Err(StoreError::new(
-                    StoreErrorKind::Protocol,
-                    format!("resets.lua answered {other:?}"),
-                ));
-            }
+        let int = |v: Option<redis::Value>| match v {
+            Some(redis::Value::Int(n)) => Ok(n.max(0) as u64),
+            other => Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                format!("resets.lua answered {other:?}"),
+            )),
         };
+        let seq = int(items.next())?;
+        if after.is_none() {
+            return Ok(ResetLog {
+                seq,
+                keys: Vec::new(),
+                complete: true,
+            });
+        }
+        let complete = int(items.next())? == 1;
         let keys = items
             .filter_map(|v| match v {
                 redis::Value::BulkString(b) => String::from_utf8(b).ok(),
                 _ => None,
             })
             .collect();
-        Ok((seq, keys))
+        Ok(ResetLog {
+            seq,
+            keys,
+            complete,
+        })
     }
 
     fn any_conn(&self) -> Result<super::connect::Conn, StoreError> {
