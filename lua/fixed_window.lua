@@ -47,45 +47,49 @@ local cost = tonumber(ARGV[3])
 local mode = tonumber(ARGV[4])
 local overdraft = mode == 1
 local calendar = tonumber(ARGV[5])
-local offset_ms = (tonumber(ARGV[6]) - 1080) * 60000
-local DAY = 86400000
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
--- Days since 1970-01-01 of a civil date, and back (src/quota/calendar.rs).
-local function days_from_civil(y, m, d)
-  if m <= 2 then
-    y = y - 1
+-- The window holding now_ms: [start_ms, end_ms). `window_next` (the start of the window after
+-- one) is built only for a calendar: a plain window's next start is `+ window_ms`, and the
+-- calendar's functions are not made on its path (a closure made per call costs time).
+local start_ms, end_ms, window_next
+if calendar == 0 then
+  start_ms = now_ms - now_ms % window_ms
+  end_ms = start_ms + window_ms
+else
+  local DAY = 86400000
+  local offset_ms = (tonumber(ARGV[6]) - 1080) * 60000
+  -- Days since 1970-01-01 of a civil date, and back (src/quota/calendar.rs).
+  local function days_from_civil(y, m, d)
+    if m <= 2 then
+      y = y - 1
+    end
+    local era = math.floor(y / 400)
+    local yoe = y - era * 400
+    local mp = (m + 9) % 12
+    local doy = math.floor((153 * mp + 2) / 5) + d - 1
+    local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+    return era * 146097 + doe - 719468
   end
-  local era = math.floor(y / 400)
-  local yoe = y - era * 400
-  local mp = (m + 9) % 12
-  local doy = math.floor((153 * mp + 2) / 5) + d - 1
-  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
-  return era * 146097 + doe - 719468
-end
-local function civil_from_days(days)
-  local z = days + 719468
-  local era = math.floor(z / 146097)
-  local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
-    - math.floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
-  local m = mp < 10 and mp + 3 or mp - 9
-  local y = yoe + era * 400
-  if m <= 2 then
-    y = y + 1
+  local function civil_from_days(days)
+    local z = days + 719468
+    local era = math.floor(z / 146097)
+    local doe = z - era * 146097
+    local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+      - math.floor(doe / 146096)) / 365)
+    local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+    local mp = math.floor((5 * doy + 2) / 153)
+    local m = mp < 10 and mp + 3 or mp - 9
+    local y = yoe + era * 400
+    if m <= 2 then
+      y = y + 1
+    end
+    return y, m
   end
-  return y, m
-end
--- The Rust's Calendar::start and Calendar::next (a window's start, the next one's).
-local function window_start(t)
-  if calendar == 0 then
-    return t - t % window_ms
-  end
-  local days = math.floor((t + offset_ms) / DAY)
+  -- The Rust's Calendar::start and Calendar::next.
+  local days = math.floor((now_ms + offset_ms) / DAY)
   local start_day = days
   if calendar == 2 then
     start_day = days - (days + 3) % 7
@@ -96,32 +100,28 @@ local function window_start(t)
     local y = civil_from_days(days)
     start_day = days_from_civil(y, 1, 1)
   end
-  return math.max(start_day * DAY - offset_ms, 0)
-end
-local function window_next(s)
-  if calendar == 0 then
-    return s + window_ms
-  end
-  local days = math.floor((s + offset_ms) / DAY)
-  local next_day = days + 1
-  if calendar == 2 then
-    next_day = days + 7
-  elseif calendar == 3 then
-    local y, m = civil_from_days(days)
-    if m == 12 then
+  start_ms = math.max(start_day * DAY - offset_ms, 0)
+  window_next = function(s)
+    local d = math.floor((s + offset_ms) / DAY)
+    local next_day = d + 1
+    if calendar == 2 then
+      next_day = d + 7
+    elseif calendar == 3 then
+      local y, m = civil_from_days(d)
+      if m == 12 then
+        next_day = days_from_civil(y + 1, 1, 1)
+      else
+        next_day = days_from_civil(y, m + 1, 1)
+      end
+    elseif calendar == 4 then
+      local y = civil_from_days(d)
       next_day = days_from_civil(y + 1, 1, 1)
-    else
-      next_day = days_from_civil(y, m + 1, 1)
     end
-  elseif calendar == 4 then
-    local y = civil_from_days(days)
-    next_day = days_from_civil(y + 1, 1, 1)
+    return math.max(next_day * DAY - offset_ms, 0)
   end
-  return math.max(next_day * DAY - offset_ms, 0)
+  end_ms = window_next(start_ms)
 end
 
-local start_ms = window_start(now_ms)
-local end_ms = window_next(start_ms)
 local state = redis.call('HMGET', KEYS[1], 'w', 'c')
 local stored_w = state[1] and state[2] and tonumber(state[1])
 local before = 0
@@ -150,16 +150,21 @@ elseif stored_w and stored_w < start_ms then
 end
 local window_left = end_ms - now_ms
 
--- The Rust's later(n): until the end of the window n - 1 windows after this one.
-local function later(n)
-  if calendar == 0 then
+-- The Rust's later(n): until the end of the window n - 1 windows after this one. One closure
+-- per kind of window, each capturing only what it reads (each captured local costs a call).
+local later
+if calendar == 0 then
+  later = function(n)
     return window_left + math.max(n - 1, 0) * window_ms
   end
-  local e = end_ms
-  for _ = 2, n do
-    e = window_next(e)
+else
+  later = function(n)
+    local e = end_ms
+    for _ = 2, n do
+      e = window_next(e)
+    end
+    return e - now_ms
   end
-  return e - now_ms
 end
 -- The Rust's retry_of: until a hit of `c` fits after `n` (false: never).
 local function retry_of(n, c)
@@ -172,26 +177,25 @@ local function retry_of(n, c)
   return later(math.ceil((n + c - limit) / limit))
 end
 
-local function reset_of(count)
-  -- The count is back at 0 once ceil(count / limit) windows have paid a limit each.
-  if limit > 0 and count > limit then
-    return later(math.ceil(count / limit))
-  end
-  return window_left
-end
-
 if mode == 2 then
   -- The Rust's return_windows: off this window's count, never below 0; another window's
   -- count is left as it is.
   local count = 0
   if stored_w == start_ms then
     count = math.max(before - cost, 0)
-    redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
-    redis.call('PEXPIRE', KEYS[1], reset_of(count))
   elseif stored_w then
     count = before
   end
-  return {1, math.max(limit - count, 0), reset_of(count), 0}
+  -- The count is back at 0 once ceil(count / limit) windows have paid a limit each.
+  local reset_ms = window_left
+  if limit > 0 and count > limit then
+    reset_ms = later(math.ceil(count / limit))
+  end
+  if stored_w == start_ms then
+    redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
+    redis.call('PEXPIRE', KEYS[1], reset_ms)
+  end
+  return {1, math.max(limit - count, 0), reset_ms, 0}
 end
 
 local count, allowed
@@ -218,7 +222,11 @@ else
   end
 end
 
-local reset_ms = reset_of(count)
+local reset_ms = window_left
+if limit > 0 and count > limit then
+  -- The count is back at 0 once ceil(count / limit) windows have paid a limit each.
+  reset_ms = later(math.ceil(count / limit))
+end
 if cost > 0 then
   redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
   redis.call('PEXPIRE', KEYS[1], reset_ms)
