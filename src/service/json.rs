@@ -224,7 +224,8 @@ impl JsonResponse {
     }
 }
 
-/// The rules in force, flattened for `GET /config`: one row per declared limit.
+/// The rules in force, flattened for `GET /config`: one row per declared limit, and one per
+/// limit a `charge_parent` node is charged to (marked so).
 #[derive(Debug, Serialize)]
 pub struct RulesView {
     files: Vec<String>,
@@ -246,6 +247,9 @@ struct LimitView {
     #[serde(flatten)]
     limit: Limit,
     share_threshold: bool,
+    /// A `charge_parent` node's row: the limit is its parent's (same bucket), charged here.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    charge_parent: bool,
 }
 
 impl RulesView {
@@ -261,11 +265,12 @@ impl RulesView {
                 } else {
                     format!("{prefix}.{step}")
                 };
-                for l in &d.limits {
+                for l in d.counted_limits() {
                     out.push(LimitView {
                         path: path.clone(),
                         limit: (**l).clone(),
                         share_threshold: d.share_threshold,
+                        charge_parent: d.charge_parent.is_some(),
                     });
                 }
                 walk(&d.children, &path, out);
@@ -300,6 +305,26 @@ impl RulesView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_shows_a_charge_parent_node_on_its_parents_limit_and_a_calendar() {
+        let rules = crate::rules::load::load_sources(
+            &[(
+                "r.yaml".into(),
+                "domain: d\ndescriptors:\n  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9}\n    descriptors:\n      - key: settle\n        charge_parent: true\n  - key: m\n    rate_limit: {unit: month, requests_per_unit: 5, calendar: utc}\n".into(),
+            )],
+            crate::rules::LoadOptions::default(),
+        )
+        .unwrap();
+        let v = serde_json::to_value(RulesView::new(&rules)).unwrap();
+        let rows = v["domains"][0]["limits"].as_array().unwrap();
+        let paths: Vec<&str> = rows.iter().map(|r| r["path"].as_str().unwrap()).collect();
+        assert_eq!(paths, ["t", "t.settle", "m"]);
+        assert_eq!(rows[1]["charge_parent"], true);
+        assert_eq!(rows[1]["rate"], rows[0]["rate"], "the parent's limit");
+        assert!(rows[0].get("charge_parent").is_none());
+        assert_eq!(rows[2]["rate"]["calendar"]["unit"], "month");
+    }
 
     #[test]
     fn answers_carry_both_header_lists_in_camel_case() {
