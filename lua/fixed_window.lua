@@ -33,6 +33,8 @@
 --          2 = give back: `cost` off this window's count, never below 0 (a refund; a past
 --          window's count is left as it is). An epoch-aligned window's give-backs go through
 --          lease.lua; a calendar window is never leased, and its refunds come here.
+--          3 = reserve: a take whose refusal counts nothing (a reservation that a
+--          `charge_parent` settlement will settle, or, refused, nothing will).
 -- ARGV[5]  calendar: 0 = windows of window_ms from the epoch, 1 day, 2 ISO week, 3 month,
 --          4 year
 -- ARGV[6]  the calendar's UTC offset in minutes + 1080 (never negative; 1080 is UTC)
@@ -217,6 +219,9 @@ else
     count = after
   elseif overdraft then
     count = math.max(math.min(after, 2 * limit), before)
+  elseif mode == 3 then
+    -- A reservation that does not fit counts nothing (nothing will settle it).
+    count = before
   else
     count = math.max(limit, before)
   end

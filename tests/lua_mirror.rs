@@ -227,7 +227,9 @@ fn eval_at(conn: &mut ::redis::Connection, source: &str, op: &Op, now_ms: u64) -
     // Takes answer `allowed`; `lease.lua` answers what it granted (see the scripts' headers
     // and `store/redis/scripts.rs`, which reads them the same way).
     let (allowed, granted) = match op.action {
-        Action::Take | Action::Charge => (reply[0] == 1, if reply[0] == 1 { op.cost } else { 0 }),
+        Action::Take | Action::Charge | Action::Reserve => {
+            (reply[0] == 1, if reply[0] == 1 { op.cost } else { 0 })
+        }
         Action::Claim(_) => (reply[0] > 0, reply[0] as u64),
         Action::Return => (true, 0),
     };
@@ -388,9 +390,23 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
             for (step, cost) in takes {
                 now = step.apply(now, window_ms);
                 let cost = cost.of(limit);
-                let (next, want) =
-                    bucket::take_window(state, now, limit, window_ms, cost, overdraft);
-                let op = charged(fw(k, limit, window_ms, cost), overdraft);
+                // Every third case reserves instead of taking (`Action::Reserve`: a refusal
+                // counts nothing); the others take, with or without overdraft.
+                let reserve = !overdraft && start % 3 == 0;
+                let (next, want) = if reserve {
+                    let windows = bucket::Windows::Every(window_ms);
+                    bucket::reserve_windows(state, now, limit, windows, cost)
+                } else {
+                    bucket::take_window(state, now, limit, window_ms, cost, overdraft)
+                };
+                let op = if reserve {
+                    Op {
+                        action: Action::Reserve,
+                        ..fw(k, limit, window_ms, cost)
+                    }
+                } else {
+                    charged(fw(k, limit, window_ms, cost), overdraft)
+                };
                 let got = eval_at(conn, &source, &op, now);
                 let at = format!(
                     "limit {limit} window {window_ms} cost {cost} overdraft {overdraft} at {now} from {state:?}"
@@ -478,7 +494,7 @@ fn lua_calendar_window_mirrors_rust() {
         (
             calendar_step(),
             cost(),
-            prop::sample::select(vec![0u8, 0, 0, 1, 2]),
+            prop::sample::select(vec![0u8, 0, 0, 1, 2, 3]),
         ),
         1..=MAX_TAKES,
     );
@@ -505,14 +521,16 @@ fn lua_calendar_window_mirrors_rust() {
                 };
                 edges.set(edges.get() + usize::from(matches!(step, CalendarStep::AfterEdge(_))));
                 let cost = cost.of(limit);
-                // 0 take, 1 charge (overdraft), 2 refund.
+                // 0 take, 1 charge (overdraft), 2 refund, 3 reservation.
                 let (next, want) = match what {
                     2 => bucket::return_windows(state, now, limit, windows, cost),
+                    3 => bucket::reserve_windows(state, now, limit, windows, cost),
                     _ => bucket::take_windows(state, now, limit, windows, cost, what == 1),
                 };
                 let action = match what {
                     1 => Action::Charge,
                     2 => Action::Return,
+                    3 => Action::Reserve,
                     _ => Action::Take,
                 };
                 let op = Op {
@@ -915,6 +933,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         ),
                         Action::Claim(ask) => bucket::claim_token(tb_state, now, p, ask),
                         Action::Return => bucket::return_token(tb_state, now, p, op.cost),
+                        Action::Reserve => unreachable!("no reservations in this test"),
                     };
                     tb_state = (next.tokens < cap as f64).then_some(next);
                     o
@@ -934,6 +953,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         Action::Return => {
                             bucket::return_window(fw_state, now, cap, window_ms, op.cost)
                         }
+                        Action::Reserve => unreachable!("no reservations in this test"),
                     };
                     fw_state = Some(next);
                     o
@@ -1115,6 +1135,7 @@ fn lua_lease_claim_on_a_bucket_in_debt_waits_as_the_rust_says() {
                 }
                 Action::Claim(ask) => bucket::claim_token(state, now, p, ask),
                 Action::Return => bucket::return_token(state, now, p, op.cost),
+                Action::Reserve => unreachable!("no reservations in this test"),
             };
             state = (next.tokens < cap as f64).then_some(next);
             want.reset_ms = want.reset_ms.min(MAX_WAIT);

@@ -241,6 +241,33 @@ async fn calendar_windows_end_at_the_calendars_midnight(store: Arc<Store>, p: St
         month.next(end) - now,
         1_000,
     );
+
+    // A reservation (`Action::Reserve`, the take of a `charge_parent` node's parent) that does
+    // not fit counts nothing, on a calendar month and on a plain fixed window.
+    let kinds = [
+        OpKind::CalendarWindow {
+            limit: 10,
+            calendar: month,
+            window_ms: 30 * DAY,
+        },
+        OpKind::FixedWindow {
+            limit: 10,
+            window_ms: DAY,
+        },
+    ];
+    for (i, kind) in kinds.into_iter().enumerate() {
+        let reserve = |cost| Op {
+            action: tollgate::quota::Action::Reserve,
+            ..Op::take(key(&p, &format!("reserved{i}")), kind, cost)
+        };
+        assert_eq!(one(&store, reserve(6)).await.remaining, 4, "{kind:?}");
+        assert!(!one(&store, reserve(6)).await.allowed, "{kind:?}");
+        let o = one(&store, reserve(4)).await;
+        assert!(
+            o.allowed && o.remaining == 0,
+            "{kind:?}: the refused 6 was counted"
+        );
+    }
 }
 
 /// A charge (`overdraft: true`) that does not fit is counted anyway: the budget goes into

@@ -69,6 +69,12 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 2}
   - key: monthly
     rate_limit: {unit: month, requests_per_unit: 2, calendar: utc}
+  - key: month_budget
+    rate_limit: {unit: month, requests_per_unit: 10, calendar: utc}
+    descriptors:
+      - key: settle
+        value: held
+        charge_parent: true
   - key: budget
     rate_limit: {unit: hour, requests_per_unit: 10}
     descriptors:

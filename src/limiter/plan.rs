@@ -162,6 +162,8 @@ pub(super) fn plan(
         let charges_parent = desc.limit_override.is_none()
             && m.as_ref().is_some_and(|m| m.node.charge_parent.is_some());
         let depth = desc.entries.len() - usize::from(charges_parent);
+        // A node a `charge_parent` child settles: its takes are reservations.
+        let reserves = desc.limit_override.is_none() && m.as_ref().is_some_and(|m| m.node.reserved);
         for limit in desc_limits {
             let Some(rate) = limit.rate else { continue };
             // Shared values are keyed by their pattern, so they all land in one bucket.
@@ -196,6 +198,14 @@ pub(super) fn plan(
                 Op::give_back(key, kind, cost)
             } else if limit.overdraft || charges_parent {
                 Op::charge(key, kind, cost)
+            } else if reserves
+                && matches!(
+                    kind,
+                    OpKind::FixedWindow { .. } | OpKind::CalendarWindow { .. }
+                )
+            {
+                // On a window a refused reservation must count nothing (never settled).
+                Op::reserve(key, kind, cost)
             } else {
                 Op::take(key, kind, cost)
             });
@@ -517,6 +527,36 @@ mod tests {
         // Counted in the parent's class.
         let m = f.metrics.render();
         assert!(m.contains(r#"class="budget",outcome="refund"} 1"#), "{m}");
+    }
+
+    #[test]
+    fn a_refused_reservation_on_a_calendar_month_counts_nothing() {
+        let f = fixture(false);
+        // month_budget: 10 a calendar month, settled by (month_budget, settle=held).
+        let with = |entries: &'static [(&'static str, &'static str)], n, refund| {
+            let mut r = req("edge", &[entries]);
+            r.descriptors[0].hits_addend = Some(n);
+            r.descriptors[0].refund = refund;
+            r
+        };
+        let reserve = |n| with(&[("month_budget", "t")], n, false);
+        let settle = |n, refund| with(&[("month_budget", "t"), ("settle", "held")], n, refund);
+        let domain = &f.rules.domains["edge"];
+        let p = plan(domain, &reserve(6), &f.config, &OVERRIDE_CLASS.into());
+        assert_eq!(p.ops[0].action, crate::quota::Action::Reserve);
+        assert_eq!(f.decide(&reserve(6)).statuses[0].remaining, 4);
+        assert_eq!(f.codes(&reserve(6)), [Code::OverLimit]);
+        // A plain fixed-window take would have counted the refused 6 up to the limit.
+        assert_eq!(
+            f.decide(&reserve(4)).statuses[0].remaining,
+            0,
+            "nothing was counted"
+        );
+        // Both streams end: 10 reserved, 3 + 2 used.
+        f.decide(&settle(6, true));
+        f.decide(&settle(3, false));
+        f.decide(&settle(4, true));
+        assert_eq!(f.decide(&settle(2, false)).statuses[0].remaining, 5);
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub enum Action {
     Claim(ClaimAsk),
     /// Give `cost` unspent leased tokens back (`lease.lua`), capped at the capacity.
     Return,
+    /// Take `cost` as a reservation that a `charge_parent` child settles: like [`Action::Take`],
+    /// but a fixed window (calendar or not) counts nothing for it when it does not fit, as a
+    /// token bucket or sliding window never does (a refused reservation is never settled, so a
+    /// count of it would stay). Never leased.
+    Reserve,
 }
 
 impl Op {
@@ -49,6 +54,14 @@ impl Op {
     pub fn give_back(key: String, kind: OpKind, cost: u64) -> Op {
         Op {
             action: Action::Return,
+            ..Op::take(key, kind, cost)
+        }
+    }
+
+    /// A reservation of `cost` ([`Action::Reserve`]).
+    pub fn reserve(key: String, kind: OpKind, cost: u64) -> Op {
+        Op {
+            action: Action::Reserve,
             ..Op::take(key, kind, cost)
         }
     }

@@ -342,6 +342,9 @@ pub struct Descriptor {
     /// stream-done call does (docs/usage-costs.md, "Reserve, then commit"). Such a node has
     /// no limits of its own.
     pub charge_parent: Option<Vec<Arc<Limit>>>,
+    /// A child has `charge_parent`: this node's takes are reservations that the child settles,
+    /// so on a fixed window (calendar or not) a refused one counts nothing (`Action::Reserve`).
+    pub reserved: bool,
     pub children: Level,
     pub origin: Origin,
 }

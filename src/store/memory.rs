@@ -37,7 +37,7 @@ const SHARDS: usize = 64;
 fn log_cost(op: &Op) -> u64 {
     match op.action {
         Action::Return => 0,
-        Action::Take | Action::Charge | Action::Claim(_) => op.cost,
+        Action::Take | Action::Charge | Action::Claim(_) | Action::Reserve => op.cost,
     }
 }
 
@@ -134,7 +134,10 @@ impl MemoryStore {
                     _ => None,
                 };
                 let (s, o) = match op.action {
-                    Action::Take => bucket::take_token(prev, mono, p, op.cost, false),
+                    // A refused take takes nothing from a token bucket: a reservation is one.
+                    Action::Take | Action::Reserve => {
+                        bucket::take_token(prev, mono, p, op.cost, false)
+                    }
                     Action::Charge => bucket::take_token(prev, mono, p, op.cost, true),
                     Action::Claim(ask) => bucket::claim_token(prev, mono, p, ask),
                     Action::Return => bucket::return_token(prev, mono, p, op.cost),
@@ -159,6 +162,13 @@ impl MemoryStore {
                     Action::Take => {
                         bucket::take_window(prev, now, limit, window_ms, op.cost, false)
                     }
+                    Action::Reserve => bucket::reserve_windows(
+                        prev,
+                        now,
+                        limit,
+                        bucket::Windows::Every(window_ms),
+                        op.cost,
+                    ),
                     Action::Charge => {
                         bucket::take_window(prev, now, limit, window_ms, op.cost, true)
                     }
@@ -189,6 +199,7 @@ impl MemoryStore {
                     Action::Take | Action::Claim(_) => {
                         bucket::take_windows(prev, now, limit, windows, op.cost, false)
                     }
+                    Action::Reserve => bucket::reserve_windows(prev, now, limit, windows, op.cost),
                     Action::Charge => {
                         bucket::take_windows(prev, now, limit, windows, op.cost, true)
                     }

@@ -386,10 +386,12 @@ impl HotKeys {
     /// capacity goes to the store, which refuses it for good, instead of tying up the lease).
     fn policy(&self, limit: &Limit, op: &Op) -> Option<LeasePolicy> {
         // Leased tokens cannot go into debt: an overdraft limit, and a charge (a
-        // `charge_parent` node's, on a limit whose takes may be leased), are never leased. A
+        // `charge_parent` node's, on a limit whose takes may be leased), are never leased, nor
+        // is a fixed window's reservation (its refusal must count nothing: its own script). A
         // refund goes to the shared bucket, where the tokens it gives back were taken (a lease
         // holds tokens already out of it).
-        if limit.overdraft || matches!(op.action, Action::Return | Action::Charge) {
+        if limit.overdraft || matches!(op.action, Action::Return | Action::Charge | Action::Reserve)
+        {
             return None;
         }
         let capacity = match op.kind {

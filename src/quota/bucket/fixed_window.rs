@@ -183,6 +183,46 @@ pub fn take_windows(
     cost: u64,
     overdraft: bool,
 ) -> (WindowState, Outcome) {
+    let refused = if overdraft {
+        Refused::Charged
+    } else {
+        Refused::Counted
+    };
+    take_in(state, now_ms, limit, windows, cost, refused)
+}
+
+/// A reservation of `cost` (`Action::Reserve`): [`take_windows`], but a hit that does not fit
+/// counts nothing (a refused reservation is never settled).
+pub fn reserve_windows(
+    state: Option<WindowState>,
+    now_ms: u64,
+    limit: u64,
+    windows: Windows,
+    cost: u64,
+) -> (WindowState, Outcome) {
+    take_in(state, now_ms, limit, windows, cost, Refused::NotCounted)
+}
+
+/// What a take that does not fit does to the count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refused {
+    /// Counted up to the limit (the reference's way).
+    Counted,
+    /// Charged anyway, into debt (`overdraft`).
+    Charged,
+    /// Not counted (a reservation).
+    NotCounted,
+}
+
+fn take_in(
+    state: Option<WindowState>,
+    now_ms: u64,
+    limit: u64,
+    windows: Windows,
+    cost: u64,
+    refused: Refused,
+) -> (WindowState, Outcome) {
+    let overdraft = refused == Refused::Charged;
     let window = Window::at(windows, now_ms);
     let start_ms = window.start_ms;
     let before = window.before(state, limit);
@@ -192,10 +232,12 @@ pub fn take_windows(
         let after = before.saturating_add(cost);
         let count = if after <= limit {
             after
-        } else if overdraft {
-            after.min(overdraft_cap(limit)).max(before)
         } else {
-            limit.max(before)
+            match refused {
+                Refused::Charged => after.min(overdraft_cap(limit)).max(before),
+                Refused::Counted => limit.max(before),
+                Refused::NotCounted => before,
+            }
         };
         (count, after <= limit)
     };

@@ -41,8 +41,8 @@ mod sliding_window;
 mod token_bucket;
 
 pub use fixed_window::{
-    WindowState, Windows, claim_window, overdraft_cap, return_window, return_windows, take_window,
-    take_windows,
+    WindowState, Windows, claim_window, overdraft_cap, reserve_windows, return_window,
+    return_windows, take_window, take_windows,
 };
 pub use sliding_log::{SlidingLog, take_log};
 pub use sliding_window::{SlidingWindowState, give_back_sliding, take_sliding};

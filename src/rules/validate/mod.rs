@@ -434,6 +434,10 @@ impl FileWalk<'_> {
             None => Some(Level::default()),
         };
         let children = children?;
+        let reserved = children
+            .in_file_order()
+            .iter()
+            .any(|c| c.charge_parent.is_some());
         ok.then(|| Descriptor {
             key,
             value,
@@ -442,6 +446,7 @@ impl FileWalk<'_> {
             detailed_metric,
             value_to_metric,
             charge_parent,
+            reserved,
             children,
             origin: self.origin(node.pos),
         })
@@ -464,18 +469,14 @@ impl FileWalk<'_> {
         if parent_limits.iter().any(|l| l.shards > 1) {
             return Err("the parent's limit is sharded, and a charge must reach the bucket its reservation was taken from: drop `shards` there".into());
         }
-        // A fixed window (calendar or not) counts a refused take up to its limit, and a
-        // refused reservation is never settled: it would spend what is left of the window. A
-        // sliding log cannot be charged into debt or given back to.
-        if let Some(rate) = parent_limits
+        // A sliding log cannot be charged into debt or given back to. (A fixed window's
+        // reservations are made so that a refused one counts nothing: `Descriptor::reserved`.)
+        if parent_limits
             .iter()
             .filter_map(|l| l.rate)
-            .find(|r| matches!(r.algorithm, Algorithm::FixedWindow | Algorithm::SlidingLog))
+            .any(|r| r.algorithm == Algorithm::SlidingLog)
         {
-            return Err(format!(
-                "the parent's limit is a {}, where a refused reservation would be counted (a fixed window) or a settlement cannot be charged or given back (a sliding log): use token_bucket or sliding_window there",
-                rate.algorithm.name()
-            ));
+            return Err("the parent's limit is a sliding_log, which a settlement can neither charge into debt nor give back to: use token_bucket, fixed_window or sliding_window there".into());
         }
         Ok(parent_limits.to_vec())
     }
@@ -583,6 +584,10 @@ mod tests {
             "the parent's, shared"
         );
         assert!(t.charge_parent.is_none());
+        assert!(
+            t.reserved && !settle.reserved,
+            "the parent's takes are reservations"
+        );
 
         let base = "domain: d\ndescriptors:\n";
         for (rules, line, why) in [
@@ -610,11 +615,6 @@ mod tests {
                 "  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9}\n    descriptors:\n      - key: s\n        charge_parent: yes please\n",
                 7,
                 "",
-            ),
-            (
-                "  - key: t\n    rate_limit: {unit: month, requests_per_unit: 9, calendar: utc}\n    descriptors:\n      - key: s\n        charge_parent: true\n",
-                7,
-                "fixed_window",
             ),
             (
                 "  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9, algorithm: sliding_log}\n    descriptors:\n      - key: s\n        charge_parent: true\n",

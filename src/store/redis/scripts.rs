@@ -38,8 +38,9 @@ pub enum ScriptCall {
     TokenBucket([u64; 5]),
     /// `fixed_window.lua`: limit, window_ms, cost clamped to limit + 1 (2 × limit + 1 with
     /// overdraft: same answers, exact numbers; see the script's header; a give-back's
-    /// unclamped), mode (0 take, 1 overdraft, 2 give back), calendar (0: epoch-aligned
-    /// windows), the calendar's UTC offset in minutes + 1080.
+    /// unclamped), mode (0 take, 1 overdraft, 2 give back, 3 reserve: a refused take counts
+    /// nothing), calendar (0: epoch-aligned windows), the calendar's UTC offset in minutes +
+    /// 1080.
     FixedWindow([u64; 6]),
     /// `sliding_window.lua`: limit, window_ms, cost (unclamped, as for the token bucket:
     /// a count is capped before it is stored), mode (0 take, 1 overdraft, 2 give back).
@@ -60,6 +61,7 @@ fn window_args(op: &Op, limit: u64, window_ms: u64, calendar: u64, offset: u64) 
     let (mode, most) = match op.action {
         Action::Charge => (1, bucket::overdraft_cap(limit)),
         Action::Return => (2, u64::MAX - 1),
+        Action::Reserve => (3, limit),
         Action::Take | Action::Claim(_) => (0, limit),
     };
     let cost = op.cost.min(most.saturating_add(1));
@@ -84,7 +86,8 @@ impl ScriptCall {
             Action::Return => Some(ScriptCall::Lease([
                 algorithm, 2, capacity, refill, window_ms, op.cost, 0, 1,
             ])),
-            Action::Take | Action::Charge => None,
+            // A reservation is never leased: it goes to the window's own script (mode 3).
+            Action::Take | Action::Charge | Action::Reserve => None,
         };
         let leased = match op.kind {
             OpKind::TokenBucket {
