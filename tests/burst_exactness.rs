@@ -18,6 +18,10 @@ use common::load::fallback_decisions;
 use common::redis::{TestCluster, TestRedis, unique_prefix};
 use common::{InProcess, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+type Client = RateLimitServiceClient<tonic::transport::Channel>;
 
 const LIMIT: usize = 100;
 const CALLS: usize = 300;
@@ -32,15 +36,15 @@ const CHANNELS: usize = 4;
 /// measure each other.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Starts `replicas` tollgates at the default settings on `store`, sends them 300 concurrent
-/// calls for one tenant, and checks: exactly 100 admitted, no fallback decision, no outage line.
-async fn burst_through(store: &str, replicas: usize) {
-    burst_with(RULES, store, replicas).await
-}
-
-/// [`burst_through`] with `rules` (domain `burst`, key `tenant`, 100 an hour).
-async fn burst_with(rules: &str, store: &str, replicas: usize) {
-    let prefix = unique_prefix("burst");
+/// `replicas` tollgates at the default settings on `store` (one key prefix of their own), and
+/// [`CHANNELS`] warmed-up gRPC clients to each.
+async fn replicas_on(
+    rules: &str,
+    store: &str,
+    replicas: usize,
+    name: &str,
+) -> (Vec<InProcess>, Vec<Client>) {
+    let prefix = unique_prefix(name);
     let servers: Vec<InProcess> = (0..replicas)
         .map(|_| {
             InProcess::start(rules, |s| {
@@ -62,6 +66,18 @@ async fn burst_with(rules: &str, store: &str, replicas: usize) {
             clients.push(client);
         }
     }
+    (servers, clients)
+}
+
+/// Starts `replicas` tollgates at the default settings on `store`, sends them 300 concurrent
+/// calls for one tenant, and checks: exactly 100 admitted, no fallback decision, no outage line.
+async fn burst_through(store: &str, replicas: usize) {
+    burst_with(RULES, store, replicas).await
+}
+
+/// [`burst_through`] with `rules` (domain `burst`, key `tenant`, 100 an hour).
+async fn burst_with(rules: &str, store: &str, replicas: usize) {
+    let (servers, clients) = replicas_on(rules, store, replicas, "burst").await;
 
     let admitted = burst(&clients, "burst", "hot", CALLS).await;
 
@@ -199,26 +215,7 @@ async fn an_overdraft_burst_through_three_replicas_admits_exactly_the_limit() {
 /// exactly the 60 refunded: none lost, none minted, whatever the order they met in Redis.
 async fn refunds_in_a_burst(rules: &str, store: &str, replicas: usize) {
     const REFUNDS: usize = 60;
-    let prefix = unique_prefix("refund-burst");
-    let servers: Vec<InProcess> = (0..replicas)
-        .map(|_| {
-            InProcess::start(rules, |s| {
-                s.store = store.to_string();
-                s.key_prefix = prefix.clone();
-            })
-        })
-        .collect();
-    let mut clients = Vec::new();
-    for server in &servers {
-        for _ in 0..CHANNELS {
-            let mut client = server.client().await;
-            client
-                .should_rate_limit(request("burst", &[&[("tenant", "warm")]]))
-                .await
-                .expect("answered");
-            clients.push(client);
-        }
-    }
+    let (servers, clients) = replicas_on(rules, store, replicas, "refund-burst").await;
     assert_eq!(burst(&clients, "burst", "hot", CALLS).await, LIMIT, "spent");
 
     let refund = {
@@ -255,8 +252,7 @@ async fn refunds_in_a_burst(rules: &str, store: &str, replicas: usize) {
     }
     assert_eq!(refunds, REFUNDS);
     let mut check = request("burst", &[&[("tenant", "hot")]]);
-    check.descriptors[0].hits_addend =
-        Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    check.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
     let left = clients[0]
         .clone()
         .should_rate_limit(check)
@@ -289,6 +285,83 @@ async fn refunds_in_a_burst_are_given_back_exactly_on_redis_and_a_cluster() {
         for rules in [RULES, FIXED_WINDOW] {
             refunds_in_a_burst(rules, &store, 1).await;
             refunds_in_a_burst(rules, &store, 3).await;
+        }
+    }
+}
+
+/// Reservations in a burst (the takes of a node a `charge_parent` child settles): 300 at once
+/// of 7 hits each on a limit of 100 admit exactly 14 (98 hits), and the refused ones count
+/// nothing, so a reservation of 2 still fits afterwards and one more of 1 does not. On a fixed
+/// window and a calendar month, through 1 and 3 replicas, on Redis and the cluster.
+async fn reservations_in_a_burst(rules: &str, store: &str, replicas: usize) {
+    let (servers, clients) = replicas_on(rules, store, replicas, "reserve-burst").await;
+    let reserve = |n: u64| {
+        let mut r = request("burst", &[&[("tenant", "hot")]]);
+        r.descriptors[0].hits_addend = Some(UInt64Value { value: n });
+        r
+    };
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(CALLS));
+    let tasks: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let (mut client, start, req) = (
+                clients[i % clients.len()].clone(),
+                start.clone(),
+                reserve(7),
+            );
+            tokio::spawn(async move {
+                start.wait().await;
+                let r = client.should_rate_limit(req).await.expect("answered");
+                r.get_ref().overall_code == Code::Ok as i32
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    let at = format!("{replicas} replica(s) on {store}");
+    assert_eq!(admitted, LIMIT / 7, "reservations of 7 admitted, {at}");
+    let mut client = clients[0].clone();
+    let code = |r: tonic::Response<_>| {
+        let r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse = r.get_ref();
+        r.overall_code
+    };
+    let two = code(
+        client
+            .should_rate_limit(reserve(2))
+            .await
+            .expect("answered"),
+    );
+    assert_eq!(
+        two,
+        Code::Ok as i32,
+        "the refused reservations were counted, {at}"
+    );
+    let one = code(
+        client
+            .should_rate_limit(reserve(1))
+            .await
+            .expect("answered"),
+    );
+    assert_eq!(one, Code::OverLimit as i32, "{at}");
+    let fallback: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
+    assert_eq!(fallback, 0.0, "the fallback decided on a healthy store");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn reservations_in_a_burst_admit_exactly_and_refusals_count_nothing() {
+    const FIXED: &str = "domain: burst\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: day, requests_per_unit: 100, algorithm: fixed_window}\n    descriptors:\n      - key: settle\n        charge_parent: true\n";
+    const MONTH: &str = "domain: burst\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: month, requests_per_unit: 100, calendar: utc}\n    descriptors:\n      - key: settle\n        charge_parent: true\n";
+    let _alone = ONE_AT_A_TIME.lock().await;
+    within_one_day_window().await;
+    let redis = TestRedis::start();
+    let cluster = tokio::task::spawn_blocking(TestCluster::shared)
+        .await
+        .unwrap();
+    for store in [redis.url(), cluster.url()] {
+        for rules in [FIXED, MONTH] {
+            reservations_in_a_burst(rules, &store, 1).await;
+            reservations_in_a_burst(rules, &store, 3).await;
         }
     }
 }

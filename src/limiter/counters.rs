@@ -145,10 +145,13 @@ impl Limiter {
         members_key: &str,
     ) -> Result<Vec<BucketView>, StoreError> {
         let before = self.read_buckets(rules, req).await?;
-        let keys: Vec<String> = self
-            .buckets_of(rules, req)
-            .into_iter()
-            .flat_map(|p| p.keys.into_iter().map(|(k, _)| k))
+        // Each bucket's stored keys: its own, or its shards'.
+        let keys: Vec<String> = before
+            .iter()
+            .flat_map(|b| match b.shards.is_empty() {
+                true => vec![b.key.clone()],
+                false => b.shards.iter().map(|s| s.key.clone()).collect(),
+            })
             .collect();
         if !keys.is_empty() {
             self.store.reset(&keys, members_key).await?;
