@@ -72,6 +72,15 @@ YAML
 }
 
 # EVALSHA + EVAL calls so far (INFO commandstats), summed over the Redis servers on the ports.
+script_usec() { # ports…: µs Redis spent in script calls so far (INFO commandstats, its own count: the script's work, not the protocol's)
+  local total=0 n
+  for p in "$@"; do
+    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s += $5} END {print s+0}')
+    total=$((total + n))
+  done
+  echo "$total"
+}
+
 script_calls() { # ports…
   local total=0 n
   for p in "$@"; do

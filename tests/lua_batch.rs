@@ -10,7 +10,8 @@
 //! replaced by two trailing ARGV the test sets, and `PEXPIRE` (or the token bucket's `SET … PX`)
 //! writes its TTL into a key of its own, so a state never expires in the middle of a case and
 //! the TTLs are compared exactly. Half the cases write the token bucket's state as 0.1.0's hash
-//! (`store_state_format: hash`).
+//! (`store_state_format: hash`), and half send the batch in the cluster's layout (one key
+//! declared, the others in `ARGV`), crossed with the formats.
 
 mod common;
 
@@ -161,12 +162,21 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
         for (dt, picks) in &steps {
             now += dt;
             let (secs, micros) = (now / 1000, (now % 1000) * 1000);
-            // The batch on the `a` buckets.
+            // The batch on the `a` buckets; in cases 2 and 3 of every 4, in the cluster's layout
+            // (only the first key declared, the others in ARGV after minus the op count).
             let ops: Vec<Op> = picks.iter().map(|&(w, c, v)| op_on(&a, w, c, v)).collect();
             let mut cmd = ::redis::cmd("EVAL");
-            cmd.arg(batch).arg(ops.len());
-            for op in &ops {
-                cmd.arg(&op.key);
+            if case.get() % 4 >= 2 {
+                cmd.arg(batch).arg(1).arg(&ops[0].key);
+                cmd.arg(-(ops.len() as i64));
+                for op in &ops[1..] {
+                    cmd.arg(&op.key);
+                }
+            } else {
+                cmd.arg(batch).arg(ops.len());
+                for op in &ops {
+                    cmd.arg(&op.key);
+                }
             }
             for op in &ops {
                 let call = ScriptCall::for_op(op);

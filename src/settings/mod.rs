@@ -153,7 +153,7 @@ settings! {
     store_wait_timeout_ms: u64 = 5,
         "how long that WAIT may take (1 ms or more, below store_timeout_ms); a WAIT that comes back short is counted, logged and not retried";
     store_batch_in_flight: usize = 2,
-        "store calls a replica keeps in flight to one Redis node (standalone or Sentinel) before the decisions that arrive wait and go together, as one script call, when a call returns (1 to 1,024)";
+        "store calls a replica keeps in flight to each Redis node (a standalone Redis, Sentinel's primary, each cluster primary) before the decisions that arrive wait and go together, as one script call, when a call returns (1 to 1,024)";
     store_batch_max_ops: usize = 64,
         "the most bucket ops one batched store call carries (1 to 1,024; 1: no batching, one script call per op as before)";
     store_state_format: StateFormat = StateFormat::Packed,

@@ -15,30 +15,37 @@ use crate::store::{StoreError, StoreErrorKind};
 use crate::telemetry::KindLabels;
 
 impl RedisStore {
-    /// Every op of `ops` on `node`: now, as one call, or (a standalone Redis whose calls from
-    /// this replica are all in flight) queued to go with others as one batch (`batch.rs`).
+    /// Every op of `ops` on `node`: now, as one call, or (when this replica's calls to the node
+    /// are all in flight) queued to go with others as one batch (`batch.rs`).
     pub(super) async fn apply_on(
         self: &Arc<Self>,
         node: Arc<str>,
         ops: &[Op],
     ) -> Vec<Result<Outcome, StoreError>> {
         let now = self.breakers.clock().mono_us();
-        if !self.batching.enabled() || self.pool.slots().is_some() {
+        if !self.batches(&node) {
             let group: Vec<&Op> = ops.iter().collect();
             return self.apply_now(&node, &group, now).await;
         }
-        match self.batching.enter(ops, now) {
+        let batching = self.batching.of(&node);
+        match batching.enter(ops, now) {
             Turn::Now => {
                 // Passed on to the queue when the call is done, or if this caller gives up.
                 let _slot = Slot {
                     store: self.clone(),
-                    node: node.clone(),
+                    batching,
                 };
                 let group: Vec<&Op> = ops.iter().collect();
                 self.apply_now(&node, &group, now).await
             }
             Turn::Queued(answer) => answer.await.unwrap_or_else(|_| unanswered(ops.len())),
         }
+    }
+
+    /// Whether ops for `node` are batched: batching is on, and `node` is a node (on a cluster
+    /// before the first slot map, every key maps to one placeholder name, not to its node).
+    pub(super) fn batches(&self, node: &str) -> bool {
+        self.batching.enabled() && self.pool.slots().is_none_or(|slots| slots.knows(node))
     }
 
     /// Every op of `ops` on `node`, as one call now; `since`: when the oldest of its callers

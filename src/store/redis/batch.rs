@@ -1,11 +1,13 @@
-//! Decisions batched per node (standalone Redis and Sentinel). While a replica has
-//! `store_batch_in_flight` calls in flight to its Redis, the decisions that arrive wait, and go
-//! together as one script call (`batch_script.rs`) when a call returns. There is no timer: a
+//! Decisions batched per node (a standalone Redis, Sentinel's primary, each primary of a
+//! cluster). While a replica has `store_batch_in_flight` calls in flight to a node, the
+//! decisions that arrive for it wait, and go together as one script call (`batch_script.rs`)
+//! when a call returns. There is no timer: a
 //! batch forms only while the node is busy, so a quiet replica keeps one round trip per
 //! decision and adds no wait, and a busy one pays Redis's per-call work (the command, the
 //! script's setup, `TIME`, the reply) once for up to `store_batch_max_ops` ops.
 //!
-//! Flow: [`RedisStore::apply_on`] asks [`Batching::enter`] for a turn → a free slot: the
+//! Flow: [`RedisStore::apply_on`] asks the node's [`Batching`] ([`Batchings::of`]) for a turn
+//! ([`Batching::enter`]) → a free slot: the
 //! request's ops go now, as its own call, holding the slot ([`Slot`]) → else they queue
 //! ([`Waiter`]) and the caller waits for its answer. When a slot's call returns (or its caller
 //! gives up), the slot passes to the queue ([`Batching::next_batch`]): the oldest waiters, up to
@@ -29,9 +31,50 @@ use super::scripts::OpResults;
 use crate::quota::Op;
 use crate::store::{StoreError, StoreErrorKind};
 
+/// Every node's batching state, for one replica: one for a standalone Redis, one per primary a
+/// cluster's slot map has named (a handful; a node that left keeps its idle entry).
+#[derive(Debug)]
+pub(super) struct Batchings {
+    in_flight: usize,
+    max_ops: usize,
+    nodes: std::sync::RwLock<Vec<Arc<Batching>>>,
+}
+
+impl Batchings {
+    pub(super) fn new(in_flight: usize, max_ops: usize) -> Self {
+        Batchings {
+            in_flight,
+            max_ops,
+            nodes: Default::default(),
+        }
+    }
+
+    /// Whether ops are batched at all (`store_batch_max_ops` above 1).
+    pub(super) fn enabled(&self) -> bool {
+        self.max_ops > 1
+    }
+
+    /// `node`'s batching state, made on first use.
+    pub(super) fn of(&self, node: &Arc<str>) -> Arc<Batching> {
+        let found = |nodes: &[Arc<Batching>]| nodes.iter().find(|b| *b.node == **node).cloned();
+        if let Some(b) = found(&self.nodes.read().unwrap_or_else(|p| p.into_inner())) {
+            return b;
+        }
+        let mut nodes = self.nodes.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = found(&nodes) {
+            return b;
+        }
+        let b = Arc::new(Batching::new(node.clone(), self.in_flight, self.max_ops));
+        nodes.push(b.clone());
+        b
+    }
+}
+
 /// The batching state of one node, for one replica.
 #[derive(Debug)]
 pub(super) struct Batching {
+    /// The node's name (`store`, or a cluster primary's `host:port`).
+    node: Arc<str>,
     /// Calls in flight before new ones queue (`store_batch_in_flight`).
     in_flight: usize,
     /// The most ops one batch carries (`store_batch_max_ops`); 1 turns batching off.
@@ -62,17 +105,13 @@ pub(super) enum Turn {
 }
 
 impl Batching {
-    pub(super) fn new(in_flight: usize, max_ops: usize) -> Self {
+    pub(super) fn new(node: Arc<str>, in_flight: usize, max_ops: usize) -> Self {
         Batching {
+            node,
             in_flight: in_flight.max(1),
             max_ops: max_ops.max(1),
             queue: Mutex::new(Queue::default()),
         }
-    }
-
-    /// Whether ops are batched at all (`store_batch_max_ops` above 1).
-    pub(super) fn enabled(&self) -> bool {
-        self.max_ops > 1
     }
 
     /// A slot to call now when fewer than `in_flight` are held, else a place in the queue.
@@ -124,29 +163,29 @@ impl Batching {
     }
 }
 
-/// A held call slot: dropped when its call is done, or when its caller gives up mid-call, it
-/// passes to the queue ([`RedisStore::hand_over`]).
+/// A held call slot of one node: dropped when its call is done, or when its caller gives up
+/// mid-call, it passes to the node's queue ([`RedisStore::hand_over`]).
 pub(super) struct Slot {
     pub(super) store: Arc<RedisStore>,
-    pub(super) node: Arc<str>,
+    pub(super) batching: Arc<Batching>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.store.hand_over(&self.node);
+        self.store.hand_over(&self.batching);
     }
 }
 
 impl RedisStore {
-    /// The slot of a call to `node` is free: the next batch goes out on it, in a task of its
-    /// own (holding the slot until it is done), or the slot is released.
-    pub(super) fn hand_over(self: &Arc<Self>, node: &Arc<str>) {
-        let Some(batch) = self.batching.next_batch() else {
+    /// The slot of a call to `batching`'s node is free: the next batch goes out on it, in a task
+    /// of its own (holding the slot until it is done), or the slot is released.
+    pub(super) fn hand_over(self: &Arc<Self>, batching: &Arc<Batching>) {
+        let Some(batch) = batching.next_batch() else {
             return;
         };
         let slot = Slot {
             store: self.clone(),
-            node: node.clone(),
+            batching: batching.clone(),
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -165,7 +204,7 @@ async fn run_batch(slot: Slot, batch: Vec<Waiter>) {
     let results = {
         let ops: Vec<&Op> = batch.iter().flat_map(|w| w.ops.iter()).collect();
         slot.store.metrics.batch_ops.observe(ops.len() as f64);
-        slot.store.apply_now(&slot.node, &ops, since).await
+        slot.store.apply_now(&slot.batching.node, &ops, since).await
     };
     let mut results = results.into_iter();
     for waiter in batch {
@@ -210,7 +249,7 @@ mod tests {
 
     #[test]
     fn calls_go_at_once_until_the_slots_are_held_then_queue_and_leave_in_batches() {
-        let b = Batching::new(2, 3);
+        let b = Batching::new("store".into(), 2, 3);
         assert!(matches!(b.enter(&[op("a")], 0), Turn::Now));
         assert!(matches!(b.enter(&[op("b")], 0), Turn::Now));
         let mut waits = Vec::new();
@@ -245,7 +284,7 @@ mod tests {
 
     #[test]
     fn a_waiter_larger_than_a_batch_still_goes() {
-        let b = Batching::new(1, 2);
+        let b = Batching::new("store".into(), 1, 2);
         assert!(matches!(b.enter(&[op("a")], 0), Turn::Now));
         let ops: Vec<Op> = (0..5).map(|j| op(&format!("big{j}"))).collect();
         let _rx = match b.enter(&ops, 1) {

@@ -3,7 +3,9 @@
 //! runs alone (`tests/lua_batch.rs` holds a batch to the same answers and state as the ops one
 //! by one). Sent by [`eval_batch`] as one `EVALSHA`
 //! (one `EVAL` retry on `NOSCRIPT`), followed by the `WAIT` when there is one; its reply is one
-//! reply per op, each parsed as its own script's.
+//! reply per op, each parsed as its own script's. On a standalone Redis every op's key is
+//! declared; on a cluster only the first, and the others travel in `ARGV`
+//! ([`Layout::Routed`], `lua/batch.lua`'s second layout), since one node's ops hash to many slots.
 
 use redis::aio::ConnectionLike;
 use redis::{ServerErrorKind, Value};
@@ -12,6 +14,16 @@ use super::errors::CallError;
 use super::lua::Sources;
 use super::scripts::{OpResults, ScriptCall, Scripts, parse_outcome};
 use crate::quota::Op;
+
+/// Where a batch call's keys go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// Every op's key in `KEYS` (a standalone Redis, Sentinel).
+    Declared,
+    /// The first op's key in `KEYS` (the cluster client routes by it), the others in `ARGV`
+    /// after minus the number of ops: the ops of one cluster node, from any of its slots.
+    Routed,
+}
 
 /// An op's script number in the batch and its `ARGV`.
 fn numbered(call: &ScriptCall) -> u64 {
@@ -31,10 +43,11 @@ pub(super) async fn eval_batch<C: ConnectionLike>(
     conn: &mut C,
     ops: &[&Op],
     scripts: &Scripts,
+    layout: Layout,
 ) -> Result<OpResults, CallError> {
-    let reply = match send(conn, ops, scripts, false).await? {
+    let reply = match send(conn, ops, scripts, layout, false).await? {
         Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript) => {
-            send(conn, ops, scripts, true).await?
+            send(conn, ops, scripts, layout, true).await?
         }
         reply => reply,
     };
@@ -61,6 +74,7 @@ async fn send<C: ConnectionLike>(
     conn: &mut C,
     ops: &[&Op],
     scripts: &Scripts,
+    layout: Layout,
     source: bool,
 ) -> Result<Value, CallError> {
     let mut cmd = redis::Cmd::with_capacity(
@@ -72,9 +86,20 @@ async fn send<C: ConnectionLike>(
     } else {
         cmd.arg("EVALSHA").arg(scripts.batch_sha());
     }
-    cmd.arg(ops.len());
-    for op in ops {
-        cmd.arg(&op.key);
+    match layout {
+        Layout::Declared => {
+            cmd.arg(ops.len());
+            for op in ops {
+                cmd.arg(&op.key);
+            }
+        }
+        Layout::Routed => {
+            cmd.arg(1).arg(ops.first().map_or("", |op| op.key.as_str()));
+            cmd.arg(-(ops.len() as i64));
+            for op in ops.iter().skip(1) {
+                cmd.arg(&op.key);
+            }
+        }
     }
     for op in ops {
         let call = ScriptCall::for_op(op);
@@ -136,7 +161,7 @@ mod tests {
                 1,
                 "TIME once, for the whole batch"
             );
-            assert_eq!(lua.matches("= function(K, B)").count(), 5);
+            assert_eq!(lua.matches("= function(KEY, B)").count(), 5);
             // The token bucket and the lease write the format asked for.
             let hash = usize::from(format == StateFormat::Hash);
             assert_eq!(lua.matches("local HASH_STATE = true").count(), 2 * hash);

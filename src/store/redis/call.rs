@@ -1,16 +1,17 @@
-//! One node's call: its ops as one pipeline (standalone) or one pipeline per hash slot
-//! (cluster), and when to give up on it (the node's silence, not this call's wait; see the
-//! module doc of `redis/`).
+//! One node's call: its ops as one batch script call (several ops, batching on), else one
+//! pipeline (standalone) or one pipeline per hash slot (cluster), and when to give up on it
+//! (the node's silence, not this call's wait; see the module doc of `redis/`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::future::join_all;
+use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 
 use super::RedisStore;
-use super::batch_script;
+use super::batch_script::{self, Layout};
 use super::connect::Conn;
 use super::errors::CallError;
 use super::scripts::{self, OpResults};
@@ -28,7 +29,7 @@ impl RedisStore {
         ops: &[&Op],
         since: u64,
     ) -> Result<OpResults, StoreError> {
-        let run = run(conn, ops, &self.pool.scripts, self.batching.enabled());
+        let run = run(conn, ops, &self.pool.scripts, self.batches(node));
         tokio::pin!(run);
         let clock = self.breakers.clock();
         let mut wait = self.breakers.wait_since(since);
@@ -81,23 +82,73 @@ impl RedisStore {
     }
 }
 
-/// Runs `ops` on `conn`: standalone, one batch script call when there are several and
-/// `batch` is on (else one pipeline of a script call each); on a cluster, one pipeline per hash
-/// slot, concurrently. Results come back in the order of `ops`; a slot's pipeline that failed
-/// fails its own ops only.
+/// Runs `ops` (all on one node) on `conn`: as one batch script call when there are several
+/// and `batch` is on; else, standalone, one pipeline of a script call each, and on a cluster
+/// one pipeline per hash slot, concurrently. Results come back in the order of `ops`; a slot's
+/// pipeline that failed fails its own ops only.
 async fn run(
     conn: &mut Conn,
     ops: &[&Op],
     scripts: &scripts::Scripts,
     batch: bool,
 ) -> Result<OpResults, CallError> {
-    let c = match conn {
+    match conn {
         Conn::Standalone(c) if batch && ops.len() > 1 => {
-            return batch_script::eval_batch(c, ops, scripts).await;
+            batch_script::eval_batch(c, ops, scripts, Layout::Declared).await
         }
-        Conn::Standalone(c) => return scripts::eval_ops(c, ops, scripts).await,
-        Conn::Cluster(c) => c,
-    };
+        Conn::Standalone(c) => scripts::eval_ops(c, ops, scripts).await,
+        Conn::Cluster(c) if batch && ops.len() > 1 => run_routed(c, ops, scripts).await,
+        Conn::Cluster(c) => run_by_slot(c, ops, scripts).await,
+    }
+}
+
+/// One cluster node's ops, from any of its slots, as one batch call routed by the first op's
+/// key. An op whose key that node does not serve (our slot map was stale: a slot moved, a
+/// failover) did not run; it goes again by itself, routed by its own key, so it is answered
+/// exactly, not failed.
+async fn run_routed(
+    c: &mut ClusterConnection,
+    ops: &[&Op],
+    scripts: &scripts::Scripts,
+) -> Result<OpResults, CallError> {
+    let mut out = batch_script::eval_batch(c, ops, scripts, Layout::Routed).await?;
+    let strays: Vec<usize> = (0..out.len())
+        .filter(|&i| matches!(&out[i], Err(e) if not_on_this_node(e)))
+        .collect();
+    if strays.is_empty() {
+        return Ok(out);
+    }
+    let again: Vec<&Op> = strays.iter().map(|&i| ops[i]).collect();
+    match run_by_slot(c, &again, scripts).await {
+        Ok(results) => {
+            for (i, r) in strays.into_iter().zip(results) {
+                out[i] = r;
+            }
+        }
+        Err(e) => {
+            let e = e.into_store_error();
+            for i in strays {
+                out[i] = Err(e.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A script's error for a key of another node ("Script attempted to access a non local key in
+/// a cluster node" in Redis 7, "Lua script attempted …" before), or for a key the call did not
+/// declare on a server that wants every key declared (Dragonfly: "… undeclared key …"): raised
+/// before the op's first command ran, so the op spent nothing.
+fn not_on_this_node(e: &StoreError) -> bool {
+    e.message.contains("non local key") || e.message.contains("undeclared key")
+}
+
+/// Ops on a cluster, one pipeline per hash slot, concurrently (the cluster client routes each).
+async fn run_by_slot(
+    c: &mut ClusterConnection,
+    ops: &[&Op],
+    scripts: &scripts::Scripts,
+) -> Result<OpResults, CallError> {
     // The common case (one descriptor, or all in one slot): one pipeline, nothing to group, so
     // nothing allocated for grouping.
     if let Some((first, rest)) = ops.split_first() {

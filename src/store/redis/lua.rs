@@ -112,9 +112,9 @@ pub static BATCH_LUA: LazyLock<String> = LazyLock::new(|| batch_lua(BATCHED_LUA,
 
 /// The batch script of `scripts` (in [`BATCHED_LUA`]'s order): `batch_time` = `time` (a Lua
 /// expression giving `{seconds, microseconds}`, as `TIME` does), each script wrapped as
-/// `SCRIPTS[n] = function(K, B) … end`, then the dispatcher. Inside the wrapper the script reads
-/// the batch's own `KEYS` and `ARGV` where they are: its `KEYS[1]` is `KEYS[K]` (its op's key)
-/// and each `ARGV[n]` is `ARGV[B + n]` (its arguments, after its script number), so running an
+/// `SCRIPTS[n] = function(KEY, B) … end`, then the dispatcher. Inside the wrapper the script
+/// reads the batch's own `ARGV` where it is: its `KEYS[1]` is `KEY` (its op's key, which the
+/// dispatcher passes in from either layout) and each `ARGV[n]` is `ARGV[B + n]` (its arguments, after its script number), so running an
 /// op builds no table of its own; its `redis.call('TIME')` reads `batch_time`. Public so the
 /// tests can build it on a test clock.
 pub fn batch_lua(scripts: [&str; 5], time: &str) -> String {
@@ -124,11 +124,11 @@ pub fn batch_lua(scripts: [&str; 5], time: &str) -> String {
     lua.push_str(time);
     lua.push_str("\nlocal SCRIPTS = {}\n");
     for (i, script) in scripts.iter().enumerate() {
-        lua.push_str(&format!("SCRIPTS[{}] = function(K, B)\n", i + 1));
+        lua.push_str(&format!("SCRIPTS[{}] = function(KEY, B)\n", i + 1));
         lua.push_str(
             &script
                 .replace(TIME, "batch_time")
-                .replace("KEYS[1]", "KEYS[K]")
+                .replace("KEYS[1]", "KEY")
                 .replace("ARGV[", "ARGV[B + "),
         );
         lua.push_str("\nend\n");

@@ -10,9 +10,12 @@
 //!   trip per request, however many descriptors it has (one `EVALSHA`, or one batch script
 //!   call for several, [`batch_script`]). While `store_batch_in_flight` calls are out, the
 //!   requests that arrive wait and go together as one batch call when one returns ([`batch`]).
-//! - **Cluster**: a cluster pipeline must stay within one hash slot, so ops are grouped by slot
-//!   (`Slot::for_key`; every key of one bucket shares its hash tag) and the groups go out
-//!   concurrently; the request waits for the slowest node, not for the sum of them.
+//! - **Cluster**: ops are grouped by node (the [`slots`] map), and each node's group goes out
+//!   as one call, the groups concurrently; the request waits for the slowest node, not for the
+//!   sum of them. Several ops of one node travel as one batch script call whatever their slots
+//!   (only the first key declared, `batch_script::Layout::Routed`); without batching, as one
+//!   pipeline per slot. Batches form per node, as on a standalone Redis (a request whose ops
+//!   span nodes is not queued: it calls each node at once).
 //!
 //! Ops are grouped by node first (`store` for a standalone Redis; the primary's `host:port`
 //! from the [`slots`] map on a cluster; when every op is on one node, as always on a
@@ -125,8 +128,8 @@ pub struct RedisStore {
     breakers: Arc<Breakers>,
     /// The node name of every op of a standalone Redis.
     standalone: Arc<str>,
-    /// Decisions that wait for a busy node and go as one call (`batch.rs`).
-    batching: batch::Batching,
+    /// Decisions that wait for a busy node and go as one call (`batch.rs`), per node.
+    batching: batch::Batchings,
     membership: redis::Script,
     /// `lua/resets.lua`: the fleet's log of counter resets (`resets.rs`).
     resets: redis::Script,
@@ -204,7 +207,7 @@ impl RedisStore {
                 metrics.store.clone(),
             )),
             standalone: probe::STANDALONE.into(),
-            batching: batch::Batching::new(cfg.batch_in_flight, cfg.batch_max_ops),
+            batching: batch::Batchings::new(cfg.batch_in_flight, cfg.batch_max_ops),
             membership: redis::Script::new(MEMBERSHIP_LUA),
             resets: redis::Script::new(resets::RESETS_LUA),
         })

@@ -41,6 +41,12 @@ impl SlotMap {
         }
     }
 
+    /// Whether `node` is a primary's name, not the placeholder every key maps to before the
+    /// first refresh.
+    pub(super) fn knows(&self, node: &str) -> bool {
+        *self.unknown != *node
+    }
+
     /// Whether the map names `node` (before the first refresh: only `cluster`).
     pub(super) fn has_node(&self, node: &str) -> bool {
         let ranges = self.ranges.load();
