@@ -30,7 +30,7 @@ lint: ## rustfmt check + clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-bench: deps ## peak (closed loop) and latency vs load (open loop) for no-op, memory, Redis, Cluster; CPU per request; memory per key; the CPU-heavy attacks on the release binary; the simulator on three 500-replica fleets; what one exact decision costs per store, batched and not (~18 min)
+bench: deps ## peak (closed loop) and latency vs load (open loop) for no-op, memory, Redis, Cluster; CPU per request; memory per key; the CPU-heavy attacks on the release binary; the simulator on three 500-replica fleets; what one exact decision costs per store, batched and not, on one Redis and a cluster (~20 min)
 	@bash scripts/bench.sh
 
 soak: deps ## steady load on Redis for SOAK_DURATION s (600) over 1,000,000 keys; RSS sampled to target/soak/rss.csv + rss.svg, must stay flat (±10 %)
