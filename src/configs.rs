@@ -29,6 +29,8 @@ pub fn limiter_config(
         sliding_log_max_limit: s.sliding_log_max_limit,
         fallback: s.fallback,
         replicas,
+        // Set by the app once the global store is connected (`region_config`).
+        regions: None,
         closed_retry_ms: s.breaker_probe_ms,
         hot: HotKeyConfig {
             shared_store,
@@ -92,6 +94,43 @@ pub fn store_config(s: &Settings) -> StoreConfig {
     } else {
         StoreConfig::Redis(Box::new(redis_config(s)))
     }
+}
+
+/// How this replica shares `global: true` limits across regions, and the global store it
+/// exchanges demand through: `None` without `global_store`. The global store takes the
+/// store's TLS files and timeouts, its own URL's credentials (none of the store's), no
+/// `WAIT`, and at least 5 s to connect (a connection's setup is several round trips, each
+/// across regions) and to answer an exchange's call.
+pub fn region_config(s: &Settings) -> Option<(crate::regions::RegionConfig, RedisConfig)> {
+    if s.global_store.is_empty() {
+        return None;
+    }
+    let exchange = Duration::from_millis(s.region_exchange_ms);
+    let regions = crate::regions::RegionConfig {
+        region: s.region.clone(),
+        regions: s.region_names().into_iter().map(String::from).collect(),
+        exchange,
+        lease: Duration::from_millis(s.region_lease_ms),
+        floor: s.region_floor,
+        beat_key: format!("{}{{regions}}", s.key_prefix),
+        replica: crate::fleet::replica_id(),
+    };
+    let global = RedisConfig {
+        url: s.global_store.clone(),
+        pool_size: 1,
+        connect_timeout: Duration::from_millis(s.store_connect_timeout_ms.max(5_000)),
+        timeout: exchange.max(Duration::from_secs(1)),
+        username: String::new(),
+        password: String::new(),
+        password_file: String::new(),
+        sentinel_username: String::new(),
+        sentinel_password: String::new(),
+        tls_server_name: String::new(),
+        wait_replicas: 0,
+        batch_max_ops: 1,
+        ..redis_config(s)
+    };
+    Some((regions, global))
 }
 
 /// What the Redis store needs from the settings.

@@ -37,7 +37,9 @@
 //!    [`store`] (the store interface: memory, `store::redis` (standalone, cluster, Sentinel), and
 //!    any other [`store::Backend`], a test's or a simulator's).
 //! 3. [`keys`] (Limit + entries (+ shard) → store key), [`fleet`] (membership heartbeats and the
-//!    live replica count), [`settings`] (every setting once; flags, env and file derive from it).
+//!    live replica count), [`regions`] (this region's shares of the `global: true` limits, agreed
+//!    with the other regions through a global store), [`settings`] (every setting once; flags,
+//!    env and file derive from it).
 //! 4. [`limiter`] (plan, hot keys, fallback, fold).
 //! 5. [`rlqs`] (Envoy's quota streams: bucket id → rule, assignments claimed from the same
 //!    shared buckets through the limiter, settled at the next report).
@@ -66,6 +68,7 @@ pub mod limiter;
 pub mod loadgen;
 pub mod quota;
 pub mod redact;
+pub mod regions;
 pub mod rlqs;
 pub mod rules;
 pub mod service;

@@ -2,8 +2,8 @@
 //!
 //! [`drain_on`] turns the shutdown signal into: unready, `drain_ms` of serving still, then the
 //! stop every task watches. [`Tasks::start`] starts the limiter's housekeeping and the fleet
-//! membership heartbeat (on the clock, so a test's manual clock drives them), the rules'
-//! reloads (a file watch or the xDS stream), and the reference's telemetry (statsd counters,
+//! membership heartbeat (on the clock, so a test's manual clock drives them), the regions'
+//! exchange of global-limit demand (with `global_store`), the rules' reloads (a file watch or the xDS stream), and the reference's telemetry (statsd counters,
 //! its Prometheus port). [`Tasks::finish`], after the servers stopped, gives unspent leased
 //! tokens back, leaves the membership set and sends the last statsd counts, each bounded: the
 //! store may be down.
@@ -69,6 +69,7 @@ impl Tasks {
         settings: &Settings,
         handler: &Arc<Handler>,
         replicas: Arc<Replicas>,
+        regional: Option<super::Regional>,
         reload: (rules::reload::Fingerprint, Arc<rules::reload::ReloadStatus>),
         clock: &Clock,
         stop: &watch::Receiver<bool>,
@@ -103,6 +104,12 @@ impl Tasks {
                 .await
             }
         });
+        // Global limits: this region's shares exchanged with the other regions' demand.
+        if let Some((shares, global)) = regional {
+            let clock2 = clock.clone();
+            let stop = stopped(stop.clone());
+            clock.spawn(async move { crate::regions::run(shares, global, clock2, stop).await });
+        }
         // With the counter API on, this replica follows the fleet's reset log (every replica
         // of a fleet has the same settings): what it holds of a bucket reset anywhere goes.
         if !settings.counter_api_token_file.is_empty() {

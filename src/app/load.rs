@@ -10,12 +10,21 @@ use crate::settings::Settings;
 use crate::store::Store;
 use crate::telemetry;
 
+/// A global store's error, saying which store it is.
+pub(super) fn global_store_error(mut e: crate::store::StoreError) -> crate::store::StoreError {
+    e.message = format!("global_store: {}", e.message);
+    e
+}
+
 /// Reads every file a setting names (the gRPC port's TLS files; the store's TLS files and
 /// password file; the counter API's token file) and checks what it holds, without binding or connecting anything: `serve`
 /// reads them again when it starts the parts.
 pub(super) fn check_files(settings: &Settings) -> Result<(), AppError> {
     crate::service::tls::server_config(&configs::grpc_tls_files(settings))?;
     Store::check(&configs::store_config(settings))?;
+    if let Some((_, global)) = configs::region_config(settings) {
+        crate::store::redis::RedisStore::check(&global).map_err(global_store_error)?;
+    }
     reference_mapper(settings)?;
     counter_api(settings)?;
     Ok(())

@@ -233,7 +233,7 @@ async fn serve_loaded(
 ) -> Result<(), AppError> {
     // store_startup_timeout_ms counts from here, before the store's first connection attempt.
     let started = tokio::time::Instant::now();
-    let (handler, replicas) = decision_side(&settings, loaded.set, &clock).await?;
+    let (handler, replicas, regional) = decision_side(&settings, loaded.set, &clock).await?;
     let grpc_addr = local_addr(&listeners.grpc, "gRPC", settings.grpc_addr)?;
     let admin_addr = local_addr(&listeners.admin, "admin", settings.admin_addr)?;
 
@@ -261,6 +261,7 @@ async fn serve_loaded(
         &settings,
         &handler,
         replicas,
+        regional,
         (loaded.fingerprint, reload_status),
         &clock,
         &stop_rx,
@@ -319,14 +320,21 @@ async fn serve_loaded(
     Ok(())
 }
 
+/// A region's shares of the global limits and the global store it exchanges them through.
+pub(super) type Regional = (
+    Arc<crate::regions::Shares>,
+    Arc<crate::store::redis::RedisStore>,
+);
+
 /// The decision side: metrics, the rules, the store (a Redis that is down at startup is not an
 /// error: it reconnects in the background and the fallback decides meanwhile; a bad URL is),
-/// the replica count and the limiter, behind the request handler.
+/// the global store when limits are shared across regions (likewise), the replica count and
+/// the limiter, behind the request handler.
 async fn decision_side(
     settings: &Settings,
     set: rules::RuleSet,
     clock: &Clock,
-) -> Result<(Arc<Handler>, Arc<Replicas>), AppError> {
+) -> Result<(Arc<Handler>, Arc<Replicas>, Option<Regional>), AppError> {
     let metrics = Arc::new(Metrics::new());
     metrics.rules_loaded.set(set.counts().2 as i64);
     let store = Store::connect(configs::store_config(settings), clock.clone(), &metrics).await?;
@@ -336,11 +344,31 @@ async fn decision_side(
     ));
     metrics.replicas.set(replicas.count() as i64);
     let shared_store = store.name() != "memory";
-    let limiter = Limiter::new(
-        store,
-        configs::limiter_config(settings, replicas.clone(), clock.clone(), shared_store),
-        metrics.clone(),
-    );
+    let regional = match configs::region_config(settings) {
+        None => {
+            if set.has_global_limits() {
+                tracing::warn!(
+                    "the rules have `global: true` limits but global_store is not set: each is enforced in this region alone, as an ordinary limit"
+                );
+            }
+            None
+        }
+        Some((config, global)) => {
+            // Its own metrics registry: the global store's calls are not the store's
+            // (tollgate_store_* and its alerts stay about the region's own store); the
+            // exchanges are counted in tollgate_region_*.
+            let global = crate::store::redis::RedisStore::connect(global, &Metrics::new())
+                .await
+                .map_err(load::global_store_error)?;
+            let shares =
+                crate::regions::Shares::new(config, clock.clone(), metrics.regions.clone());
+            Some((Arc::new(shares), Arc::new(global)))
+        }
+    };
+    let mut config =
+        configs::limiter_config(settings, replicas.clone(), clock.clone(), shared_store);
+    config.regions = regional.as_ref().map(|(shares, _)| shares.clone());
+    let limiter = Limiter::new(store, config, metrics.clone());
     if !shared_store && settings.lease_max_batch > 0 {
         tracing::info!(
             "lease_max_batch is set, but leasing is off on the memory store: one process is already exact"
@@ -359,7 +387,7 @@ async fn decision_side(
         response_dynamic_metadata: settings.response_dynamic_metadata,
         admission: tokio::sync::Semaphore::new(settings.max_concurrent_requests),
     });
-    Ok((handler, replicas))
+    Ok((handler, replicas, regional))
 }
 
 /// An HTTP port's accept loop (admin, prometheus): at most `admin_max_connections` open, each

@@ -163,6 +163,9 @@ pub struct LimiterConfig {
     pub fallback: FallbackMode,
     /// Live replicas, for the local fallback's share (kept current by the membership task).
     pub replicas: Arc<Replicas>,
+    /// This region's shares of the `global: true` limits (`regions/`), when `global_store` is
+    /// set; without it a global limit is an ordinary one.
+    pub regions: Option<Arc<crate::regions::Shares>>,
     /// What the `closed` fallback tells a client to wait (one breaker probe interval).
     pub closed_retry_ms: u64,
     /// Leasing, the over-limit cache and shard retries.
@@ -188,6 +191,7 @@ impl LimiterConfig {
             sliding_log_max_limit: crate::rules::model::SLIDING_LOG_MAX_LIMIT,
             fallback: FallbackMode::Local,
             replicas: Arc::new(Replicas::new(0, 1)),
+            regions: None,
             closed_retry_ms: 500,
             hot: HotKeyConfig::default(),
             clock,

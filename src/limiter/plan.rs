@@ -188,6 +188,13 @@ pub(super) fn plan(
                 Some(i) => crate::quota::share::shard_part(OpKind::from(rate), limit.shards, i),
                 None => OpKind::from(rate),
             };
+            // A global limit: this region's share of it (its demand counted for the exchange).
+            let kind = match &config.regions {
+                Some(shares) if limit.global => {
+                    shares.scale(&key, kind, if desc.refund { 0 } else { cost })
+                }
+                _ => kind,
+            };
             planned.push(Planned {
                 desc: i,
                 limit: limit.clone(),
@@ -279,6 +286,7 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Ar
         shards: 1,
         lease: None,
         overdraft: false,
+        global: false,
         stat_path: Arc::from(vec![class.to_string()]),
         class,
         // Its own bucket, apart from the rules' limits on the same entries (keys.rs).

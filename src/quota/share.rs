@@ -102,6 +102,50 @@ pub fn shard_part(kind: OpKind, shards: u32, i: u32) -> OpKind {
     }
 }
 
+/// A token bucket held to `ppm` parts per million of itself: a region's share of a global
+/// limit (`regions/`). The capacity is rounded down; the refill keeps its exact rate by
+/// stretching the window instead (`refill × ppm` per `window × 1,000,000`, reduced), unless
+/// those numbers would pass what a double holds exactly (2^53, Lua's numbers), when the refill
+/// is rounded down instead. A share is at least one part per million, so the refill is never 0
+/// (a share of nothing refuses everything by its capacity of 0, and still refills a trickle
+/// the scripts can divide by). Shares of one limit never add up past it. Other kinds are not
+/// shared (the rules refuse `global` on them) and pass unchanged.
+pub fn region_part(kind: OpKind, ppm: u32) -> OpKind {
+    let OpKind::TokenBucket {
+        capacity,
+        refill,
+        window_ms,
+    } = kind
+    else {
+        return kind;
+    };
+    const WHOLE: u64 = 1_000_000;
+    let ppm = u64::from(ppm).clamp(1, WHOLE);
+    let capacity = (u128::from(capacity) * u128::from(ppm) / u128::from(WHOLE)) as u64;
+    let g = gcd(ppm.max(1), WHOLE);
+    let (num, den) = (ppm / g, WHOLE / g);
+    const EXACT: u64 = 1 << 53;
+    let (refill, window_ms) = match (refill.checked_mul(num), window_ms.checked_mul(den)) {
+        (Some(r), Some(w)) if r < EXACT && w < EXACT => (r, w),
+        _ => (
+            (u128::from(refill) * u128::from(ppm) / u128::from(WHOLE)) as u64,
+            window_ms,
+        ),
+    };
+    OpKind::TokenBucket {
+        capacity,
+        refill,
+        window_ms,
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// The whole bucket's remaining tokens, estimated from one shard's.
 pub fn shard_remaining(remaining: u64, shards: u32, capacity: u64) -> u64 {
     remaining.saturating_mul(u64::from(shards)).min(capacity)
@@ -120,6 +164,43 @@ pub fn lease_grant(available: f64, need: u64, want: u64, share: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_region_part_keeps_the_rate_exact_and_rounds_the_capacity_down() {
+        let tb = |capacity, refill, window_ms| OpKind::TokenBucket {
+            capacity,
+            refill,
+            window_ms,
+        };
+        // 60 % of 100 per second: 3 per 50 ms… as 3 per 5 of the window, 60 of the 100 burst.
+        assert_eq!(
+            region_part(tb(100, 100, 1_000), 600_000),
+            tb(60, 300, 5_000)
+        );
+        // A third: the capacity rounds down, the rate stays exact.
+        assert_eq!(
+            region_part(tb(10, 10, 60_000), 333_333),
+            tb(3, 3_333_330, 60_000_000_000)
+        );
+        // Nothing, or the whole.
+        assert_eq!(region_part(tb(10, 10, 1_000), 0), tb(0, 10, 1_000_000_000));
+        assert_eq!(region_part(tb(10, 10, 1_000), 1_000_000), tb(10, 10, 1_000));
+        // Past 2^53: the refill rounds down on the limit's own window.
+        assert_eq!(
+            region_part(tb(u64::MAX, u64::MAX / 2, 31_536_000_000), 333_333),
+            tb(
+                (u128::from(u64::MAX) * 333_333 / 1_000_000) as u64,
+                (u128::from(u64::MAX / 2) * 333_333 / 1_000_000) as u64,
+                31_536_000_000
+            )
+        );
+        // Not a token bucket: unchanged.
+        let fw = OpKind::FixedWindow {
+            limit: 5,
+            window_ms: 1_000,
+        };
+        assert_eq!(region_part(fw, 1), fw);
+    }
     use crate::quota::Op;
 
     fn tb(capacity: u64, refill: u64) -> Op {

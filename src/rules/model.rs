@@ -230,6 +230,11 @@ pub struct Limit {
     /// known only when a response ends is never lost; the bucket goes into debt, at most one
     /// limit deep (`quota/bucket/`). Never leased or sharded.
     pub overdraft: bool,
+    /// `global: true` — one quota across regions (`regions/`): each region's bucket holds the
+    /// share of the limit that region is allotted by demand, exchanged through the global
+    /// store. Without `global_store` set it is an ordinary limit. Token buckets only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub global: bool,
     /// The metrics label for this limit: `class`, else `name`, else the key path. An `Arc`
     /// so each decision's metric labels share it instead of copying it.
     pub class: Arc<str>,
@@ -401,6 +406,20 @@ impl RuleSet {
             walk(&d.root, &mut nodes, &mut limits);
         }
         (self.domains.len(), nodes, limits)
+    }
+
+    /// Whether any limit says `global: true`.
+    pub fn has_global_limits(&self) -> bool {
+        fn walk(level: &Level) -> bool {
+            level
+                .exact
+                .values()
+                .flat_map(|m| m.values())
+                .chain(level.wildcard.iter().map(|(_, _, d)| d))
+                .chain(level.bare.values())
+                .any(|d| d.limits.iter().any(|l| l.global) || walk(&d.children))
+        }
+        self.domains.values().any(|d| walk(&d.root))
     }
 
     /// The one line `tollgate check` prints for a set that loaded (see [`RulesSummary`]).

@@ -192,6 +192,18 @@ settings! {
         "how often a node with an open circuit is probed with one real script call (its circuit closes when the script runs)";
     membership_interval_ms: u64 = 1_000,
         "how often each replica heartbeats into the store's membership set";
+    global_store: String = String::new(),
+        "a Redis shared by every region (redis://…, rediss://…, redis+cluster://…; credentials in the URL, TLS files as the store's): `global: true` limits are shared across regions through it, no decision waiting for it (see docs/regions.md); empty: global limits are regional";
+    region: String = String::new(),
+        "this region's name, one of `regions` (with `global_store`)";
+    regions: String = String::new(),
+        "every region sharing the global limits, comma-separated (us-east,eu-west,ap-south): each is kept its partition share (1/N of a global limit) while the global store has not heard from it";
+    region_exchange_ms: u64 = 1_000,
+        "how often each replica exchanges its demand for global limits with the global store (100 to 60000)";
+    region_lease_ms: u64 = 10_000,
+        "how long a region's shares of global limits hold without an answer from the global store; then it holds each at its partition share (at least 3 exchanges)";
+    region_floor: f64 = 0.1,
+        "the part of its partition share each region always holds of every global limit, asked for or not (0 to 1): what a key new to a region admits before its first exchange";
     fallback_replicas: u64 = 0,
         "a fixed replica count for the local fallback's share (0: count live replicas)";
     fallback_min_replicas: u64 = 1,
@@ -370,6 +382,7 @@ impl Settings {
     pub fn redacted(&self) -> Settings {
         Settings {
             store: redact_url(&self.store),
+            global_store: redact_url(&self.global_store),
             store_password: if self.store_password.is_empty() {
                 String::new()
             } else {

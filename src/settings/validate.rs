@@ -23,6 +23,7 @@ impl Settings {
         self.check_limits()?;
         self.check_leases()?;
         self.check_rlqs()?;
+        self.check_regions()?;
         self.check_telemetry()?;
         self.check_listeners()?;
         Ok(self)
@@ -309,6 +310,80 @@ impl Settings {
         Ok(())
     }
 
+    /// With `global_store`: a Redis URL, this region among `regions` (names without `|` or
+    /// spaces, each once), and exchange, lease and floor in range.
+    fn check_regions(&self) -> Result<(), SettingsError> {
+        if self.global_store.is_empty() {
+            return Ok(());
+        }
+        if ![
+            "redis://",
+            "rediss://",
+            "redis+cluster://",
+            "rediss+cluster://",
+            "redis+sentinel://",
+            "rediss+sentinel://",
+        ]
+        .iter()
+        .any(|s| self.global_store.starts_with(s))
+        {
+            return bad(
+                "global_store",
+                "expected redis://, rediss://, redis+cluster:// or redis+sentinel:// (the global store is a Redis every region reaches)",
+            );
+        }
+        let names = self.region_names();
+        if names.is_empty() {
+            return bad(
+                "regions",
+                "set every region sharing the global limits, comma-separated, when global_store is set",
+            );
+        }
+        for (i, name) in names.iter().enumerate() {
+            if name.len() > 64
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return bad(
+                    "regions",
+                    "region names are 1 to 64 letters, digits, '-', '_' or '.'",
+                );
+            }
+            if names[..i].contains(name) {
+                return bad("regions", "a region is named twice");
+            }
+        }
+        if !names.contains(&self.region.as_str()) {
+            return bad(
+                "region",
+                "must be one of `regions` when global_store is set (this region's name)",
+            );
+        }
+        if !(100..=60_000).contains(&self.region_exchange_ms) {
+            return bad("region_exchange_ms", "must be 100 to 60000");
+        }
+        if self.region_lease_ms < 3 * self.region_exchange_ms || self.region_lease_ms > 3_600_000 {
+            return bad(
+                "region_lease_ms",
+                "must be at least 3 × region_exchange_ms (a share outlives a late exchange) and at most 3600000",
+            );
+        }
+        if !(0.0..=1.0).contains(&self.region_floor) {
+            return bad("region_floor", "must be 0 to 1");
+        }
+        Ok(())
+    }
+
+    /// `regions`, split at commas, each trimmed; empty parts dropped.
+    pub fn region_names(&self) -> Vec<&str> {
+        self.regions
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+
     /// Traces, statsd and the reference's Prometheus port: addresses of the forms they take.
     fn check_telemetry(&self) -> Result<(), SettingsError> {
         let otlp = &self.otlp_endpoint;
@@ -559,6 +634,44 @@ mod tests {
             e.contains("store_password_file") && !e.contains("s3cret"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_global_store_needs_this_region_among_the_regions_and_sane_intervals() {
+        let with = |extra: &[(&'static str, &str)]| {
+            let mut flags = vec![
+                ("global_store", "rediss://:pw@global:6380".to_string()),
+                ("region", "eu".to_string()),
+                ("regions", "us, eu,ap".to_string()),
+            ];
+            for &(k, v) in extra {
+                flags.retain(|(key, _)| *key != k);
+                flags.push((k, v.to_string()));
+            }
+            Settings::load(&Sources {
+                flags,
+                ..Sources::default()
+            })
+            .map_err(|e| e.to_string())
+        };
+        let s = with(&[]).unwrap();
+        assert_eq!(s.region_names(), ["us", "eu", "ap"]);
+        assert!(!s.redacted().global_store.contains("pw"));
+        // Off: nothing else is looked at.
+        assert!(with(&[("global_store", ""), ("region", "nowhere")]).is_ok());
+        for (extra, key) in [
+            (vec![("global_store", "memory")], "global_store"),
+            (vec![("regions", "")], "regions"),
+            (vec![("regions", "us,eu,eu")], "regions"),
+            (vec![("regions", "us|x,eu")], "regions"),
+            (vec![("region", "mars")], "region"),
+            (vec![("region_exchange_ms", "50")], "region_exchange_ms"),
+            (vec![("region_lease_ms", "2000")], "region_lease_ms"),
+            (vec![("region_floor", "1.5")], "region_floor"),
+        ] {
+            let e = with(&extra).unwrap_err();
+            assert!(e.contains(key), "{extra:?}: {e}");
+        }
     }
 
     #[test]

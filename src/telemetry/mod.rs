@@ -57,6 +57,11 @@ pub const RLQS_REPORTS: &str = "tollgate_rlqs_reports";
 pub const RLQS_ASSIGNMENTS: &str = "tollgate_rlqs_assignments";
 pub const RLQS_TOKENS: &str = "tollgate_rlqs_tokens";
 pub const RLQS_REFUSED: &str = "tollgate_rlqs_refused";
+pub const REGION_EXCHANGES: &str = "tollgate_region_exchanges";
+pub const REGION_CONTACT_AGE: &str = "tollgate_region_global_contact_age_seconds";
+pub const REGION_PARTITIONED: &str = "tollgate_region_partitioned";
+pub const REGION_KEYS: &str = "tollgate_region_keys";
+pub const REGION_SHARE: &str = "tollgate_region_share_ratio";
 
 /// What happened to one descriptor.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -204,6 +209,21 @@ pub struct StateLabels {
     pub state: &'static str,
 }
 
+/// The families of global limits shared across regions (`regions/`).
+#[derive(Clone, Debug)]
+pub struct RegionMetrics {
+    /// Exchanges with the global store, by result (ok, error).
+    pub exchanges: Family<ResultLabels, Counter>,
+    /// Seconds since the global store last answered this replica.
+    pub contact_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// 1 while this region holds every global key at its partition share.
+    pub partitioned: Gauge,
+    /// Global keys this replica tracks.
+    pub keys: Gauge,
+    /// This region's shares of the global keys it tracks, as a distribution (0 to 1).
+    pub share: Histogram,
+}
+
 /// Every metric tollgate exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -230,6 +250,7 @@ pub struct Metrics {
     /// The reference's per-rule counters for statsd (off unless `statsd_addr` is set).
     pub statsd: Statsd,
     pub rlqs: RlqsMetrics,
+    pub regions: RegionMetrics,
 }
 
 /// Leasing, the over-limit cache and shard retries (`quota/lease/`, `limiter/overlimit.rs`,
@@ -446,8 +467,41 @@ impl Metrics {
             "RLQS input refused, by reason (no_domain, domain_changed, unknown_domain, not_rlqs, empty_bucket_id, bucket_id_too_large, too_many_buckets, too_many_streams, idle_stream)",
             rlqs.refused.clone(),
         );
+        let regions = RegionMetrics {
+            exchanges: Family::default(),
+            contact_age: Gauge::default(),
+            partitioned: Gauge::default(),
+            keys: Gauge::default(),
+            share: Histogram::new([0.01, 0.05, 0.1, 0.2, 0.33, 0.5, 0.75, 1.0]),
+        };
+        registry.register(
+            REGION_EXCHANGES,
+            "Exchanges of global-limit demand with the global store, by result (ok, error)",
+            regions.exchanges.clone(),
+        );
+        registry.register(
+            REGION_CONTACT_AGE,
+            "Seconds since the global store last answered this replica's exchange",
+            regions.contact_age.clone(),
+        );
+        registry.register(
+            REGION_PARTITIONED,
+            "1 while this region holds every global limit at its partition share (no heartbeat answered by the global store within region_lease_ms)",
+            regions.partitioned.clone(),
+        );
+        registry.register(
+            REGION_KEYS,
+            "Global-limit keys this replica tracks",
+            regions.keys.clone(),
+        );
+        registry.register(
+            REGION_SHARE,
+            "This region's shares of the global keys it exchanged, one observation per key and exchange",
+            regions.share.clone(),
+        );
         Metrics {
             rlqs,
+            regions,
             hot,
             registry: Mutex::new(registry),
             decisions,

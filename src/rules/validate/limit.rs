@@ -98,6 +98,7 @@ impl FileWalk<'_> {
             "quota_mode",
             "overdraft",
             "calendar",
+            "global",
         ];
         let f = yaml::fields(self.problems, node, path, FIELDS)?;
         // Every check below runs even after one fails (to report them all); whether any
@@ -163,6 +164,7 @@ impl FileWalk<'_> {
         let shards = self.shards(&f, path, unlimited, rate);
         let lease = self.lease(&f, path, unlimited, rate);
         let overdraft = self.overdraft(&f, path, unlimited, shards, lease, rate);
+        let global = self.global(&f, path, unlimited, shards, overdraft, rate);
         if self.problems.errors.len() > errors_before {
             return None;
         }
@@ -183,6 +185,7 @@ impl FileWalk<'_> {
             shards,
             lease,
             overdraft,
+            global,
             // Set once the descriptor's limits are all read (`number_identical`).
             index: 0,
             origin: self.origin(node.pos),
@@ -317,6 +320,48 @@ impl FileWalk<'_> {
                 &field,
                 "not with lease: leased tokens are spent from memory, which cannot go into debt (drop `lease`; global leasing passes overdraft limits by)",
             );
+        }
+        true
+    }
+
+    /// `global: true`: one quota across regions, each region's bucket scaled to its share
+    /// (`regions/`). A token bucket only (a share scales its capacity and refill, which a
+    /// window's count cannot follow), whole (no shards) and without overdraft (a debt would be
+    /// owed to a share that moves).
+    fn global(
+        &mut self,
+        f: &Fields<'_>,
+        path: &str,
+        unlimited: bool,
+        shards: u32,
+        overdraft: bool,
+        rate: Option<Rate>,
+    ) -> bool {
+        let Some(n) = f.get("global") else {
+            return false;
+        };
+        let field = join(path, "global");
+        if !yaml::bool(self.problems, n, &field).unwrap_or(false) {
+            return false;
+        }
+        let why = if unlimited {
+            Some("an unlimited limit has nothing to share across regions".to_string())
+        } else if let Some(r) = rate.filter(|r| r.algorithm != Algorithm::TokenBucket) {
+            Some(format!(
+                "only a token_bucket is shared across regions (a region's share scales its capacity and refill); this limit is {}",
+                r.algorithm.name()
+            ))
+        } else if rate.is_some_and(|r| r.calendar.is_some()) {
+            Some("a calendar window is not shared across regions (use a token bucket)".into())
+        } else if shards > 1 {
+            Some("not with shards: a region's share is one bucket (drop `shards`)".into())
+        } else if overdraft {
+            Some("not with overdraft: a debt would be owed to a share that moves".into())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.error(n.pos, &field, why);
         }
         true
     }
@@ -908,6 +953,45 @@ mod tests {
             "{base}      unit: second\n      requests_per_unit: 1\n      overdraft: maybe\n"
         ));
         assert_eq!(field, "descriptors[0].rate_limit.overdraft");
+    }
+
+    #[test]
+    fn global_is_read_and_refused_where_a_share_cannot_apply() {
+        let set = load(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000, global: true}\n  - key: f\n    rate_limit: {unit: minute, requests_per_unit: 10, global: false}\n",
+        )
+        .unwrap();
+        let root = &set.domains["d"].root;
+        assert!(root.bare["k"].limits[0].global && !root.bare["f"].limits[0].global);
+        assert!(set.has_global_limits());
+        let base = "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n";
+        for (extra, needle) in [
+            ("      unlimited: true\n", "nothing to share"),
+            (
+                "      unit: second\n      requests_per_unit: 10\n      algorithm: fixed_window\n",
+                "fixed_window",
+            ),
+            (
+                "      unit: month\n      requests_per_unit: 10\n      calendar: utc\n",
+                "token_bucket",
+            ),
+            (
+                "      unit: second\n      requests_per_unit: 10\n      shards: 2\n",
+                "shards",
+            ),
+            (
+                "      unit: second\n      requests_per_unit: 10\n      overdraft: true\n",
+                "overdraft",
+            ),
+        ] {
+            let (_, field, msg) = refused(&format!("{base}{extra}      global: true\n"));
+            assert_eq!(field, "descriptors[0].rate_limit.global", "{extra}");
+            assert!(msg.contains(needle), "{extra}: {msg}");
+        }
+        let (_, field, _) = refused(&format!(
+            "{base}      unit: second\n      requests_per_unit: 1\n      global: yes-please\n"
+        ));
+        assert_eq!(field, "descriptors[0].rate_limit.global");
     }
 
     #[test]

@@ -213,6 +213,8 @@ impl FileWalk<'_> {
                     Some(
                         "overdraft charges after the fact, and an assignment is paid before".into(),
                     )
+                } else if limit.global {
+                    Some("a global limit's share moves with the regions' demand, and an assignment is claimed from one bucket".into())
                 } else if limit.shadow_mode {
                     Some("shadow_mode cannot be enforced by Envoy's filter (it would deny)".into())
                 } else {
@@ -632,6 +634,17 @@ mod tests {
         );
         assert_eq!(field, "charge_parent");
         assert!(message.contains("RLS only"), "{message}");
+    }
+
+    #[test]
+    fn a_global_limit_is_refused_in_an_rlqs_domain() {
+        let (_, _, message) = refused(
+            "domain: d\nrlqs: true\ndescriptors:\n  - key: t\n    rate_limit: {unit: hour, requests_per_unit: 9000, global: true}\n",
+        );
+        assert!(
+            message.contains("cannot be served over RLQS") && message.contains("global limit"),
+            "{message}"
+        );
     }
 
     #[test]

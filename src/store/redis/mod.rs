@@ -68,6 +68,8 @@
 //! - [`version`]: a server older than Redis 5 is refused at connect.
 //! - `lua/membership.lua` ([`RedisStore::membership`]): the fleet's live replicas, a sorted set
 //!   of replica id → expiry on the Redis clock, under its own hash tag.
+//! - [`regions`]: what regions sharing global limits tell each other through the global store
+//!   (`lua/regions.lua`; the sharing is `src/regions/`).
 //! - [`resets`]: the counter API's reset (its keys deleted) and the fleet's log of resets
 //!   (`lua/resets.lua`, under the membership set's hash tag).
 
@@ -84,6 +86,7 @@ mod lua;
 mod outage;
 mod pool;
 mod probe;
+mod regions;
 mod resets;
 mod scripts;
 mod sentinel;
@@ -133,6 +136,8 @@ pub struct RedisStore {
     membership: redis::Script,
     /// `lua/resets.lua`: the fleet's log of counter resets (`resets.rs`).
     resets: redis::Script,
+    /// `lua/regions.lua`: what regions sharing global limits tell each other (`regions.rs`).
+    regions: redis::Script,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -210,6 +215,7 @@ impl RedisStore {
             batching: batch::Batchings::new(cfg.batch_in_flight, cfg.batch_max_ops),
             membership: redis::Script::new(MEMBERSHIP_LUA),
             resets: redis::Script::new(resets::RESETS_LUA),
+            regions: redis::Script::new(regions::REGIONS_LUA),
         })
     }
 

@@ -98,7 +98,7 @@ impl RedisStore {
         })
     }
 
-    fn any_conn(&self) -> Result<super::connect::Conn, StoreError> {
+    pub(super) fn any_conn(&self) -> Result<super::connect::Conn, StoreError> {
         match self.pool.pick() {
             Some(picked) => Ok((*picked.conn).clone()),
             None => Err(StoreError::new(
@@ -110,7 +110,7 @@ impl RedisStore {
 }
 
 /// `call`, given up after `timeout`.
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     timeout: Duration,
     call: impl std::future::Future<Output = redis::RedisResult<T>>,
     what: &str,

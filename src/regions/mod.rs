@@ -1,0 +1,466 @@
+//! One quota across regions: `global: true` limits, each region's bucket held to the share of
+//! the limit its demand earns, the shares agreed through a global store that no decision waits
+//! for. Doorman's rate leases, one level above a region's own exact buckets.
+//!
+//! # How it flows
+//!
+//! - **A decision** ([`Shares::scale`], from the limiter's plan): a global limit's op goes to
+//!   this region's own store as always, its token bucket scaled to this region's share of the
+//!   key (`quota::share::region_part`: capacity and refill × share), and its cost is counted as
+//!   this replica's demand for the key. Nothing here calls the global store.
+//! - **An exchange** ([`run`], every `region_exchange_ms` on every replica): the region's
+//!   heartbeat, then, for each global key this replica saw asked for, its demand (over one
+//!   window of the limit, as a share of it) written to the global store, and every region's
+//!   total demand read back (`lua/regions.lua`). Each replica works out its region's share
+//!   from that with the same rule ([`allocate`]), so the replicas of a region agree.
+//! - **A share that grows** takes effect one exchange later (the smaller of the last two
+//!   answers), so that the regions whose shares shrink, which may exchange up to an interval
+//!   later, have shrunk first; a share that shrinks takes effect at once.
+//! - **No global contact** for `region_lease_ms`, counted from when the last heartbeat that was
+//!   answered was sent: every global key of the region is held to its **partition share**,
+//!   `1/R` of the limit. The others count this region at that share once its heartbeat (which
+//!   lasts a lease from when the global store wrote it, after it was sent) has ended, and grow
+//!   one exchange after that: so this region has dropped to its third before anyone takes the
+//!   rest. A key first seen before any exchange for it holds the **floor**
+//!   (`region_floor` × `1/R`).
+//!
+//! # Bounds
+//!
+//! At every moment the shares of a key add up to at most the whole limit (`allocate.rs`; the
+//! partition rule and the delayed growth keep that while shares move, as long as exchanges run
+//! about on time). Each region's bucket admits at most its share of the capacity plus its share
+//! of the refill, so over any window of the limit's length the regions together admit at most
+//! what one bucket of the limit would: its capacity plus one window's refill. docs/regions.md
+//! states the bound and what a late exchange or a partition adds.
+//!
+//! # Memory
+//!
+//! At most [`MAX_KEYS`] keys are tracked per replica; a key past that holds the floor (never
+//! more than its due). A key not asked for within a lease is dropped.
+
+mod allocate;
+
+pub use allocate::{HEADROOM, RegionDemand, WHOLE, allocate};
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::quota::OpKind;
+use crate::quota::share::region_part;
+use crate::store::redis::RedisStore;
+use crate::telemetry::{RegionMetrics, ResultLabels};
+
+/// Global keys tracked per replica at most.
+pub const MAX_KEYS: usize = 100_000;
+
+/// How a replica takes part in sharing global limits (built from the settings by `configs.rs`).
+#[derive(Clone, Debug)]
+pub struct RegionConfig {
+    /// This region's name, one of `regions`.
+    pub region: String,
+    /// Every region sharing the global limits.
+    pub regions: Vec<String>,
+    /// How often a replica exchanges demand with the global store.
+    pub exchange: Duration,
+    /// How long a region's shares hold without global contact.
+    pub lease: Duration,
+    /// The share of its partition share each region always holds (0 to 1).
+    pub floor: f64,
+    /// Where the regions' heartbeats live in the global store (`<key_prefix>{regions}`).
+    pub beat_key: String,
+    /// This replica's id (host, process, random).
+    pub replica: String,
+}
+
+/// This replica's view of its region's shares of the global keys.
+#[derive(Debug)]
+pub struct Shares {
+    config: RegionConfig,
+    clock: Clock,
+    keys: RwLock<HashMap<String, Arc<KeyShare>>>,
+    /// When the last heartbeat the global store answered was sent (monotonic ms).
+    contact_ms: AtomicU64,
+    /// When the demand was last taken (monotonic ms): demand is asked over the time since.
+    counted_ms: AtomicU64,
+    partition_ppm: u32,
+    floor_ppm: u32,
+    metrics: RegionMetrics,
+}
+
+#[derive(Debug)]
+struct KeyShare {
+    /// The share in force (parts per million).
+    effective: AtomicU32,
+    /// The last share worked out: a larger one takes effect only when it is worked out twice.
+    computed: AtomicU32,
+    /// Tokens asked for since the last exchange.
+    asked: AtomicU64,
+    /// The limit: its refill per window (what a share is a share of).
+    refill: u64,
+    window_ms: u64,
+    /// When it was last asked for (monotonic ms).
+    seen_ms: AtomicU64,
+}
+
+impl Shares {
+    pub fn new(config: RegionConfig, clock: Clock, metrics: RegionMetrics) -> Shares {
+        let n = config.regions.len().max(1) as u64;
+        let partition_ppm = (WHOLE / n) as u32;
+        let floor_ppm = (f64::from(partition_ppm) * config.floor.clamp(0.0, 1.0)).floor() as u32;
+        let now = clock.mono_ms();
+        Shares {
+            config,
+            clock,
+            keys: RwLock::new(HashMap::new()),
+            contact_ms: AtomicU64::new(now),
+            counted_ms: AtomicU64::new(now),
+            partition_ppm,
+            floor_ppm,
+            metrics,
+        }
+    }
+
+    pub fn config(&self) -> &RegionConfig {
+        &self.config
+    }
+
+    /// Whether the region holds every global key at its partition share now: no heartbeat
+    /// answered of those sent within a lease.
+    pub fn partitioned(&self) -> bool {
+        self.partitioned_at(self.clock.mono_ms())
+    }
+
+    fn partitioned_at(&self, now: u64) -> bool {
+        now.saturating_sub(self.contact_ms.load(Ordering::Relaxed))
+            > self.config.lease.as_millis() as u64
+    }
+
+    /// The op kind of global bucket `key` in this region (`kind` scaled to the region's share),
+    /// counting `cost` as this replica's demand for it.
+    pub fn scale(&self, key: &str, kind: OpKind, cost: u64) -> OpKind {
+        let now = self.clock.mono_ms();
+        let ppm = self.share_of(key, kind, cost, now);
+        region_part(kind, ppm)
+    }
+
+    fn share_of(&self, key: &str, kind: OpKind, cost: u64, now: u64) -> u32 {
+        let partitioned = self.partitioned_at(now);
+        let found = read(&self.keys).get(key).cloned();
+        let entry = match found {
+            Some(e) => Some(e),
+            None => {
+                let OpKind::TokenBucket {
+                    refill, window_ms, ..
+                } = kind
+                else {
+                    return WHOLE as u32;
+                };
+                let mut keys = write(&self.keys);
+                if keys.len() >= MAX_KEYS && !keys.contains_key(key) {
+                    None
+                } else {
+                    Some(
+                        keys.entry(key.to_string())
+                            .or_insert_with(|| {
+                                Arc::new(KeyShare {
+                                    effective: AtomicU32::new(self.floor_ppm),
+                                    computed: AtomicU32::new(self.floor_ppm),
+                                    asked: AtomicU64::new(0),
+                                    refill,
+                                    window_ms,
+                                    seen_ms: AtomicU64::new(now),
+                                })
+                            })
+                            .clone(),
+                    )
+                }
+            }
+        };
+        let Some(e) = entry else {
+            return if partitioned {
+                self.partition_ppm
+            } else {
+                self.floor_ppm
+            };
+        };
+        e.asked.fetch_add(cost, Ordering::Relaxed);
+        e.seen_ms.store(now, Ordering::Relaxed);
+        if partitioned {
+            self.partition_ppm
+        } else {
+            e.effective.load(Ordering::Relaxed)
+        }
+    }
+
+    /// One exchange with the global store: the heartbeat, then each key asked for since the
+    /// last one. Errors leave the shares as they were (until the partition rule takes over).
+    pub async fn exchange(&self, global: &RedisStore) {
+        let now = self.clock.mono_ms();
+        if self.partitioned_at(now) {
+            // Held at the partition share meanwhile: never more than that once contact is
+            // back, until the exchanges have let it grow again.
+            for e in read(&self.keys).values() {
+                e.effective.fetch_min(self.partition_ppm, Ordering::Relaxed);
+                e.computed.fetch_min(self.partition_ppm, Ordering::Relaxed);
+            }
+        }
+        let cfg = &self.config;
+        // No call of an exchange outlives the interval (at least a second): a global store
+        // that does not answer must not hold the next exchange, or the partition rule, up.
+        let bound = cfg.exchange.max(Duration::from_secs(1));
+        let beat = global
+            .region_beat(
+                &cfg.beat_key,
+                &cfg.region,
+                cfg.lease.as_millis() as u64,
+                bound,
+            )
+            .await;
+        let alive = match beat {
+            Ok(alive) => {
+                // From when it was sent: the global store wrote it after that.
+                self.contact_ms.fetch_max(now, Ordering::Relaxed);
+                self.count(true);
+                alive
+            }
+            Err(e) => {
+                self.count(false);
+                tracing::debug!(error = %e, "region heartbeat failed");
+                self.observe(now);
+                return;
+            }
+        };
+        // The keys asked for since the demand was last taken (over the time since: an
+        // exchange's own round trips make it longer than the interval), and the ones to forget.
+        let lease_ms = cfg.lease.as_millis() as u64;
+        let exchange_ms = (cfg.exchange.as_millis() as u64).max(1);
+        let mut asked: Vec<(String, Arc<KeyShare>, u64)> = Vec::new();
+        let over_ms;
+        {
+            let mut keys = write(&self.keys);
+            let taken = self.clock.mono_ms();
+            over_ms = taken
+                .saturating_sub(self.counted_ms.swap(taken, Ordering::Relaxed))
+                .max(1);
+            keys.retain(|key, e| {
+                let n = e.asked.swap(0, Ordering::Relaxed);
+                if n > 0 {
+                    asked.push((key.clone(), e.clone(), n));
+                }
+                n > 0 || now.saturating_sub(e.seen_ms.load(Ordering::Relaxed)) <= lease_ms
+            });
+        }
+        let ttl = 3 * exchange_ms;
+        for chunk in asked.chunks(64) {
+            let calls = chunk.iter().map(|(key, e, n)| {
+                // Tokens asked over one window of the limit, as parts per million of its refill.
+                let per_window = u128::from(*n) * u128::from(e.window_ms) / u128::from(over_ms);
+                let demand = (per_window * u128::from(WHOLE) / u128::from(e.refill.max(1)))
+                    .min(u128::from(u64::MAX)) as u64;
+                let demand_key = format!("{key}|regions");
+                async move {
+                    global
+                        .region_demand(&demand_key, &cfg.region, &cfg.replica, demand, ttl, bound)
+                        .await
+                }
+            });
+            let answers = futures_util::future::join_all(calls).await;
+            for ((_, e, _), answer) in chunk.iter().zip(answers) {
+                match answer {
+                    Ok(totals) => self.settle(e, &alive, &totals),
+                    Err(_) => self.count(false),
+                }
+            }
+        }
+        self.observe(self.clock.mono_ms());
+    }
+
+    /// Puts one key's exchange in: its region's share from every region's demand (`totals`)
+    /// and which regions are heard from (`alive`). Growth waits one exchange; shrinking is at
+    /// once.
+    fn settle(&self, e: &KeyShare, alive: &[String], totals: &[(String, u64)]) {
+        let cfg = &self.config;
+        let views: Vec<RegionDemand> = cfg
+            .regions
+            .iter()
+            .map(|name| RegionDemand {
+                reachable: *name == cfg.region || alive.contains(name),
+                demand_ppm: totals
+                    .iter()
+                    .find(|(r, _)| r == name)
+                    .map_or(0, |(_, d)| *d),
+            })
+            .collect();
+        let shares = allocate(&views, cfg.floor);
+        let mine = cfg
+            .regions
+            .iter()
+            .position(|r| *r == cfg.region)
+            .map_or(self.floor_ppm, |i| shares[i]);
+        let before = e.computed.swap(mine, Ordering::Relaxed);
+        e.effective.store(mine.min(before), Ordering::Relaxed);
+        self.metrics
+            .share
+            .observe(f64::from(mine.min(before)) / WHOLE as f64);
+    }
+
+    fn count(&self, ok: bool) {
+        self.metrics
+            .exchanges
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+
+    fn observe(&self, now: u64) {
+        let age = now.saturating_sub(self.contact_ms.load(Ordering::Relaxed));
+        self.metrics.contact_age.set(age as f64 / 1000.0);
+        self.metrics
+            .partitioned
+            .set(i64::from(self.partitioned_at(now)));
+        self.metrics.keys.set(read(&self.keys).len() as i64);
+    }
+}
+
+/// Exchanges every `region_exchange_ms` until `stop`.
+pub async fn run(
+    shares: Arc<Shares>,
+    global: Arc<RedisStore>,
+    clock: Clock,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    loop {
+        shares.exchange(&global).await;
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = clock.sleep(shares.config.exchange) => {}
+        }
+    }
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // Every change under this lock is one step: a panic leaves it consistent.
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::Metrics;
+
+    const KEY: &str = "t:{d|tenant=a|tb:1000:100}";
+
+    fn shares(clock: &Clock) -> Shares {
+        Shares::new(
+            RegionConfig {
+                region: "eu".into(),
+                regions: vec!["us".into(), "eu".into(), "ap".into()],
+                exchange: Duration::from_millis(1_000),
+                lease: Duration::from_millis(10_000),
+                floor: 0.1,
+                beat_key: "t:{regions}".into(),
+                replica: "r1".into(),
+            },
+            clock.clone(),
+            Metrics::new().regions.clone(),
+        )
+    }
+
+    fn bucket() -> OpKind {
+        OpKind::TokenBucket {
+            capacity: 100,
+            refill: 100,
+            window_ms: 1_000,
+        }
+    }
+
+    fn capacity(kind: OpKind) -> u64 {
+        match kind {
+            OpKind::TokenBucket { capacity, .. } => capacity,
+            _ => unreachable!(),
+        }
+    }
+
+    fn all_alive() -> Vec<String> {
+        vec!["us".into(), "eu".into(), "ap".into()]
+    }
+
+    #[test]
+    fn a_new_key_holds_the_floor_and_a_larger_share_waits_one_exchange() {
+        let clock = Clock::manual(1_700_000_000_000);
+        let s = shares(&clock);
+        // Floor: a tenth of a third.
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3);
+        let e = read(&s.keys).get(KEY).cloned().unwrap();
+        assert_eq!(e.asked.load(Ordering::Relaxed), 1);
+        // Only eu asks: what it asks (with the headroom) and a third of what nobody asks for,
+        // one exchange later: 33,333 + 566,667 + 111,111.
+        let totals = [("eu".to_string(), 500_000)];
+        s.settle(&e, &all_alive(), &totals);
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3, "growth waits");
+        s.settle(&e, &all_alive(), &totals);
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 71);
+        // us asks for far more: the two split what is past the floors, and eu shrinks at once.
+        let totals = [("eu".to_string(), 500_000), ("us".to_string(), 5_000_000)];
+        s.settle(&e, &all_alive(), &totals);
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 48);
+    }
+
+    #[test]
+    fn a_region_not_heard_from_is_kept_its_third_and_so_is_this_one_when_cut_off() {
+        let clock = Clock::manual(1_700_000_000_000);
+        let s = shares(&clock);
+        s.scale(KEY, bucket(), 1);
+        let e = read(&s.keys).get(KEY).cloned().unwrap();
+        // ap is silent: a third kept for it; us asks for everything.
+        let alive = vec!["us".to_string(), "eu".to_string()];
+        let totals = [("us".to_string(), 5_000_000), ("eu".to_string(), 5_000_000)];
+        s.settle(&e, &alive, &totals);
+        s.settle(&e, &alive, &totals);
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 33);
+        // No heartbeat answered of those sent within the lease: this region holds its third.
+        clock.advance_ms(9_900);
+        assert!(!s.partitioned());
+        clock.advance_ms(200);
+        assert!(s.partitioned());
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 33);
+        // A key first seen while cut off holds the third too.
+        assert_eq!(
+            capacity(s.scale("t:{d|tenant=b|tb:1000:100}", bucket(), 1)),
+            33
+        );
+    }
+
+    #[test]
+    fn past_the_key_cap_a_key_holds_the_floor_untracked() {
+        let clock = Clock::manual(1_700_000_000_000);
+        let s = shares(&clock);
+        {
+            let mut keys = write(&s.keys);
+            for i in 0..MAX_KEYS {
+                keys.insert(
+                    format!("k{i}"),
+                    Arc::new(KeyShare {
+                        effective: AtomicU32::new(0),
+                        computed: AtomicU32::new(0),
+                        asked: AtomicU64::new(0),
+                        refill: 1,
+                        window_ms: 1,
+                        seen_ms: AtomicU64::new(0),
+                    }),
+                );
+            }
+        }
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3);
+        assert!(!read(&s.keys).contains_key(KEY));
+    }
+}
