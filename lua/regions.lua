@@ -1,12 +1,14 @@
 -- regions.lua: what the regions sharing global limits tell each other, in the global store
 -- (`src/regions/`). Every replica of every region calls it once per exchange interval: once
--- to say its region is alive, and once per global key it saw asked for, with that demand.
--- Times are the global store's own (TIME), so the regions' clocks never meet.
+-- to say it is alive, and once per global key it saw asked for, with that demand. Times are
+-- the global store's own (TIME), so the regions' clocks never meet.
 --
--- ARGV[1] = 'beat'
---   KEYS[1]  the regions' heartbeats, a hash: region -> the ms its beat lasts until
---   ARGV[2]  this region's name, ARGV[3] how long its beat lasts (ms)
---   Returns: a flat list of the regions alive now, name then ms left.
+-- ARGV[1] = 'beat' (or 'leave', at a graceful stop: the replica's entry goes)
+--   KEYS[1]  the heartbeats, a hash: '<region>|<replica>' -> the ms its beat lasts until
+--   ARGV[2]  this region's name, ARGV[3] this replica's id, ARGV[4] how long its beat lasts
+--            (ms), ARGV[5] how long an ended beat is remembered (ms)
+--   Returns: a flat list, for every replica heard from within the memory: its region, then
+--   the ms its beat has left (0 or less: ended, the replica is not heard from).
 --
 -- ARGV[1] = 'demand'
 --   KEYS[1]  one global key's demand, a hash: '<region>|<replica>' -> '<demand>|<until ms>'
@@ -17,41 +19,50 @@
 --   has not ended, summed).
 --
 -- Region names and replica ids never contain '|' (the settings check the names; a replica id
--- is host and process).
+-- is host, process and a random number). An entry of another shape is skipped.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local field = ARGV[2] .. '|' .. ARGV[3]
+
+if ARGV[1] == 'leave' then
+  redis.call('HDEL', KEYS[1], field)
+  return {}
+end
 
 if ARGV[1] == 'beat' then
-  local ttl = tonumber(ARGV[3])
-  redis.call('HSET', KEYS[1], ARGV[2], now + ttl)
+  local ttl, memory = tonumber(ARGV[4]), tonumber(ARGV[5])
+  redis.call('HSET', KEYS[1], field, now + ttl)
   local all = redis.call('HGETALL', KEYS[1])
   local out = {}
   for i = 1, #all, 2 do
-    local left = tonumber(all[i + 1]) - now
-    if left > 0 then
-      out[#out + 1] = all[i]
-      out[#out + 1] = left
-    elseif left < -86400000 then
-      -- A region gone a day: its entry goes (it is counted as not heard from either way).
+    local bar = string.find(all[i], '|', 1, true)
+    local left = (tonumber(all[i + 1]) or 0) - now
+    if not bar or left < -memory then
       redis.call('HDEL', KEYS[1], all[i])
+    else
+      out[#out + 1] = string.sub(all[i], 1, bar - 1)
+      out[#out + 1] = left
     end
   end
+  redis.call('PEXPIRE', KEYS[1], ttl + memory)
   return out
 end
 
 local ttl = tonumber(ARGV[5])
-redis.call('HSET', KEYS[1], ARGV[2] .. '|' .. ARGV[3], ARGV[4] .. '|' .. (now + ttl))
+redis.call('HSET', KEYS[1], field, ARGV[4] .. '|' .. (now + ttl))
 local all = redis.call('HGETALL', KEYS[1])
 local totals, order = {}, {}
 for i = 1, #all, 2 do
-  local field, value = all[i], all[i + 1]
+  local name, value = all[i], all[i + 1]
   local bar = string.find(value, '|', 1, true)
-  local demand, until_ms = tonumber(string.sub(value, 1, bar - 1)), tonumber(string.sub(value, bar + 1))
-  if until_ms <= now then
-    redis.call('HDEL', KEYS[1], field)
+  local sep = string.find(name, '|', 1, true)
+  local demand = bar and tonumber(string.sub(value, 1, bar - 1))
+  local until_ms = bar and tonumber(string.sub(value, bar + 1))
+  if not (sep and demand and until_ms) or until_ms <= now then
+    redis.call('HDEL', KEYS[1], name)
   else
-    local region = string.sub(field, 1, string.find(field, '|', 1, true) - 1)
+    local region = string.sub(name, 1, sep - 1)
     if not totals[region] then
       totals[region] = 0
       order[#order + 1] = region

@@ -71,21 +71,15 @@ descriptors:
 YAML
 }
 
-# EVALSHA + EVAL calls so far (INFO commandstats), summed over the Redis servers on the ports.
-script_usec() { # ports…: µs Redis spent in script calls so far (INFO commandstats, its own count: the script's work, not the protocol's)
-  local total=0 n
+# What Redis counted of its script calls (INFO commandstats), summed over the servers on the ports.
+script_stat() { # field ports…: INFO commandstats' <field> (calls, usec) of EVALSHA and EVAL, summed over the ports
+  local field=$1 total=0 n; shift
   for p in "$@"; do
-    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s += $5} END {print s+0}')
+    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[:=,]' -v f="$field" \
+      '/^cmdstat_(evalsha|eval):/ { for (i = 2; i < NF; i += 2) if ($i == f) s += $(i + 1) } END {print s+0}')
     total=$((total + n))
   done
   echo "$total"
 }
-
-script_calls() { # ports…
-  local total=0 n
-  for p in "$@"; do
-    n=$(redis-cli -p "$p" info commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {s += $3} END {print s+0}')
-    total=$((total + n))
-  done
-  echo "$total"
-}
+script_calls() { script_stat calls "$@"; } # ports…: script calls so far
+script_usec() { script_stat usec "$@"; }   # ports…: µs Redis spent inside script calls so far (its own count: the scripts' work, not the protocol's)

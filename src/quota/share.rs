@@ -106,9 +106,9 @@ pub fn shard_part(kind: OpKind, shards: u32, i: u32) -> OpKind {
 /// limit (`regions/`). The capacity is rounded down; the refill keeps its exact rate by
 /// stretching the window instead (`refill × ppm` per `window × 1,000,000`, reduced), unless
 /// those numbers would pass what a double holds exactly (2^53, Lua's numbers), when the refill
-/// is rounded down instead. A share is at least one part per million, so the refill is never 0
-/// (a share of nothing refuses everything by its capacity of 0, and still refills a trickle
-/// the scripts can divide by). Shares of one limit never add up past it. Other kinds are not
+/// is rounded down instead. The refill is never 0 (the scripts divide by it): a share of
+/// nothing refuses everything by its capacity of 0, and still refills a trickle. Shares of one
+/// limit never add up past it. Other kinds are not
 /// shared (the rules refuse `global` on them) and pass unchanged.
 pub fn region_part(kind: OpKind, ppm: u32) -> OpKind {
     let OpKind::TokenBucket {
@@ -120,15 +120,17 @@ pub fn region_part(kind: OpKind, ppm: u32) -> OpKind {
         return kind;
     };
     const WHOLE: u64 = 1_000_000;
+    let capacity =
+        (u128::from(capacity) * u128::from(u64::from(ppm).min(WHOLE)) / u128::from(WHOLE)) as u64;
+    // The refill's share: at least one part per million, so it is never 0.
     let ppm = u64::from(ppm).clamp(1, WHOLE);
-    let capacity = (u128::from(capacity) * u128::from(ppm) / u128::from(WHOLE)) as u64;
-    let g = gcd(ppm.max(1), WHOLE);
+    let g = gcd(ppm, WHOLE);
     let (num, den) = (ppm / g, WHOLE / g);
     const EXACT: u64 = 1 << 53;
     let (refill, window_ms) = match (refill.checked_mul(num), window_ms.checked_mul(den)) {
         (Some(r), Some(w)) if r < EXACT && w < EXACT => (r, w),
         _ => (
-            (u128::from(refill) * u128::from(ppm) / u128::from(WHOLE)) as u64,
+            ((u128::from(refill) * u128::from(ppm) / u128::from(WHOLE)) as u64).max(1),
             window_ms,
         ),
     };

@@ -16,22 +16,30 @@
 //! - **A share that grows** takes effect one exchange later (the smaller of the last two
 //!   answers), so that the regions whose shares shrink, which may exchange up to an interval
 //!   later, have shrunk first; a share that shrinks takes effect at once.
-//! - **No global contact** for `region_lease_ms`, counted from when the last heartbeat that was
-//!   answered was sent: every global key of the region is held to its **partition share**,
-//!   `1/R` of the limit. The others count this region at that share once its heartbeat (which
-//!   lasts a lease from when the global store wrote it, after it was sent) has ended, and grow
-//!   one exchange after that: so this region has dropped to its third before anyone takes the
-//!   rest. A key first seen before any exchange for it holds the **floor**
-//!   (`region_floor` × `1/R`).
+//! - **Heartbeats are per replica.** A region is heard from when one of its replicas' beats
+//!   is live and none has ended within the last [`MEMORY_LEASES`] leases (a replica that stops
+//!   gracefully takes its entry out); otherwise every region counts it at its **partition
+//!   share**, `1/R` of the limit, since a replica of it may be serving on that share.
+//! - **A replica cut off** (no heartbeat answered of those sent within `region_lease_ms`) first
+//!   holds each key at the smaller of its share and `1/R`, which only shrinks; once the others
+//!   have seen its beat end and made room (a lease, a call's bound and two exchanges after its
+//!   last answered beat was sent) it holds `1/R`; and after [`MEMORY_LEASES`] leases, before the
+//!   others forget its ended beat, the floor. When heard from again it starts from at most
+//!   `1/R` and grows through the exchanges.
+//! - **A key this replica did not see asked for** since the last exchange drops to the floor
+//!   (it is not exchanged, and the others may grow into a share it no longer asks for). A key
+//!   first seen holds the floor (`region_floor` × `1/R`) until its exchanges say more.
 //!
 //! # Bounds
 //!
-//! At every moment the shares of a key add up to at most the whole limit (`allocate.rs`; the
-//! partition rule and the delayed growth keep that while shares move, as long as exchanges run
-//! about on time). Each region's bucket admits at most its share of the capacity plus its share
-//! of the refill, so over any window of the limit's length the regions together admit at most
-//! what one bucket of the limit would: its capacity plus one window's refill. docs/regions.md
-//! states the bound and what a late exchange or a partition adds.
+//! The shares of a key add up to at most the whole limit at every moment these rules keep
+//! (`allocate.rs`; a region not heard from is kept its partition share by everyone, a replica
+//! cut off steps down before anyone grows, growth waits an exchange), as long as exchanges run
+//! about on time. While they stand still, the regions' buckets together admit over any window
+//! of the limit's length at most what one bucket of the limit would: its capacity plus one
+//! window's refill. A share that grows can add its growth's part of the capacity once (a bucket
+//! with no state counts as full). docs/regions.md states the bound and what a late exchange or
+//! a partition adds.
 //!
 //! # Memory
 //!
@@ -47,6 +55,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use crate::clock::Clock;
 use crate::quota::OpKind;
 use crate::quota::share::region_part;
@@ -55,6 +65,17 @@ use crate::telemetry::{RegionMetrics, ResultLabels};
 
 /// Global keys tracked per replica at most.
 pub const MAX_KEYS: usize = 100_000;
+
+/// How long, in leases, an ended heartbeat is remembered in the global store: its region is
+/// counted at its partition share meanwhile, and a replica cut off that long drops to the floor.
+pub const MEMORY_LEASES: u64 = 10;
+
+/// Demand above this (parts per million of the limit: a million times the limit) is counted as
+/// this: the global store sums it in Lua's doubles.
+const MAX_DEMAND_PPM: u64 = 1_000_000_000_000;
+
+/// Demand calls to the global store in flight at once, per replica.
+const DEMAND_CALLS: usize = 64;
 
 /// How a replica takes part in sharing global limits (built from the settings by `configs.rs`).
 #[derive(Clone, Debug)]
@@ -88,6 +109,8 @@ pub struct Shares {
     partition_ppm: u32,
     floor_ppm: u32,
     metrics: RegionMetrics,
+    /// Said once: a heartbeat from a region not in `regions`.
+    warned_unknown: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -120,6 +143,7 @@ impl Shares {
             partition_ppm,
             floor_ppm,
             metrics,
+            warned_unknown: false.into(),
         }
     }
 
@@ -127,15 +151,44 @@ impl Shares {
         &self.config
     }
 
-    /// Whether the region holds every global key at its partition share now: no heartbeat
-    /// answered of those sent within a lease.
+    /// Whether this replica is cut off: no heartbeat answered of those sent within a lease.
     pub fn partitioned(&self) -> bool {
         self.partitioned_at(self.clock.mono_ms())
     }
 
     fn partitioned_at(&self, now: u64) -> bool {
+        self.contact_age(now) > self.config.lease.as_millis() as u64
+    }
+
+    fn contact_age(&self, now: u64) -> u64 {
         now.saturating_sub(self.contact_ms.load(Ordering::Relaxed))
-            > self.config.lease.as_millis() as u64
+    }
+
+    /// A key's share held now, from the share the exchanges gave it (`effective`): as given
+    /// while in contact; cut off, the smaller of it and the partition share until the others
+    /// have made room, then the partition share, then (before the others forget this
+    /// replica's ended beat) the floor.
+    fn held(&self, effective: u32, now: u64) -> u32 {
+        let age = self.contact_age(now);
+        let cfg = &self.config;
+        let lease = cfg.lease.as_millis() as u64;
+        if age <= lease {
+            return effective;
+        }
+        let room = lease + (self.bound() + 2 * cfg.exchange).as_millis() as u64;
+        if age <= room {
+            effective.min(self.partition_ppm)
+        } else if age <= MEMORY_LEASES * lease {
+            self.partition_ppm
+        } else {
+            self.floor_ppm
+        }
+    }
+
+    /// How long one call of an exchange may take (the interval, at least a second): a global
+    /// store that does not answer must not hold the next exchange up.
+    fn bound(&self) -> Duration {
+        self.config.exchange.max(Duration::from_secs(1))
     }
 
     /// The op kind of global bucket `key` in this region (`kind` scaled to the region's share),
@@ -147,7 +200,6 @@ impl Shares {
     }
 
     fn share_of(&self, key: &str, kind: OpKind, cost: u64, now: u64) -> u32 {
-        let partitioned = self.partitioned_at(now);
         let found = read(&self.keys).get(key).cloned();
         let entry = match found {
             Some(e) => Some(e),
@@ -180,63 +232,54 @@ impl Shares {
             }
         };
         let Some(e) = entry else {
-            return if partitioned {
-                self.partition_ppm
-            } else {
-                self.floor_ppm
-            };
+            return self.held(self.floor_ppm, now);
         };
         e.asked.fetch_add(cost, Ordering::Relaxed);
         e.seen_ms.store(now, Ordering::Relaxed);
-        if partitioned {
-            self.partition_ppm
-        } else {
-            e.effective.load(Ordering::Relaxed)
-        }
+        self.held(e.effective.load(Ordering::Relaxed), now)
     }
 
     /// One exchange with the global store: the heartbeat, then each key asked for since the
-    /// last one. Errors leave the shares as they were (until the partition rule takes over).
+    /// last one. Errors leave the shares as they were (until the cut-off rule takes over).
     pub async fn exchange(&self, global: &RedisStore) {
         let now = self.clock.mono_ms();
         if self.partitioned_at(now) {
-            // Held at the partition share meanwhile: never more than that once contact is
-            // back, until the exchanges have let it grow again.
+            // Held at most at the partition share meanwhile: never more than that once contact
+            // is back, until the exchanges have let it grow again.
             for e in read(&self.keys).values() {
                 e.effective.fetch_min(self.partition_ppm, Ordering::Relaxed);
                 e.computed.fetch_min(self.partition_ppm, Ordering::Relaxed);
             }
         }
         let cfg = &self.config;
-        // No call of an exchange outlives the interval (at least a second): a global store
-        // that does not answer must not hold the next exchange, or the partition rule, up.
-        let bound = cfg.exchange.max(Duration::from_secs(1));
+        let lease_ms = cfg.lease.as_millis() as u64;
         let beat = global
             .region_beat(
                 &cfg.beat_key,
-                &cfg.region,
-                cfg.lease.as_millis() as u64,
-                bound,
+                (&cfg.region, &cfg.replica),
+                lease_ms,
+                MEMORY_LEASES * lease_ms,
+                self.bound(),
             )
             .await;
-        let alive = match beat {
-            Ok(alive) => {
+        let beats = match beat {
+            Ok(beats) => {
                 // From when it was sent: the global store wrote it after that.
                 self.contact_ms.fetch_max(now, Ordering::Relaxed);
                 self.count(true);
-                alive
+                beats
             }
             Err(e) => {
                 self.count(false);
                 tracing::debug!(error = %e, "region heartbeat failed");
-                self.observe(now);
+                self.observe(self.clock.mono_ms());
                 return;
             }
         };
+        let reachable = self.reachable(&beats);
         // The keys asked for since the demand was last taken (over the time since: an
-        // exchange's own round trips make it longer than the interval), and the ones to forget.
-        let lease_ms = cfg.lease.as_millis() as u64;
-        let exchange_ms = (cfg.exchange.as_millis() as u64).max(1);
+        // exchange's own round trips make it longer than the interval); the others drop to the
+        // floor, and those not asked for within a lease are forgotten.
         let mut asked: Vec<(String, Arc<KeyShare>, u64)> = Vec::new();
         let over_ms;
         {
@@ -249,45 +292,81 @@ impl Shares {
                 let n = e.asked.swap(0, Ordering::Relaxed);
                 if n > 0 {
                     asked.push((key.clone(), e.clone(), n));
+                } else {
+                    e.effective.fetch_min(self.floor_ppm, Ordering::Relaxed);
+                    e.computed.fetch_min(self.floor_ppm, Ordering::Relaxed);
                 }
                 n > 0 || now.saturating_sub(e.seen_ms.load(Ordering::Relaxed)) <= lease_ms
             });
         }
-        let ttl = 3 * exchange_ms;
-        for chunk in asked.chunks(64) {
-            let calls = chunk.iter().map(|(key, e, n)| {
+        let bound = self.bound();
+        // Owned inputs: the calls' futures borrow nothing of `asked`.
+        let calls: Vec<(usize, String, u64)> = asked
+            .iter()
+            .enumerate()
+            .map(|(i, (key, e, n))| {
                 // Tokens asked over one window of the limit, as parts per million of its refill.
                 let per_window = u128::from(*n) * u128::from(e.window_ms) / u128::from(over_ms);
                 let demand = (per_window * u128::from(WHOLE) / u128::from(e.refill.max(1)))
-                    .min(u128::from(u64::MAX)) as u64;
-                let demand_key = format!("{key}|regions");
-                async move {
-                    global
-                        .region_demand(&demand_key, &cfg.region, &cfg.replica, demand, ttl, bound)
-                        .await
-                }
-            });
-            let answers = futures_util::future::join_all(calls).await;
-            for ((_, e, _), answer) in chunk.iter().zip(answers) {
-                match answer {
-                    Ok(totals) => self.settle(e, &alive, &totals),
-                    Err(_) => self.count(false),
-                }
+                    .min(u128::from(MAX_DEMAND_PPM)) as u64;
+                (i, format!("{key}|regions"), demand)
+            })
+            .collect();
+        let (region, replica) = (cfg.region.as_str(), cfg.replica.as_str());
+        let answers: Vec<_> = futures_util::stream::iter(calls)
+            .map(|(i, demand_key, demand)| async move {
+                let answer = global
+                    .region_demand(&demand_key, region, replica, demand, lease_ms, bound)
+                    .await;
+                (i, answer)
+            })
+            .buffer_unordered(DEMAND_CALLS)
+            .collect()
+            .await;
+        for (i, answer) in answers {
+            match answer {
+                Ok(totals) => self.settle(&asked[i].1, &reachable, &totals),
+                Err(_) => self.count(false),
             }
         }
         self.observe(self.clock.mono_ms());
     }
 
+    /// Whether each region of `regions` is heard from: one of its replicas' beats live, and
+    /// none ended within the memory.
+    fn reachable(&self, beats: &[(String, i64)]) -> Vec<bool> {
+        let cfg = &self.config;
+        if let Some((unknown, _)) = beats.iter().find(|(r, _)| !cfg.regions.contains(r))
+            && !self.warned_unknown.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                region = %unknown,
+                regions = ?cfg.regions,
+                "a region not in this replica's `regions` shares the global store: every region must list the same regions, or their partition shares do not add up"
+            );
+        }
+        cfg.regions
+            .iter()
+            .map(|name| {
+                let mine = beats.iter().filter(|(r, _)| r == name);
+                let live = mine.clone().any(|(_, left)| *left > 0);
+                let ended = mine.clone().any(|(_, left)| *left <= 0);
+                live && !ended
+            })
+            .collect()
+    }
+
     /// Puts one key's exchange in: its region's share from every region's demand (`totals`)
-    /// and which regions are heard from (`alive`). Growth waits one exchange; shrinking is at
-    /// once.
-    fn settle(&self, e: &KeyShare, alive: &[String], totals: &[(String, u64)]) {
+    /// and which regions are heard from (`reachable`, in the order of `regions`). Growth waits
+    /// one exchange; shrinking is at once.
+    fn settle(&self, e: &KeyShare, reachable: &[bool], totals: &[(String, u64)]) {
         let cfg = &self.config;
         let views: Vec<RegionDemand> = cfg
             .regions
             .iter()
-            .map(|name| RegionDemand {
-                reachable: *name == cfg.region || alive.contains(name),
+            .zip(reachable)
+            .map(|(name, &reachable)| RegionDemand {
+                reachable,
                 demand_ppm: totals
                     .iter()
                     .find(|(r, _)| r == name)
@@ -337,9 +416,18 @@ pub async fn run(
     loop {
         shares.exchange(&global).await;
         tokio::select! {
-            _ = &mut stop => return,
+            _ = &mut stop => break,
             _ = clock.sleep(shares.config.exchange) => {}
         }
+    }
+    // A graceful stop: this replica's beat goes, so its region is not counted as one whose
+    // replica fell silent (which keeps its partition share for it).
+    let cfg = &shares.config;
+    if let Err(e) = global
+        .region_leave(&cfg.beat_key, (&cfg.region, &cfg.replica), shares.bound())
+        .await
+    {
+        tracing::debug!(error = %e, "could not leave the regions' heartbeat");
     }
 }
 
@@ -390,9 +478,7 @@ mod tests {
         }
     }
 
-    fn all_alive() -> Vec<String> {
-        vec!["us".into(), "eu".into(), "ap".into()]
-    }
+    const ALL: [bool; 3] = [true, true, true];
 
     #[test]
     fn a_new_key_holds_the_floor_and_a_larger_share_waits_one_exchange() {
@@ -405,39 +491,58 @@ mod tests {
         // Only eu asks: what it asks (with the headroom) and a third of what nobody asks for,
         // one exchange later: 33,333 + 566,667 + 111,111.
         let totals = [("eu".to_string(), 500_000)];
-        s.settle(&e, &all_alive(), &totals);
+        s.settle(&e, &ALL, &totals);
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3, "growth waits");
-        s.settle(&e, &all_alive(), &totals);
+        s.settle(&e, &ALL, &totals);
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 71);
         // us asks for far more: the two split what is past the floors, and eu shrinks at once.
         let totals = [("eu".to_string(), 500_000), ("us".to_string(), 5_000_000)];
-        s.settle(&e, &all_alive(), &totals);
+        s.settle(&e, &ALL, &totals);
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 48);
     }
 
     #[test]
-    fn a_region_not_heard_from_is_kept_its_third_and_so_is_this_one_when_cut_off() {
+    fn a_region_not_heard_from_is_kept_its_third_and_a_replica_cut_off_steps_down_then_to_it() {
         let clock = Clock::manual(1_700_000_000_000);
         let s = shares(&clock);
         s.scale(KEY, bucket(), 1);
         let e = read(&s.keys).get(KEY).cloned().unwrap();
-        // ap is silent: a third kept for it; us asks for everything.
-        let alive = vec!["us".to_string(), "eu".to_string()];
+        // ap is not heard from: a third kept for it; us and eu ask for everything.
         let totals = [("us".to_string(), 5_000_000), ("eu".to_string(), 5_000_000)];
-        s.settle(&e, &alive, &totals);
-        s.settle(&e, &alive, &totals);
+        let heard = [true, true, false];
+        s.settle(&e, &heard, &totals);
+        s.settle(&e, &heard, &totals);
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 33);
-        // No heartbeat answered of those sent within the lease: this region holds its third.
+        let new_key = "t:{d|tenant=b|tb:1000:100}";
+        // Cut off (no beat answered of those sent within the lease): first the smaller of its
+        // share and a third, a new key the floor…
         clock.advance_ms(9_900);
         assert!(!s.partitioned());
         clock.advance_ms(200);
         assert!(s.partitioned());
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 33);
-        // A key first seen while cut off holds the third too.
-        assert_eq!(
-            capacity(s.scale("t:{d|tenant=b|tb:1000:100}", bucket(), 1)),
-            33
-        );
+        assert_eq!(capacity(s.scale(new_key, bucket(), 1)), 3);
+        // …once the others have made room (a lease, a call's bound, two exchanges), a third…
+        clock.advance_ms(3_000);
+        assert_eq!(capacity(s.scale(new_key, bucket(), 1)), 33);
+        // …and the floor before the others forget its ended beat.
+        clock.advance_ms(MEMORY_LEASES * 10_000);
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3);
+    }
+
+    #[test]
+    fn a_region_is_heard_from_while_a_beat_lives_and_none_ended_lately() {
+        let clock = Clock::manual(1_700_000_000_000);
+        let s = shares(&clock);
+        let beats = [
+            ("us".to_string(), 900),
+            ("us".to_string(), 4_000),
+            ("eu".to_string(), 800),
+            ("eu".to_string(), -50),
+            ("mars".to_string(), 500),
+        ];
+        // eu has a replica whose beat ended: counted at its partition share; ap is silent.
+        assert_eq!(s.reachable(&beats), [true, false, false]);
     }
 
     #[test]

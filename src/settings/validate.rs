@@ -32,18 +32,10 @@ impl Settings {
     /// The store URL's scheme, and no credentials in a unix socket URL's query.
     fn check_store_url(&self) -> Result<(), SettingsError> {
         if self.store != "memory"
-            && ![
-                "redis://",
-                "rediss://",
-                "redis+cluster://",
-                "rediss+cluster://",
-                "redis+sentinel://",
-                "rediss+sentinel://",
-                "redis+unix://",
-                "unix://",
-            ]
-            .iter()
-            .any(|s| self.store.starts_with(s))
+            && !NETWORK_SCHEMES
+                .iter()
+                .chain(&["redis+unix://", "unix://"])
+                .any(|s| self.store.starts_with(s))
         {
             return bad("store", &store_hint(&self.store));
         }
@@ -316,16 +308,9 @@ impl Settings {
         if self.global_store.is_empty() {
             return Ok(());
         }
-        if ![
-            "redis://",
-            "rediss://",
-            "redis+cluster://",
-            "rediss+cluster://",
-            "redis+sentinel://",
-            "rediss+sentinel://",
-        ]
-        .iter()
-        .any(|s| self.global_store.starts_with(s))
+        if !NETWORK_SCHEMES
+            .iter()
+            .any(|s| self.global_store.starts_with(s))
         {
             return bad(
                 "global_store",
@@ -427,6 +412,16 @@ impl Settings {
 }
 
 /// The error for `key`, with why.
+/// The Redis URL schemes over the network (the store also takes a unix socket's).
+const NETWORK_SCHEMES: [&str; 6] = [
+    "redis://",
+    "rediss://",
+    "redis+cluster://",
+    "rediss+cluster://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+];
+
 fn bad(key: &'static str, message: &str) -> Result<(), SettingsError> {
     Err(SettingsError::Invalid {
         key,

@@ -216,7 +216,7 @@ pub struct RegionMetrics {
     pub exchanges: Family<ResultLabels, Counter>,
     /// Seconds since the global store last answered this replica.
     pub contact_age: Gauge<f64, std::sync::atomic::AtomicU64>,
-    /// 1 while this region holds every global key at its partition share.
+    /// 1 while this replica is cut off from the global store.
     pub partitioned: Gauge,
     /// Global keys this replica tracks.
     pub keys: Gauge,
@@ -486,7 +486,7 @@ impl Metrics {
         );
         registry.register(
             REGION_PARTITIONED,
-            "1 while this region holds every global limit at its partition share (no heartbeat answered by the global store within region_lease_ms)",
+            "1 while this replica is cut off from the global store (no heartbeat answered within region_lease_ms): its global limits step down to at most their partition share",
             regions.partitioned.clone(),
         );
         registry.register(

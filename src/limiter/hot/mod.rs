@@ -389,8 +389,11 @@ impl HotKeys {
         // `charge_parent` node's, on a limit whose takes may be leased), are never leased, nor
         // is a fixed window's reservation (its refusal must count nothing: its own script). A
         // refund goes to the shared bucket, where the tokens it gives back were taken (a lease
-        // holds tokens already out of it).
-        if limit.overdraft || matches!(op.action, Action::Return | Action::Charge | Action::Reserve)
+        // holds tokens already out of it). A global limit's share moves with the regions'
+        // demand, and leased tokens would outlast a share that shrinks.
+        if limit.overdraft
+            || limit.global
+            || matches!(op.action, Action::Return | Action::Charge | Action::Reserve)
         {
             return None;
         }

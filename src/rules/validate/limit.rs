@@ -326,8 +326,9 @@ impl FileWalk<'_> {
 
     /// `global: true`: one quota across regions, each region's bucket scaled to its share
     /// (`regions/`). A token bucket only (a share scales its capacity and refill, which a
-    /// window's count cannot follow), whole (no shards) and without overdraft (a debt would be
-    /// owed to a share that moves).
+    /// window's count cannot follow), whole (no shards), without overdraft (a debt would be
+    /// owed to a share that moves) and never leased (leased tokens outlast a shrinking share;
+    /// global leasing passes global limits by).
     fn global(
         &mut self,
         f: &Fields<'_>,
@@ -337,6 +338,7 @@ impl FileWalk<'_> {
         overdraft: bool,
         rate: Option<Rate>,
     ) -> bool {
+        let leased = f.get("lease").is_some();
         let Some(n) = f.get("global") else {
             return false;
         };
@@ -357,6 +359,11 @@ impl FileWalk<'_> {
             Some("not with shards: a region's share is one bucket (drop `shards`)".into())
         } else if overdraft {
             Some("not with overdraft: a debt would be owed to a share that moves".into())
+        } else if leased {
+            Some(
+                "not with lease: leased tokens would outlast a share that shrinks (drop `lease`; global leasing passes global limits by)"
+                    .into(),
+            )
         } else {
             None
         };
@@ -982,6 +989,10 @@ mod tests {
             (
                 "      unit: second\n      requests_per_unit: 10\n      overdraft: true\n",
                 "overdraft",
+            ),
+            (
+                "      unit: second\n      requests_per_unit: 10\n      lease: {max_batch: 5}\n",
+                "lease",
             ),
         ] {
             let (_, field, msg) = refused(&format!("{base}{extra}      global: true\n"));

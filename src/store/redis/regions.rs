@@ -1,6 +1,6 @@
 //! What the regions sharing global limits tell each other through the global store
-//! (`lua/regions.lua`; the sharing itself is `src/regions/`): a region's heartbeat, and a
-//! replica's demand for one global key with every region's total back. Each call is bounded by
+//! (`lua/regions.lua`; the sharing itself is `src/regions/`): a replica's heartbeat (and its
+//! leaving), and a replica's demand for one global key with every region's total back. Each call is bounded by
 //! the caller's `timeout` (an exchange must not hang past the next): background work, never a
 //! decision.
 
@@ -12,30 +12,62 @@ use crate::store::{StoreError, StoreErrorKind};
 pub const REGIONS_LUA: &str = include_str!("../../../lua/regions.lua");
 
 impl RedisStore {
-    /// Says `region` is alive for `ttl_ms` in the heartbeat hash `key`; the regions alive now.
+    /// Says `replica` of `region` is alive for `ttl_ms` in the heartbeat hash `key` (an ended
+    /// beat is remembered for `memory_ms`); every replica heard from within that memory, as its
+    /// region and the ms its beat has left (0 or less: ended).
     pub async fn region_beat(
         &self,
         key: &str,
-        region: &str,
+        (region, replica): (&str, &str),
         ttl_ms: u64,
+        memory_ms: u64,
         timeout: std::time::Duration,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<(String, i64)>, StoreError> {
         let mut conn = self.any_conn()?;
         let mut call = self.regions.key(key);
-        call.arg("beat").arg(region).arg(ttl_ms);
+        call.arg("beat")
+            .arg(region)
+            .arg(replica)
+            .arg(ttl_ms)
+            .arg(memory_ms);
         let reply: Vec<redis::Value> = bounded(
             timeout,
             call.invoke_async(&mut conn),
             "the regions' heartbeat",
         )
         .await?;
-        Ok(reply
+        reply
             .chunks(2)
-            .filter_map(|pair| match pair.first() {
-                Some(redis::Value::BulkString(b)) => String::from_utf8(b.clone()).ok(),
-                _ => None,
+            .map(|pair| match pair {
+                [redis::Value::BulkString(name), redis::Value::Int(left)] => {
+                    Ok((String::from_utf8_lossy(name).into_owned(), *left))
+                }
+                other => Err(StoreError::new(
+                    StoreErrorKind::Protocol,
+                    format!("regions.lua answered {other:?}"),
+                )),
             })
-            .collect())
+            .collect()
+    }
+
+    /// Takes `replica` of `region` out of the heartbeat hash `key` (a graceful stop: it is not
+    /// counted as a replica that fell silent).
+    pub async fn region_leave(
+        &self,
+        key: &str,
+        (region, replica): (&str, &str),
+        timeout: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.any_conn()?;
+        let mut call = self.regions.key(key);
+        call.arg("leave").arg(region).arg(replica);
+        bounded(
+            timeout,
+            call.invoke_async::<redis::Value>(&mut conn),
+            "leaving the regions' heartbeat",
+        )
+        .await?;
+        Ok(())
     }
 
     /// Records `replica` of `region` asking `demand_ppm` of the global key whose demand hash is
