@@ -5,7 +5,8 @@
 //! bucket's worth (its burst plus one window's refill) in every window, before, during and
 //! after a partition from the global store; decisions never wait on the global store; the
 //! busy region gets most of the limit while it is shared; and partitioned, each region holds
-//! its partition share.
+//! its partition share. A second case runs two replicas per region and swaps the demand
+//! between the regions: the shares follow it, within the bound stated for moving shares.
 
 mod common;
 
@@ -70,33 +71,13 @@ async fn three_regions_share_one_quota_per_window_without_waiting_on_the_global_
     let seconds = 20;
     let mut senders = Vec::new();
     for (r, server) in servers.iter().enumerate() {
-        let client = server.client().await;
-        let log = log.clone();
-        senders.push(tokio::spawn(async move {
-            let every = Duration::from_micros(1_000_000 / OFFERED[r]);
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            let mut calls = Vec::new();
-            for _ in 0..OFFERED[r] * seconds {
-                tick.tick().await;
-                let (mut client, log) = (client.clone(), log.clone());
-                calls.push(tokio::spawn(async move {
-                    let at = start.elapsed();
-                    let sent = Instant::now();
-                    let answer = client
-                        .should_rate_limit(request("global", &[&[("tenant", "acme")]]))
-                        .await
-                        .expect("every request answered");
-                    let ok = answer.get_ref().overall_code == Code::Ok as i32;
-                    log.lock()
-                        .unwrap()
-                        .push((r, at.as_millis() as u64, ok, sent.elapsed()));
-                }));
-            }
-            for c in calls {
-                c.await.unwrap();
-            }
-        }));
+        senders.push(traffic(
+            server.client().await,
+            r,
+            vec![(0, seconds, OFFERED[r])],
+            start,
+            log.clone(),
+        ));
     }
     // The partition: every call to the global store hangs, new connections too.
     tokio::time::sleep(Duration::from_secs(8).saturating_sub(start.elapsed())).await;
@@ -174,5 +155,126 @@ async fn three_regions_share_one_quota_per_window_without_waiting_on_the_global_
     assert!(
         p99 < Duration::from_millis(150),
         "p99 of a decision {p99:?}: decisions waited on the global store"
+    );
+}
+
+/// Sends `rate` requests a second through `client` from `from_s` to `to_s` seconds after
+/// `start`, for each `(from_s, to_s, rate)`, logging each as region `r`.
+fn traffic(
+    client: envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<
+        tonic::transport::Channel,
+    >,
+    r: usize,
+    segments: Vec<(u64, u64, u64)>,
+    start: Instant,
+    log: Log,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut calls = Vec::new();
+        for (from_s, to_s, rate) in segments {
+            tokio::time::sleep(Duration::from_secs(from_s).saturating_sub(start.elapsed())).await;
+            let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            for _ in 0..rate * (to_s - from_s) {
+                tick.tick().await;
+                let (mut client, log) = (client.clone(), log.clone());
+                calls.push(tokio::spawn(async move {
+                    let at = start.elapsed();
+                    let sent = Instant::now();
+                    let answer = client
+                        .should_rate_limit(request("global", &[&[("tenant", "acme")]]))
+                        .await
+                        .expect("every request answered");
+                    let ok = answer.get_ref().overall_code == Code::Ok as i32;
+                    log.lock()
+                        .unwrap()
+                        .push((r, at.as_millis() as u64, ok, sent.elapsed()));
+                }));
+            }
+        }
+        for c in calls {
+            c.await.unwrap();
+        }
+    })
+}
+
+/// Two regions of two replicas each, on one Redis per region; the demand swaps between them
+/// halfway. Every window stays within what the docs state while shares move (the burst twice
+/// plus one window's refill: a growing share's bucket may start full), and once the shares
+/// have moved, the busy region has most of the limit again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shares_follow_the_demand_across_replicas_and_stay_within_the_bound_while_they_move() {
+    let global = TestRedis::start();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", global.port()).parse().unwrap()).await;
+    proxy.set_delay(Duration::from_millis(40));
+    let names = ["west", "east"];
+    let stores: Vec<TestRedis> = names.iter().map(|_| TestRedis::start()).collect();
+    // Replicas 0 and 1 in west, 2 and 3 in east.
+    let servers: Vec<InProcess> = (0..4)
+        .map(|i| {
+            InProcess::start(RULES, |s| {
+                s.store = stores[i / 2].url();
+                s.global_store = proxy.url();
+                s.region = names[i / 2].to_string();
+                s.regions = names.join(",");
+                s.region_exchange_ms = 250;
+                s.region_lease_ms = 1_500;
+                s.store_timeout_ms = 500;
+            })
+        })
+        .collect();
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let seconds = 14;
+    let mut senders = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        // West asks 150 a second for 7 s, then 20; east the other way round; each region's
+        // traffic split evenly over its two replicas.
+        let (first, then) = if i < 2 { (75, 10) } else { (10, 75) };
+        senders.push(traffic(
+            server.client().await,
+            i / 2,
+            vec![(0, 7, first), (7, seconds, then)],
+            start,
+            log.clone(),
+        ));
+    }
+    for s in senders {
+        s.await.unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    let mut report = String::new();
+    for s in 0..seconds {
+        let n = window(&log, s);
+        report.push_str(&format!(
+            "{s:>2} s: {:>3} {:>3} = {:>3}\n",
+            n[0],
+            n[1],
+            n[0] + n[1]
+        ));
+    }
+    eprintln!("admitted per 1 s window (west east):\n{report}");
+    for s in 0..seconds {
+        let total: u64 = window(&log, s).iter().sum();
+        assert!(
+            total <= 2 * BURST + LIMIT,
+            "window {s} s admitted {total} > {}:\n{report}",
+            2 * BURST + LIMIT
+        );
+    }
+    // Settled: west busy (3-7 s), then east (10-14 s).
+    let (west, east): (u64, u64) = (3..7)
+        .map(|s| window(&log, s))
+        .fold((0, 0), |(w, e), n| (w + n[0], e + n[1]));
+    assert!(west > 2 * east, "west busy: {west} vs {east}:\n{report}");
+    let (west, east): (u64, u64) = (10..14)
+        .map(|s| window(&log, s))
+        .fold((0, 0), |(w, e), n| (w + n[0], e + n[1]));
+    assert!(east > 2 * west, "east busy: {east} vs {west}:\n{report}");
+    let used: u64 = (10..14).map(|s| window(&log, s).iter().sum::<u64>()).sum();
+    assert!(
+        used >= 4 * LIMIT * 7 / 10,
+        "only {used} of {} admitted after the swap:\n{report}",
+        4 * LIMIT
     );
 }
