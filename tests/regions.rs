@@ -53,17 +53,7 @@ async fn three_regions_share_one_quota_per_window_without_waiting_on_the_global_
     let servers: Vec<InProcess> = REGIONS
         .iter()
         .zip(&stores)
-        .map(|(name, store)| {
-            InProcess::start(RULES, |s| {
-                s.store = store.url();
-                s.global_store = proxy.url();
-                s.region = name.to_string();
-                s.regions = REGIONS.join(",");
-                s.region_exchange_ms = 250;
-                s.region_lease_ms = 1_500;
-                s.store_timeout_ms = 500;
-            })
-        })
+        .map(|(name, store)| replica(store, &proxy, name, &REGIONS))
         .collect();
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
@@ -158,6 +148,20 @@ async fn three_regions_share_one_quota_per_window_without_waiting_on_the_global_
     );
 }
 
+/// A replica of `region` (one of `regions`) on its region's `store`, exchanging through the
+/// global store behind `proxy` every 250 ms, with leases of 1.5 s.
+fn replica(store: &TestRedis, proxy: &Proxy, region: &str, regions: &[&str]) -> InProcess {
+    InProcess::start(RULES, |s| {
+        s.store = store.url();
+        s.global_store = proxy.url();
+        s.region = region.to_string();
+        s.regions = regions.join(",");
+        s.region_exchange_ms = 250;
+        s.region_lease_ms = 1_500;
+        s.store_timeout_ms = 500;
+    })
+}
+
 /// Sends `rate` requests a second through `client` from `from_s` to `to_s` seconds after
 /// `start`, for each `(from_s, to_s, rate)`, logging each as region `r`.
 fn traffic(
@@ -211,17 +215,7 @@ async fn shares_follow_the_demand_across_replicas_and_stay_within_the_bound_whil
     let stores: Vec<TestRedis> = names.iter().map(|_| TestRedis::start()).collect();
     // Replicas 0 and 1 in west, 2 and 3 in east.
     let servers: Vec<InProcess> = (0..4)
-        .map(|i| {
-            InProcess::start(RULES, |s| {
-                s.store = stores[i / 2].url();
-                s.global_store = proxy.url();
-                s.region = names[i / 2].to_string();
-                s.regions = names.join(",");
-                s.region_exchange_ms = 250;
-                s.region_lease_ms = 1_500;
-                s.store_timeout_ms = 500;
-            })
-        })
+        .map(|i| replica(&stores[i / 2], &proxy, names[i / 2], &names))
         .collect();
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
