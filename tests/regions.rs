@@ -86,27 +86,8 @@ async fn three_regions_share_one_quota_per_window_without_waiting_on_the_global_
     }
     let log = log.lock().unwrap().clone();
 
-    let mut report = String::new();
-    for s in 0..seconds {
-        let n = window(&log, s);
-        report.push_str(&format!(
-            "{s:>2} s: {:>3} {:>3} {:>3} = {:>3}\n",
-            n[0],
-            n[1],
-            n[2],
-            n.iter().sum::<u64>()
-        ));
-    }
-    eprintln!("admitted per 1 s window (us eu ap):\n{report}");
     // Every window, the partition and its edges included: at most one bucket's worth.
-    for s in 0..seconds {
-        let total: u64 = window(&log, s).iter().sum();
-        assert!(
-            total <= BURST + LIMIT,
-            "window {s} s admitted {total} > {}:\n{report}",
-            BURST + LIMIT
-        );
-    }
+    let report = windows_within(&log, seconds, &REGIONS, BURST + LIMIT);
     // Shared (3-8 s, after the shares settled): the limit is used, most of it where it is
     // asked for.
     let shared: Vec<[u64; 3]> = (3..8).map(|s| window(&log, s)).collect();
@@ -146,6 +127,32 @@ async fn three_regions_share_one_quota_per_window_without_waiting_on_the_global_
         p99 < Duration::from_millis(150),
         "p99 of a decision {p99:?}: decisions waited on the global store"
     );
+}
+
+/// Prints what each region admitted in each 1 s window of the first `seconds`, and fails when
+/// a window's total passes `bound`; the printed table, for later messages.
+fn windows_within(
+    log: &[(usize, u64, bool, Duration)],
+    seconds: u64,
+    names: &[&str],
+    bound: u64,
+) -> String {
+    let mut report = String::new();
+    for s in 0..seconds {
+        let n = window(log, s);
+        let total: u64 = n.iter().sum();
+        let each: Vec<String> = n[..names.len()].iter().map(|x| format!("{x:>3}")).collect();
+        report.push_str(&format!("{s:>2} s: {} = {total:>3}\n", each.join(" ")));
+    }
+    eprintln!("admitted per 1 s window ({}):\n{report}", names.join(" "));
+    for s in 0..seconds {
+        let total: u64 = window(log, s).iter().sum();
+        assert!(
+            total <= bound,
+            "window {s} s admitted {total} > {bound}:\n{report}"
+        );
+    }
+    report
 }
 
 /// A replica of `region` (one of `regions`) on its region's `store`, exchanging through the
@@ -237,25 +244,7 @@ async fn shares_follow_the_demand_across_replicas_and_stay_within_the_bound_whil
         s.await.unwrap();
     }
     let log = log.lock().unwrap().clone();
-    let mut report = String::new();
-    for s in 0..seconds {
-        let n = window(&log, s);
-        report.push_str(&format!(
-            "{s:>2} s: {:>3} {:>3} = {:>3}\n",
-            n[0],
-            n[1],
-            n[0] + n[1]
-        ));
-    }
-    eprintln!("admitted per 1 s window (west east):\n{report}");
-    for s in 0..seconds {
-        let total: u64 = window(&log, s).iter().sum();
-        assert!(
-            total <= 2 * BURST + LIMIT,
-            "window {s} s admitted {total} > {}:\n{report}",
-            2 * BURST + LIMIT
-        );
-    }
+    let report = windows_within(&log, seconds, &names, 2 * BURST + LIMIT);
     // Settled: west busy (3-7 s), then east (10-14 s).
     let (west, east): (u64, u64) = (3..7)
         .map(|s| window(&log, s))
