@@ -113,6 +113,7 @@ pub fn region_config(s: &Settings) -> Option<(crate::regions::RegionConfig, Redi
         lease: Duration::from_millis(s.region_lease_ms),
         floor: s.region_floor,
         beat_key: format!("{}{{regions}}", s.key_prefix),
+        contact_key: format!("{}{{regions-contact}}", s.key_prefix),
         replica: crate::fleet::replica_id(),
     };
     let global = RedisConfig {

@@ -106,9 +106,11 @@ impl Tasks {
         });
         // Global limits: this region's shares exchanged with the other regions' demand.
         if let Some((shares, global)) = regional {
-            let clock2 = clock.clone();
+            let (clock2, store) = (clock.clone(), handler.limiter.store_handle());
             let stop = stopped(stop.clone());
-            clock.spawn(async move { crate::regions::run(shares, global, clock2, stop).await });
+            clock.spawn(
+                async move { crate::regions::run(shares, global, store, clock2, stop).await },
+            );
         }
         // With the counter API on, this replica follows the fleet's reset log (every replica
         // of a fleet has the same settings): what it holds of a bucket reset anywhere goes.

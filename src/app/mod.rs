@@ -323,7 +323,7 @@ async fn serve_loaded(
 /// A region's shares of the global limits and the global store it exchanges them through.
 pub(super) type Regional = (
     Arc<crate::regions::Shares>,
-    Arc<crate::store::redis::RedisStore>,
+    Arc<dyn crate::regions::GlobalStore>,
 );
 
 /// The decision side: metrics, the rules, the store (a Redis that is down at startup is not an
@@ -362,7 +362,8 @@ async fn decision_side(
                 .map_err(load::global_store_error)?;
             let shares =
                 crate::regions::Shares::new(config, clock.clone(), metrics.regions.clone());
-            Some((Arc::new(shares), Arc::new(global)))
+            let global: Arc<dyn crate::regions::GlobalStore> = Arc::new(global);
+            Some((Arc::new(shares), global))
         }
     };
     let mut config =

@@ -146,6 +146,18 @@ pub enum Quota {
     Unservable,
 }
 
+/// One op of [`Limiter::ideal_ops`]: what one exact bucket of a limit takes.
+#[derive(Clone, Debug)]
+pub struct IdealOp {
+    pub op: Op,
+    /// The limit's metrics class.
+    pub class: Arc<str>,
+    /// The index of its descriptor in the request.
+    pub desc: usize,
+    /// A `global: true` limit: one bucket across regions (else one per region).
+    pub global: bool,
+}
+
 /// Settings the decision loop needs.
 #[derive(Clone, Debug)]
 pub struct LimiterConfig {
@@ -306,6 +318,12 @@ impl Limiter {
         &self.store
     }
 
+    /// The store, shared: for a background task that outlives a borrow (the regions'
+    /// exchange tells its region's store whether this replica reaches the global store).
+    pub fn store_handle(&self) -> Arc<Store> {
+        self.store.clone()
+    }
+
     /// Decides `req` against `rules`. What the store cannot answer goes to the fallback; only
     /// a failed op whose mode is `error` fails the whole request (the caller maps it to gRPC
     /// UNAVAILABLE so Envoy's failure mode applies).
@@ -381,10 +399,11 @@ impl Limiter {
     }
 
     /// The ops one exact, central bucket per limit would apply for `req`: each counted limit's
-    /// take of the whole limit (a sharded limit's whole bucket, not a shard), with the limit's
-    /// metrics class and the index of its descriptor. `tollgate simulate` feeds them to one
-    /// memory store on the arrival clock: what the fleet should have admitted.
-    pub fn ideal_ops(&self, rules: &RuleSet, req: &Request<'_>) -> Vec<(Arc<str>, usize, Op)> {
+    /// take of the whole limit (a sharded limit's whole bucket, not a shard, a global limit's
+    /// whole limit, not this region's share), with the limit's metrics class and the index of
+    /// its descriptor. `tollgate simulate` feeds them to one memory store on the arrival
+    /// clock: what the fleet should have admitted.
+    pub fn ideal_ops(&self, rules: &RuleSet, req: &Request<'_>) -> Vec<IdealOp> {
         let Some(domain) = rules.domains.get(req.domain) else {
             return Vec::new();
         };
@@ -392,9 +411,11 @@ impl Limiter {
         plan.planned
             .iter()
             .zip(plan.ops)
-            .map(|(planned, op)| {
-                let op = whole_limit(planned, &op).unwrap_or(op);
-                (planned.limit.class.clone(), planned.desc, op)
+            .map(|(planned, op)| IdealOp {
+                op: whole_limit(planned, &op).unwrap_or(op),
+                class: planned.limit.class.clone(),
+                desc: planned.desc,
+                global: planned.limit.global,
             })
             .collect()
     }

@@ -103,13 +103,15 @@ pub fn shard_part(kind: OpKind, shards: u32, i: u32) -> OpKind {
 }
 
 /// A token bucket held to `ppm` parts per million of itself: a region's share of a global
-/// limit (`regions/`). The capacity is rounded down; the refill keeps its exact rate by
+/// limit (`regions/`). The capacity is rounded down, but a share of more than nothing keeps
+/// at least one token (a bucket of 0 refuses everything for ever: a region asking a small part
+/// of a limit with a small burst would get nothing at all); the refill keeps its exact rate by
 /// stretching the window instead (`refill × ppm` per `window × 1,000,000`, reduced), unless
 /// those numbers would pass what a double holds exactly (2^53, Lua's numbers), when the refill
 /// is rounded down instead. The refill is never 0 (the scripts divide by it): a share of
-/// nothing refuses everything by its capacity of 0, and still refills a trickle. Shares of one
-/// limit never add up past it. Other kinds are not
-/// shared (the rules refuse `global` on them) and pass unchanged.
+/// nothing refuses everything by its capacity of 0, and still refills a trickle. The refills
+/// of one limit's shares never add up past it, nor their capacities past it plus one token a
+/// region. Other kinds are not shared (the rules refuse `global` on them) and pass unchanged.
 pub fn region_part(kind: OpKind, ppm: u32) -> OpKind {
     let OpKind::TokenBucket {
         capacity,
@@ -120,8 +122,13 @@ pub fn region_part(kind: OpKind, ppm: u32) -> OpKind {
         return kind;
     };
     const WHOLE: u64 = 1_000_000;
-    let capacity =
+    let part =
         (u128::from(capacity) * u128::from(u64::from(ppm).min(WHOLE)) / u128::from(WHOLE)) as u64;
+    let capacity = if ppm > 0 {
+        part.max(capacity.min(1))
+    } else {
+        0
+    };
     // The refill's share: at least one part per million, so it is never 0.
     let ppm = u64::from(ppm).clamp(1, WHOLE);
     let g = gcd(ppm, WHOLE);
@@ -186,6 +193,11 @@ mod tests {
         );
         // Nothing, or the whole.
         assert_eq!(region_part(tb(10, 10, 1_000), 0), tb(0, 10, 1_000_000_000));
+        // A small share keeps one token: 3.3 % of a burst of 10, at 3.3 a second.
+        assert_eq!(
+            region_part(tb(10, 100, 1_000), 33_333),
+            tb(1, 3_333_300, 1_000_000_000)
+        );
         assert_eq!(region_part(tb(10, 10, 1_000), 1_000_000), tb(10, 10, 1_000));
         // Past 2^53: the refill rounds down on the limit's own window.
         assert_eq!(

@@ -23,9 +23,15 @@
 //! - **A replica cut off** (no heartbeat answered of those sent within `region_lease_ms`) first
 //!   holds each key at the smaller of its share and `1/R`, which only shrinks; once the others
 //!   have seen its beat end and made room (a lease, a call's bound and two exchanges after its
-//!   last answered beat was sent) it holds `1/R`; and after [`MEMORY_LEASES`] leases, before the
-//!   others forget its ended beat, the floor. When heard from again it starts from at most
-//!   `1/R` and grows through the exchanges.
+//!   last answered beat was sent) it holds `1/R`. After [`MEMORY_LEASES`] leases the others
+//!   forget its ended beat: if a replica of its own region still reaches the global store,
+//!   that region is heard from again and shared by demand, so the replica cut off drops to
+//!   the floor; if none does (the whole region is cut off), nobody hears from the region and
+//!   everyone keeps its `1/R`, which it goes on holding. It learns which from its region's own
+//!   store: every exchange, a replica in contact renews its entry in a set there
+//!   (`<key_prefix>{regions-contact}`, the membership script's), and one cut off counts the
+//!   others' live entries ([`Shares::tell_region`]). When heard from again it starts from at
+//!   most `1/R` and grows through the exchanges.
 //! - **A key this replica did not see asked for** since the last exchange drops to the floor
 //!   (it is not exchanged, and the others may grow into a share it no longer asks for). A key
 //!   first seen holds the floor (`region_floor` × `1/R`) until its exchanges say more.
@@ -61,6 +67,7 @@ use crate::clock::Clock;
 use crate::quota::OpKind;
 use crate::quota::share::region_part;
 use crate::store::redis::RedisStore;
+use crate::store::{Store, StoreError};
 use crate::telemetry::{RegionMetrics, ResultLabels};
 
 /// Global keys tracked per replica at most.
@@ -92,8 +99,81 @@ pub struct RegionConfig {
     pub floor: f64,
     /// Where the regions' heartbeats live in the global store (`<key_prefix>{regions}`).
     pub beat_key: String,
+    /// The set in this region's own store of its replicas that reach the global store
+    /// (`<key_prefix>{regions-contact}`).
+    pub contact_key: String,
     /// This replica's id (host, process, random).
     pub replica: String,
+}
+
+/// The global store's three calls (`lua/regions.lua`): a Redis in `serve`, a model of one on
+/// the virtual clock in `tollgate simulate` (`sim/regions.rs`). An exchange is a few calls a
+/// second per replica, never on a decision's path, so its futures are boxed.
+pub trait GlobalStore: std::fmt::Debug + Send + Sync {
+    /// Writes `replica`'s heartbeat (lasting `ttl_ms`) and returns every replica's region with
+    /// the ms its beat has left (0 or less: ended), for beats ended within `memory_ms`.
+    fn beat<'a>(
+        &'a self,
+        key: &'a str,
+        who: (&'a str, &'a str),
+        ttl_ms: u64,
+        memory_ms: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Vec<(String, i64)>, StoreError>>;
+
+    /// Takes `replica`'s heartbeat out (a graceful stop).
+    fn leave<'a>(
+        &'a self,
+        key: &'a str,
+        who: (&'a str, &'a str),
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Writes `replica`'s demand for one global key (lasting `ttl_ms`) and returns each
+    /// region's total of the entries that have not ended.
+    fn demand<'a>(
+        &'a self,
+        key: &'a str,
+        who: (&'a str, &'a str),
+        demand_ppm: u64,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Vec<(String, u64)>, StoreError>>;
+}
+
+type BoxFuture<'a, T> = futures_util::future::BoxFuture<'a, T>;
+
+impl GlobalStore for RedisStore {
+    fn beat<'a>(
+        &'a self,
+        key: &'a str,
+        who: (&'a str, &'a str),
+        ttl_ms: u64,
+        memory_ms: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Vec<(String, i64)>, StoreError>> {
+        Box::pin(self.region_beat(key, who, ttl_ms, memory_ms, timeout))
+    }
+
+    fn leave<'a>(
+        &'a self,
+        key: &'a str,
+        who: (&'a str, &'a str),
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.region_leave(key, who, timeout))
+    }
+
+    fn demand<'a>(
+        &'a self,
+        key: &'a str,
+        (region, replica): (&'a str, &'a str),
+        demand_ppm: u64,
+        ttl_ms: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Vec<(String, u64)>, StoreError>> {
+        Box::pin(self.region_demand(key, region, replica, demand_ppm, ttl_ms, timeout))
+    }
 }
 
 /// This replica's view of its region's shares of the global keys.
@@ -111,6 +191,9 @@ pub struct Shares {
     metrics: RegionMetrics,
     /// Said once: a heartbeat from a region not in `regions`.
     warned_unknown: std::sync::atomic::AtomicBool,
+    /// Whether, at the last look while cut off, another replica of this region reached the
+    /// global store (or the region's store could not say): then, past the memory, the floor.
+    peers_in_contact: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -144,6 +227,7 @@ impl Shares {
             floor_ppm,
             metrics,
             warned_unknown: false.into(),
+            peers_in_contact: true.into(),
         }
     }
 
@@ -166,8 +250,10 @@ impl Shares {
 
     /// A key's share held now, from the share the exchanges gave it (`effective`): as given
     /// while in contact; cut off, the smaller of it and the partition share until the others
-    /// have made room, then the partition share, then (before the others forget this
-    /// replica's ended beat) the floor.
+    /// have made room, then the partition share; once the others forget this replica's ended
+    /// beat, the floor if another replica of its region reaches the global store (its region
+    /// is shared by demand again), else still the partition share (nobody hears from its
+    /// region, so everyone keeps that for it).
     fn held(&self, effective: u32, now: u64) -> u32 {
         let age = self.contact_age(now);
         let cfg = &self.config;
@@ -178,7 +264,7 @@ impl Shares {
         let room = lease + (self.bound() + 2 * cfg.exchange).as_millis() as u64;
         if age <= room {
             effective.min(self.partition_ppm)
-        } else if age <= MEMORY_LEASES * lease {
+        } else if age <= MEMORY_LEASES * lease || !self.peers_in_contact.load(Ordering::Relaxed) {
             self.partition_ppm
         } else {
             self.floor_ppm
@@ -241,7 +327,7 @@ impl Shares {
 
     /// One exchange with the global store: the heartbeat, then each key asked for since the
     /// last one. Errors leave the shares as they were (until the cut-off rule takes over).
-    pub async fn exchange(&self, global: &RedisStore) {
+    pub async fn exchange(&self, global: &dyn GlobalStore) {
         let now = self.clock.mono_ms();
         if self.partitioned_at(now) {
             // Held at most at the partition share meanwhile: never more than that once contact
@@ -254,7 +340,7 @@ impl Shares {
         let cfg = &self.config;
         let lease_ms = cfg.lease.as_millis() as u64;
         let beat = global
-            .region_beat(
+            .beat(
                 &cfg.beat_key,
                 (&cfg.region, &cfg.replica),
                 lease_ms,
@@ -316,7 +402,7 @@ impl Shares {
         let answers: Vec<_> = futures_util::stream::iter(calls)
             .map(|(i, demand_key, demand)| async move {
                 let answer = global
-                    .region_demand(&demand_key, region, replica, demand, lease_ms, bound)
+                    .demand(&demand_key, (region, replica), demand, lease_ms, bound)
                     .await;
                 (i, answer)
             })
@@ -330,6 +416,24 @@ impl Shares {
             }
         }
         self.observe(self.clock.mono_ms());
+    }
+
+    /// Tells this region's own store whether this replica reaches the global store: in
+    /// contact, its entry in the region's contact set is renewed for a lease; cut off, its
+    /// entry goes and the others' live entries are counted (none: the whole region is cut off).
+    /// A store that does not answer counts as a peer in contact (the floor: never more).
+    pub async fn tell_region(&self, store: &Store) {
+        let cfg = &self.config;
+        if self.partitioned() {
+            let peers = store.leave(&cfg.contact_key, &cfg.replica).await;
+            self.peers_in_contact
+                .store(!matches!(peers, Ok(0)), Ordering::Relaxed);
+        } else {
+            let _ = store
+                .heartbeat(&cfg.contact_key, &cfg.replica, cfg.lease)
+                .await;
+            self.peers_in_contact.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Whether each region of `regions` is heard from: one of its replicas' beats live, and
@@ -405,16 +509,19 @@ impl Shares {
     }
 }
 
-/// Exchanges every `region_exchange_ms` until `stop`.
+/// Exchanges every `region_exchange_ms` until `stop`, and tells this region's own store
+/// (`region`) each time whether this replica reaches the global store.
 pub async fn run(
     shares: Arc<Shares>,
-    global: Arc<RedisStore>,
+    global: Arc<dyn GlobalStore>,
+    region: Arc<Store>,
     clock: Clock,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
     loop {
-        shares.exchange(&global).await;
+        shares.exchange(&*global).await;
+        shares.tell_region(&region).await;
         tokio::select! {
             _ = &mut stop => break,
             _ = clock.sleep(shares.config.exchange) => {}
@@ -423,8 +530,9 @@ pub async fn run(
     // A graceful stop: this replica's beat goes, so its region is not counted as one whose
     // replica fell silent (which keeps its partition share for it).
     let cfg = &shares.config;
+    let _ = region.leave(&cfg.contact_key, &cfg.replica).await;
     if let Err(e) = global
-        .region_leave(&cfg.beat_key, (&cfg.region, &cfg.replica), shares.bound())
+        .leave(&cfg.beat_key, (&cfg.region, &cfg.replica), shares.bound())
         .await
     {
         tracing::debug!(error = %e, "could not leave the regions' heartbeat");
@@ -456,6 +564,7 @@ mod tests {
                 lease: Duration::from_millis(10_000),
                 floor: 0.1,
                 beat_key: "t:{regions}".into(),
+                contact_key: "t:{regions-contact}".into(),
                 replica: "r1".into(),
             },
             clock.clone(),
@@ -525,9 +634,24 @@ mod tests {
         // …once the others have made room (a lease, a call's bound, two exchanges), a third…
         clock.advance_ms(3_000);
         assert_eq!(capacity(s.scale(new_key, bucket(), 1)), 33);
-        // …and the floor before the others forget its ended beat.
+        // …and, once the others forget its ended beat, the floor while another replica of its
+        // region reaches the global store (its region is shared by demand again)…
         clock.advance_ms(MEMORY_LEASES * 10_000);
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3);
+    }
+
+    #[tokio::test]
+    async fn a_whole_region_cut_off_keeps_its_third_past_the_memory() {
+        let clock = Clock::manual(1_700_000_000_000);
+        let s = shares(&clock);
+        let region = Store::Memory(crate::store::MemoryStore::new(clock.clone()));
+        s.tell_region(&region).await;
+        clock.advance_ms(MEMORY_LEASES * 10_000 + 1);
+        assert!(s.partitioned());
+        // Its region's store counts no other replica in contact: nobody hears from the
+        // region, everyone keeps its third for it, and so does it.
+        s.tell_region(&region).await;
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 33);
     }
 
     #[test]

@@ -30,7 +30,7 @@ type Deciding = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send
 impl Sim<'_> {
     /// The replica for a request of `stream` whose values hash to `hash`.
     fn route(&mut self, stream: usize, hash: u64) -> usize {
-        let n = self.fleet.len();
+        let n = self.regions[self.streams[stream].region].fleet.len();
         match self.streams[stream].traffic.routing {
             Routing::Even => {
                 let s = &mut self.streams[stream];
@@ -75,38 +75,47 @@ impl Sim<'_> {
         // The ideal: one exact bucket per limit, now. A descriptor is admitted when all its
         // limits are (every one is charged, as the fleet charges them), and each of its
         // buckets counts the descriptor's answer, as the fleet's side counts its status.
+        // With regions, a global limit is one bucket across them and any other limit one per
+        // region (each region enforces it alone), counted under the region's name.
+        let region = self.streams[stream].region;
+        let region_name = self.scenario.regions.as_ref().map(|r| &r.names[region]);
         let ideal = self.ideal.ideal_ops(&self.rules, &request);
         // Held by the decision until it ends (sized once: a first push would reserve four).
         let mut buckets = Vec::with_capacity(ideal.len());
         {
             let allowed: Vec<bool> = ideal
                 .iter()
-                .map(|(_, _, op)| self.ideal_store.apply(op).allowed)
+                .map(|i| match (i.global, region_name) {
+                    (false, Some(_)) => self.regions[region].ideal_store.apply(&i.op).allowed,
+                    _ => self.ideal_store.apply(&i.op).allowed,
+                })
                 .collect();
-            let descriptor_ok = |d: usize| {
-                ideal
-                    .iter()
-                    .zip(&allowed)
-                    .all(|((_, desc, _), ok)| *desc != d || *ok)
-            };
+            let descriptor_ok =
+                |d: usize| ideal.iter().zip(&allowed).all(|(i, ok)| i.desc != d || *ok);
             let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-            for (class, desc, op) in &ideal {
+            for i in &ideal {
+                let op = &i.op;
                 let known = counts.buckets.len();
-                let b = counts.bucket(&op.key, class, &op.kind);
+                let b = match (i.global, region_name) {
+                    (false, Some(name)) => {
+                        counts.bucket(&format!("{name}/{}", op.key), &i.class, &op.kind)
+                    }
+                    _ => counts.bucket(&op.key, &i.class, &op.kind),
+                };
                 if b == known {
                     self.class_calls.name(&op.key, counts.buckets[b].class);
                 }
                 let bucket = &mut counts.buckets[b];
-                let ok = descriptor_ok(*desc);
+                let ok = descriptor_ok(i.desc);
                 bucket.offered += op.cost;
                 bucket.ideal += if ok { op.cost } else { 0 };
                 let window = bucket.windows.arrived(now, op.cost, ok);
-                buckets.push((b, op.cost, *desc, window));
+                buckets.push((b, op.cost, i.desc, window));
             }
-            counts.arrived(second, allowed.iter().all(|&ok| ok));
+            counts.arrived(second, region, allowed.iter().all(|&ok| ok));
         }
 
-        let limiter = self.fleet[replica].limiter.clone();
+        let limiter = self.regions[region].fleet[replica].limiter.clone();
         let rules = self.rules.clone();
         let mut decide: Deciding = Box::pin(async move {
             let request = one_descriptor(&domain, &keys, &values, cost);
@@ -116,7 +125,8 @@ impl Sim<'_> {
         // Most decisions end here (a lease or the over-limit cache answered): no task.
         if let Poll::Ready(decision) = decide.as_mut().poll(cx) {
             let deny = envoy.failure_mode_deny;
-            record(&self.counts, second, 0, Some(&decision), deny, &buckets);
+            let at = (second, region);
+            record(&self.counts, at, 0, Some(&decision), deny, &buckets);
             self.activity.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -140,7 +150,14 @@ impl Sim<'_> {
             };
             let latency = clock.mono_us() - now;
             let deny = envoy.failure_mode_deny;
-            record(&counts, second, latency, decision.as_ref(), deny, &buckets);
+            record(
+                &counts,
+                (second, region),
+                latency,
+                decision.as_ref(),
+                deny,
+                &buckets,
+            );
             activity.fetch_add(1, Ordering::Relaxed);
         });
     }
@@ -169,11 +186,12 @@ fn one_descriptor<'a>(
     }
 }
 
-/// Counts one ended decision, as Envoy applies it: `None` when Envoy gave up waiting for it;
-/// that and an error are the failure mode's (`deny`: refused, else admitted), counted apart.
+/// Counts one ended decision of a request that arrived at `(second, region)`, as Envoy
+/// applies it: `None` when Envoy gave up waiting for it; that and an error are the failure
+/// mode's (`deny`: refused, else admitted), counted apart.
 fn record(
     counts: &Mutex<Counts>,
-    second: u64,
+    (second, region): (u64, usize),
     latency_us: u64,
     decision: Option<&Result<Decision, StoreError>>,
     deny: bool,
@@ -208,5 +226,5 @@ fn record(
             (b, hits, ok, window)
         })
         .collect();
-    counts.decided(second, latency_us, &ended, &per_bucket);
+    counts.decided((second, region), latency_us, &ended, &per_bucket);
 }

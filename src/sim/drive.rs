@@ -93,7 +93,7 @@ impl Sim<'_> {
                     Some(g) => g.sample(&mut self.rng),
                     None => 1e6 / self.streams[stream].traffic.rate_per_s,
                 };
-                self.streams[stream].next_us += gap;
+                self.streams[stream].advance(gap);
                 std::future::poll_fn(|cx| {
                     self.arrive(stream, cx);
                     Poll::Ready(())
@@ -104,8 +104,10 @@ impl Sim<'_> {
         self.sample_second(self.scenario.duration_s - 1);
         // Stop the fleet's background tasks, then let the decisions still waiting on the
         // store end (a reply, or a timeout), within a bound of virtual time.
-        for r in std::mem::take(&mut self.fleet) {
-            let _ = r.stop.send(true);
+        for region in &mut self.regions {
+            for r in std::mem::take(&mut region.fleet) {
+                let _ = r.stop.send(true);
+            }
         }
         settle(&self.activity, &self.clock).await;
         let s = &self.scenario.settings;
@@ -129,11 +131,17 @@ impl Sim<'_> {
             eprintln!();
         }
         let wall_s = started.elapsed().as_secs_f64();
-        let calls = self.store.calls_per_second();
+        // Every region's nodes, in order.
+        let calls: Vec<Vec<u64>> = self
+            .regions
+            .iter()
+            .flat_map(|r| r.store.calls_per_second())
+            .collect();
+        let global_calls = self.global.as_ref().map(|g| g.calls_per_second());
         let class_calls = self.class_calls.per_second();
         let counts = std::mem::replace(
             &mut *self.counts.lock().unwrap_or_else(|p| p.into_inner()),
-            Counts::new(0),
+            Counts::new(0, 0),
         );
         let decisions = counts.decided;
         counts.report(
@@ -142,6 +150,10 @@ impl Sim<'_> {
             self.scenario.duration_s,
             &calls,
             &class_calls,
+            self.scenario
+                .regions
+                .as_ref()
+                .map(|r| (r.names.as_slice(), global_calls.unwrap_or_default())),
             Speed {
                 decisions,
                 wall_s: report::round(wall_s, 2),
@@ -152,12 +164,11 @@ impl Sim<'_> {
 
     /// The fleet's size and belief at the end of virtual second `t`.
     fn sample_second(&mut self, t: u64) {
-        let live = self.fleet.len() as u64;
+        let live = self.replicas().count() as u64;
         let believed = if live == 0 {
             0.0
         } else {
-            self.fleet
-                .iter()
+            self.replicas()
                 .map(|r| r.replicas.count() as f64)
                 .sum::<f64>()
                 / live as f64

@@ -21,10 +21,17 @@
 //! 4. [`report`] turns the counts into the JSON report, CSV and text; [`plot`] draws the
 //!    series.
 //!
+//! With `regions:`, each region has its own store and fleet, every replica runs the real
+//! exchange of the global limits' shares (`regions::run`) against a model of the global store
+//! ([`regions`]: `lua/regions.lua`'s entries behind a drawn cross-region round trip and the
+//! scenario's cuts), each stream reaches its region's replicas, and the ideal is one bucket
+//! of a global limit across regions (any other limit: one per region).
+//!
 //! Here: the command ([`run_cli`], [`run`], [`write_out`]). `state.rs`: the run's state and the
 //! replicas' start and stop; `arrivals.rs`: the streams and each arrival (its values, its
 //! replica, the ideal's answer, the fleet's decision and its count); `drive.rs`: the loop over
-//! virtual time and `settle`; `charts.rs`: the pictures made from the report.
+//! virtual time and `settle`; `charts.rs`: the pictures made from the report; `regions.rs`:
+//! the global store of a `regions:` scenario.
 //!
 //! [`Limiter`]: crate::limiter::Limiter
 //! [`Clock`]: crate::clock::Clock
@@ -33,6 +40,7 @@ mod arrivals;
 mod charts;
 mod drive;
 pub mod plot;
+mod regions;
 pub mod report;
 pub mod scenario;
 mod state;
@@ -189,5 +197,73 @@ mod tests {
             "{:?}",
             r.total.latency_ms
         );
+    }
+
+    const SHARED: &str = "domain: g\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 10, global: true}\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
+
+    /// Two regions, `rate_us` and `rate_eu` a second on `key`, the global store 100 ms away
+    /// and cut off from 20 s to 30 s.
+    fn two_regions(key: &str, rate_us: u32, rate_eu: u32) -> Report {
+        let (_dir, s) = scenario(
+            SHARED,
+            &format!(
+                "duration_s: 30\nsettings: {{region_exchange_ms: 250, region_lease_ms: 1500}}\nstore: {{}}\nreplicas: {{start: 2}}\nregions:\n  names: [us, eu]\n  global_latency_ms: {{p50: 100, p99: 120}}\n  global_faults: [{{at_s: 20, for_s: 10}}]\ntraffic:\n  - {{region: us, domain: g, entries: [{{key: {key}, value: a}}], rate_per_s: {rate_us}, arrivals: even}}\n  - {{region: eu, domain: g, entries: [{{key: {key}, value: a}}], rate_per_s: {rate_eu}, arrivals: even}}\n"
+            ),
+        );
+        run(&s, false).expect("ran")
+    }
+
+    #[test]
+    fn regions_share_a_global_limit_by_demand_and_each_holds_its_half_when_cut_off() {
+        let r = two_regions("tenant", 180, 20);
+        let regions = &r.regions.as_ref().expect("regions").regions;
+        let window = |t: usize| [regions[0].admitted_per_s[t], regions[1].admitted_per_s[t]];
+        for t in 0..30 {
+            let [us, eu] = window(t);
+            assert!(us + eu <= 110, "window {t} s: {us} + {eu}");
+        }
+        // Shared, settled: the busy region has most of the limit, the other what it asks.
+        for t in 5..20 {
+            let [us, eu] = window(t);
+            assert!(
+                us >= 60 && eu >= 18 && us + eu >= 85,
+                "window {t} s: {us} + {eu}"
+            );
+        }
+        // Cut off (after the lease and two exchanges): each at most its half.
+        for t in 24..30 {
+            let [us, _] = window(t);
+            assert!((40..=56).contains(&us), "window {t} s: us {us}");
+        }
+        // The global store ran the replicas' heartbeats and demand (not while cut off).
+        let g = &r
+            .regions
+            .as_ref()
+            .expect("regions")
+            .global_store_calls_per_s;
+        assert!(g.mean > 5.0, "{g:?}");
+        assert!(
+            r.total.windows.over.hits <= 10,
+            "{:?}",
+            r.total.windows.over
+        );
+    }
+
+    #[test]
+    fn a_limit_that_is_not_global_is_each_regions_own_in_the_ideal_too() {
+        let r = two_regions("user", 200, 200);
+        // Each region admits its own 100 a second (and its first bucket), and the ideal agrees
+        // (one bucket each).
+        assert!(
+            (5_800..=6_200).contains(&r.total.admitted),
+            "{}",
+            r.total.admitted
+        );
+        assert!(
+            r.total.false_rejected_pct < 1.0,
+            "{}",
+            r.total.false_rejected_pct
+        );
+        assert!(r.total.windows.over.hits <= 2, "{:?}", r.total.windows.over);
     }
 }

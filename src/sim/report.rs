@@ -87,6 +87,15 @@ pub(super) struct Counts {
     /// decided them).
     pub(super) envoy_timeouts: u64,
     pub(super) decided: u64,
+    /// Per region (one without regions): requests offered and admitted, per second.
+    pub(super) regions: Vec<RegionCount>,
+}
+
+/// One region's requests, per virtual second.
+#[derive(Debug, Default)]
+pub(super) struct RegionCount {
+    offered: Vec<u64>,
+    admitted: Vec<u64>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -94,8 +103,14 @@ fn histogram() -> Histogram<u64> {
 }
 
 impl Counts {
-    pub(super) fn new(seconds: u64) -> Self {
+    pub(super) fn new(seconds: u64, regions: usize) -> Self {
         Counts {
+            regions: (0..regions)
+                .map(|_| RegionCount {
+                    offered: vec![0; seconds as usize],
+                    admitted: vec![0; seconds as usize],
+                })
+                .collect(),
             rows: (0..seconds)
                 .map(|t| Row {
                     t_s: t,
@@ -147,8 +162,15 @@ impl Counts {
         self.rows.get_mut(second as usize)
     }
 
-    /// A request arrived at `second`; `ideal`: whether the ideal admitted it.
-    pub(super) fn arrived(&mut self, second: u64, ideal: bool) {
+    /// A request arrived at `second` in `region`; `ideal`: whether the ideal admitted it.
+    pub(super) fn arrived(&mut self, second: u64, region: usize, ideal: bool) {
+        if let Some(n) = self
+            .regions
+            .get_mut(region)
+            .and_then(|r| r.offered.get_mut(second as usize))
+        {
+            *n += 1;
+        }
         self.offered += 1;
         self.ideal += u64::from(ideal);
         if let Some(r) = self.row(second) {
@@ -157,16 +179,23 @@ impl Counts {
         }
     }
 
-    /// The decision of a request that arrived at `second` ended after `latency_us`.
-    /// `buckets`: its buckets with each one's hits, whether its descriptor was admitted, and
-    /// the bucket's window the request arrived in.
+    /// The decision of a request that arrived at `second` in `region` ended after
+    /// `latency_us`. `buckets`: its buckets with each one's hits, whether its descriptor was
+    /// admitted, and the bucket's window the request arrived in.
     pub(super) fn decided(
         &mut self,
-        second: u64,
+        (second, region): (u64, usize),
         latency_us: u64,
         ended: &Ended,
         buckets: &[(usize, u64, bool, u64)],
     ) {
+        if let Some(n) = self
+            .regions
+            .get_mut(region)
+            .and_then(|r| r.admitted.get_mut(second as usize))
+        {
+            *n += u64::from(ended.admitted);
+        }
         let fallback = ended.fallback;
         self.decided += 1;
         self.admitted += u64::from(ended.admitted);
@@ -345,6 +374,24 @@ pub struct Speed {
     pub decisions_per_s: f64,
 }
 
+/// With `regions:`: each region's requests, and the global store's calls.
+#[derive(Debug, Serialize)]
+pub struct RegionsReport {
+    pub regions: Vec<RegionReport>,
+    /// Calls the global store ran (heartbeats, demand, leaves), per second.
+    pub global_store_calls_per_s: Calls,
+}
+
+/// One region's requests (every limit's: a request is admitted when all its limits are).
+#[derive(Debug, Serialize)]
+pub struct RegionReport {
+    pub name: String,
+    pub offered: u64,
+    pub admitted: u64,
+    /// Admitted per virtual second.
+    pub admitted_per_s: Vec<u64>,
+}
+
 /// What `tollgate simulate --json` prints.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -353,13 +400,18 @@ pub struct Report {
     pub duration_s: u64,
     pub total: Total,
     pub classes: Vec<ClassReport>,
+    /// With `regions:` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regions: Option<RegionsReport>,
     pub series: Vec<Row>,
     pub run: Speed,
 }
 
 impl Counts {
     /// The report, with the store's scripts per second per node and per class
-    /// (`[node][second]`, `[class][second]`).
+    /// (`[node][second]`, `[class][second]`), and with regions their names and the global
+    /// store's calls per second.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn report(
         mut self,
         scenario: String,
@@ -367,6 +419,7 @@ impl Counts {
         duration_s: u64,
         calls: &[Vec<u64>],
         class_calls: &[Vec<u64>],
+        regions: Option<(&[String], Vec<u64>)>,
         speed: Speed,
     ) -> Report {
         let seconds = duration_s as usize;
@@ -425,10 +478,24 @@ impl Counts {
                 }
             })
             .collect();
+        let regions = regions.map(|(names, global_calls)| RegionsReport {
+            regions: names
+                .iter()
+                .zip(&self.regions)
+                .map(|(name, r)| RegionReport {
+                    name: name.clone(),
+                    offered: r.offered.iter().sum(),
+                    admitted: r.admitted.iter().sum(),
+                    admitted_per_s: r.admitted.clone(),
+                })
+                .collect(),
+            global_store_calls_per_s: per_second(&global_calls),
+        });
         Report {
             scenario,
             seed,
             duration_s,
+            regions,
             total: Total {
                 offered: self.offered,
                 admitted: self.admitted,
@@ -574,6 +641,19 @@ impl Report {
             if self.classes.len() > 1 {
                 out.push_str(&windows_text("    ", &c.windows));
             }
+        }
+        if let Some(r) = &self.regions {
+            let each: Vec<String> = r
+                .regions
+                .iter()
+                .map(|r| format!("{} offered {} admitted {}", r.name, r.offered, r.admitted))
+                .collect();
+            out.push_str(&format!(
+                "  regions: {}; global store calls/s mean {} max {}\n",
+                each.join(", "),
+                r.global_store_calls_per_s.mean,
+                r.global_store_calls_per_s.max
+            ));
         }
         out.push_str(&format!(
             "  ran {} decisions in {:.1} s ({:.0} decisions/s)\n",

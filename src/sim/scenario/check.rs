@@ -6,6 +6,7 @@
 //! YAML node of what it refuses ([`fault_nodes`], [`traffic_nodes`]) → the problem is recorded
 //! at that node's line.
 
+use super::regions::RegionsModel;
 use super::replicas::FleetSize;
 use super::store::{FaultKind, StoreModel};
 use super::traffic::Traffic;
@@ -69,6 +70,41 @@ pub(super) fn domains(out: &mut Problems, root: &Node, rules: &RuleSet, traffic:
                     known.join(", ")
                 ),
             );
+        }
+    }
+}
+
+/// With `regions:`, each stream names one of them (its replicas are that region's); without,
+/// none does.
+pub(super) fn stream_regions(
+    out: &mut Problems,
+    root: &Node,
+    regions: Option<&RegionsModel>,
+    traffic: &[Traffic],
+) {
+    for (i, (t, node)) in traffic.iter().zip(traffic_nodes(root)).enumerate() {
+        let at = child(node, "region").unwrap_or(node).pos;
+        let field = format!("traffic[{i}].region");
+        match (regions, &t.region) {
+            (Some(r), Some(name)) if !r.names.contains(name) => out.error(
+                at,
+                &field,
+                format!("no region `{name}` (regions.names: {})", r.names.join(", ")),
+            ),
+            (Some(r), None) => out.error(
+                at,
+                &field,
+                format!(
+                    "missing: with regions, a stream names its region ({})",
+                    r.names.join(", ")
+                ),
+            ),
+            (None, Some(_)) => out.error(
+                at,
+                &field,
+                "only a scenario with `regions:` routes a stream to a region",
+            ),
+            _ => {}
         }
     }
 }

@@ -14,7 +14,8 @@
 //! `settings:` and `rules:` it loads, and the field readers every section uses; one file per
 //! section, its types with their reader: `store.rs` (`store:`, nodes, latency and faults),
 //! `replicas.rs` (`replicas:`, the fleet size over time), `traffic.rs` (`traffic:`, the
-//! streams and their value templates), `envoy.rs` (`envoy:`, Envoy's timeout and failure mode).
+//! streams and their value templates), `envoy.rs` (`envoy:`, Envoy's timeout and failure mode),
+//! `regions.rs` (`regions:`, regions sharing the global limits through a global store).
 
 use std::path::{Path, PathBuf};
 
@@ -27,11 +28,13 @@ mod check;
 mod envoy;
 mod fields;
 mod read;
+mod regions;
 mod replicas;
 mod store;
 mod traffic;
 
 pub use envoy::EnvoyModel;
+pub use regions::{Cut, RegionsModel};
 pub use replicas::FleetSize;
 pub use store::{Fault, FaultKind, Latency, StoreModel};
 pub use traffic::{Arrivals, Pick, Routing, Template, Traffic};
@@ -53,6 +56,9 @@ pub struct Scenario {
     pub traffic: Vec<Traffic>,
     /// What the Envoy in front of the fleet does with a slow or failed decision.
     pub envoy: EnvoyModel,
+    /// Regions sharing the global limits: a fleet of `replicas` and a store like `store` in
+    /// each, and the global store between them.
+    pub regions: Option<RegionsModel>,
 }
 
 /// The most of a few numbers, so a typo cannot ask for a week of virtual time or a million
@@ -231,5 +237,76 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("no rules here"), "{e}");
+    }
+
+    const REGIONS: &str = "duration_s: 30\nrules: rules/\nsettings:\n  region_exchange_ms: 500\nstore: {}\nreplicas: {start: 2}\nregions:\n  names: [us, eu]\n  global_latency_ms: {p50: 160, p99: 200}\n  global_faults:\n    - {at_s: 10, for_s: 5}\n    - {at_s: 20, for_s: 5, regions: [eu]}\ntraffic:\n  - {region: us, domain: edge, entries: [{key: tenant, value: a}], rate_per_s: 10, from_s: 2, to_s: 9}\n  - {region: eu, domain: edge, entries: [{key: tenant, value: a}], rate_per_s: 10}\n";
+
+    #[test]
+    fn regions_read_with_their_global_store_and_each_stream_names_its_region() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = write(dir.path(), REGIONS).unwrap();
+        let r = s.regions.expect("regions");
+        assert_eq!(r.names, ["us", "eu"]);
+        assert_eq!(r.global_latency.p50_ms, 160.0);
+        assert_eq!(r.cuts[1].regions, Some(vec![1]));
+        // Every region cut off at 10-15 s, eu alone at 20-25 s.
+        assert!(r.cut_off(0, 12_000_000) && r.cut_off(1, 12_000_000));
+        assert!(!r.cut_off(0, 22_000_000) && r.cut_off(1, 22_000_000));
+        assert!(!r.cut_off(1, 25_000_000));
+        assert_eq!(s.traffic[0].region.as_deref(), Some("us"));
+        assert_eq!((s.traffic[0].from_s, s.traffic[0].to_s), (2.0, Some(9.0)));
+    }
+
+    #[test]
+    fn a_regions_scenario_refuses_what_serve_would_and_streams_without_their_region() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = REGIONS
+            .replace("region_exchange_ms: 500", "region_exchange_ms: 5000")
+            .replace("names: [us, eu]", "names: [us, eu, us]")
+            .replace("to_s: 9", "to_s: 1");
+        let e = write(dir.path(), &bad).unwrap_err().to_string();
+        for want in [
+            "regions.names: `us` is given twice",
+            "traffic[0].to_s: must be after from_s (2 s)",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        }
+        let e = write(
+            dir.path(),
+            &REGIONS.replace("regions: [eu]", "regions: [mars]"),
+        )
+        .unwrap_err()
+        .to_string();
+        let want = "regions.global_faults[1].regions: no region `mars` (regions.names: us, eu)";
+        assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        let e = write(dir.path(), &REGIONS.replace("{region: us, ", "{"))
+            .unwrap_err()
+            .to_string();
+        let want = "traffic[0].region: missing: with regions, a stream names its region (us, eu)";
+        assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        let slow = REGIONS.replace("region_exchange_ms: 500", "region_exchange_ms: 5000");
+        let e = write(dir.path(), &slow).unwrap_err().to_string();
+        let want = "settings: region_lease_ms: must be at least 3 × region_exchange_ms";
+        assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        let e = write(
+            dir.path(),
+            &GOOD.replace("routing: sticky", "routing: sticky\n    region: us"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("traffic[0].region: only a scenario with `regions:` routes a stream"),
+            "{e}"
+        );
+        let e = write(
+            dir.path(),
+            &REGIONS.replace("region_exchange_ms: 500", "region: us"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("settings.region: set by the scenario's `regions:`"),
+            "{e}"
+        );
     }
 }

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use super::envoy::envoy;
 use super::fields::positive_uint;
+use super::regions::{RegionsModel, regions};
 use super::replicas::replicas;
 use super::store::store;
 use super::traffic::traffic;
@@ -35,6 +36,7 @@ pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scena
             "replicas",
             "traffic",
             "envoy",
+            "regions",
         ],
     )?;
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -64,6 +66,16 @@ pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scena
         Some(n) => envoy(out, n),
         None => Some(super::EnvoyModel::default()),
     };
+    let regions = match f.get("regions") {
+        Some(n) => regions(out, n).map(Some),
+        None => Some(None),
+    };
+    if let (Some(Some(r)), Some(s), Some(n)) = (&regions, &settings, f.get("regions")) {
+        region_settings(out, n, s, r);
+    }
+    if let (Some(regions), Some(traffic)) = (&regions, &traffic) {
+        check::stream_regions(out, root, regions.as_ref(), traffic);
+    }
     if let Some(store) = &store {
         check::faults(out, root, store, replicas.as_ref());
     }
@@ -81,7 +93,20 @@ pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scena
         replicas: replicas?,
         traffic: traffic?,
         envoy: envoy?,
+        regions: regions?,
     })
+}
+
+/// The settings' region checks (`region_exchange_ms`, `region_lease_ms`, `region_floor`), as
+/// `serve` makes them with a global store, for the regions of `regions:`.
+fn region_settings(out: &mut Problems, node: &Node, s: &Settings, r: &RegionsModel) {
+    let mut with = s.clone();
+    with.global_store = "redis://global.simulated:6379".into();
+    with.regions = r.names.join(",");
+    with.region = r.names[0].clone();
+    if let Err(e) = with.validate() {
+        out.error(node.pos, "settings", e.to_string());
+    }
 }
 
 fn required<'n>(
@@ -128,6 +153,14 @@ fn settings(out: &mut Problems, node: &Node) -> Option<Settings> {
                 k.pos,
                 &field,
                 "set by the scenario itself (its `store:` and `rules:`)",
+            );
+            continue;
+        }
+        if matches!(name, "global_store" | "region" | "regions") {
+            out.error(
+                k.pos,
+                &field,
+                "set by the scenario's `regions:` (its names and global store)",
             );
             continue;
         }

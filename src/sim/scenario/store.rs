@@ -60,7 +60,7 @@ impl FaultKind {
     }
 }
 
-fn latency(out: &mut Problems, node: &Node, path: &str) -> Option<Latency> {
+pub(super) fn latency(out: &mut Problems, node: &Node, path: &str) -> Option<Latency> {
     let f = yaml::fields(out, node, path, &["p50", "p99"])?;
     let p50_field = yaml::join(path, "p50");
     let p99_field = yaml::join(path, "p99");

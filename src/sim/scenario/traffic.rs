@@ -5,8 +5,8 @@
 //! into a [`Template`] ([`template`]) → the driver renders a template per request
 //! ([`Template::render`]) with the index its pick draws.
 
-use super::MAX_RATE;
 use super::fields::{number, positive_uint};
+use super::{MAX_DURATION_S, MAX_RATE};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node};
 
@@ -24,6 +24,12 @@ pub struct Traffic {
     pub arrivals: Arrivals,
     pub routing: Routing,
     pub cost: u64,
+    /// The region whose replicas it reaches (`regions:` scenarios: required there, refused
+    /// elsewhere; its index into `regions.names` once checked).
+    pub region: Option<String>,
+    /// When it starts and stops (virtual seconds; the whole run by default).
+    pub from_s: f64,
+    pub to_s: Option<f64>,
 }
 
 /// A descriptor value: fixed text, or text around one `{zipf}` or `{uniform}` index.
@@ -94,6 +100,9 @@ fn stream(out: &mut Problems, node: &Node, path: &str) -> Option<Traffic> {
             "arrivals",
             "routing",
             "cost",
+            "region",
+            "from_s",
+            "to_s",
         ],
     )?;
     let field = |name: &str| yaml::join(path, name);
@@ -163,6 +172,28 @@ fn stream(out: &mut Problems, node: &Node, path: &str) -> Option<Traffic> {
         Some(n) => positive_uint(out, n, &field("cost"), u64::from(u32::MAX)),
         None => Some(1),
     };
+    let region = match f.get("region") {
+        Some(n) => yaml::string(out, n, &field("region")).map(Some),
+        None => Some(None),
+    };
+    let from_s = match f.get("from_s") {
+        Some(n) => number(out, n, &field("from_s"), 0.0, MAX_DURATION_S as f64),
+        None => Some(0.0),
+    };
+    let to_s = match f.get("to_s") {
+        Some(n) => number(out, n, &field("to_s"), 0.001, MAX_DURATION_S as f64).map(Some),
+        None => Some(None),
+    };
+    if let (Some(from), Some(Some(to))) = (from_s, to_s)
+        && to <= from
+    {
+        out.error(
+            f.get("to_s").map_or(node.pos, |n| n.pos),
+            &field("to_s"),
+            format!("must be after from_s ({from} s)"),
+        );
+        return None;
+    }
     Some(Traffic {
         domain: domain?,
         entries: entries?,
@@ -172,6 +203,9 @@ fn stream(out: &mut Problems, node: &Node, path: &str) -> Option<Traffic> {
         arrivals: arrivals?,
         routing: routing?,
         cost: cost?,
+        region: region?,
+        from_s: from_s?,
+        to_s: to_s?,
     })
 }
 

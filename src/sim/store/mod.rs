@@ -50,6 +50,7 @@ mod replica;
 
 pub use classes::ClassCalls;
 pub use node::SimStore;
+pub(in crate::sim) use node::round_trip_us;
 pub use replica::ReplicaStore;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -207,16 +207,7 @@ impl SimStore {
 
     /// One round trip (µs) under `latency`.
     pub(super) fn round_trip_us(&self, latency: Latency) -> f64 {
-        if latency.p50_ms <= 0.0 {
-            return 0.0;
-        }
-        // Log-normal through p50 and p99: z(0.99) = 2.3263.
-        let sigma = ((latency.p99_ms / latency.p50_ms).ln() / 2.3263).max(0.0);
-        let ms = match LogNormal::new(latency.p50_ms.ln(), sigma) {
-            Ok(d) => d.sample(&mut *lock(&self.rng)),
-            Err(_) => latency.p50_ms,
-        };
-        ms * 1_000.0
+        round_trip_us(latency, &mut lock(&self.rng))
     }
 
     /// Queues `scripts` reaching `node` at `at_us`; when they are done.
@@ -350,6 +341,20 @@ async fn deliver(s: Arc<SimStore>) {
             None => sooner.await,
         }
     }
+}
+
+/// One round trip (µs) under `latency`, drawn from `rng`: log-normal through its p50 and p99.
+pub(in crate::sim) fn round_trip_us(latency: Latency, rng: &mut SmallRng) -> f64 {
+    if latency.p50_ms <= 0.0 {
+        return 0.0;
+    }
+    // z(0.99) = 2.3263.
+    let sigma = ((latency.p99_ms / latency.p50_ms).ln() / 2.3263).max(0.0);
+    let ms = match LogNormal::new(latency.p50_ms.ln(), sigma) {
+        Ok(d) => d.sample(rng),
+        Err(_) => latency.p50_ms,
+    };
+    ms * 1_000.0
 }
 
 #[cfg(test)]
