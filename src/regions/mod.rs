@@ -32,9 +32,13 @@
 //!   (`<key_prefix>{regions-contact}`, the membership script's), and one cut off counts the
 //!   others' live entries ([`Shares::tell_region`]). When heard from again it starts from at
 //!   most `1/R` and grows through the exchanges.
-//! - **A key this replica did not see asked for** since the last exchange drops to the floor
-//!   (it is not exchanged, and the others may grow into a share it no longer asks for). A key
-//!   first seen holds the floor (`region_floor` × `1/R`) until its exchanges say more.
+//! - **Every key this replica saw asked for within a lease** is exchanged, with the demand it
+//!   saw since the last exchange (0 when it saw none: with many replicas in a region, each
+//!   sees a quiet key now and then while the region as a whole asks for it steadily), and
+//!   its share is worked out again from every region's totals, so the replicas of a region
+//!   hold the same share whichever of them a key's requests reach. A key not seen within a
+//!   lease is forgotten; a key first seen holds the floor (`region_floor` × `1/R`) until its
+//!   exchanges say more.
 //!
 //! # Bounds
 //!
@@ -363,9 +367,12 @@ impl Shares {
             }
         };
         let reachable = self.reachable(&beats);
-        // The keys asked for since the demand was last taken (over the time since: an
-        // exchange's own round trips make it longer than the interval); the others drop to the
-        // floor, and those not asked for within a lease are forgotten.
+        // Every key asked for within a lease, by this replica, is exchanged: its demand since
+        // the demand was last taken (over the time since: an exchange's own round trips make
+        // it longer than the interval; 0 for a key it did not see meanwhile, whose share its
+        // region's other replicas may still earn), and its share worked out again from every
+        // region's. A key not asked for within a lease is forgotten (seen again, it starts
+        // from the floor).
         let mut asked: Vec<(String, Arc<KeyShare>, u64)> = Vec::new();
         let over_ms;
         {
@@ -376,13 +383,12 @@ impl Shares {
                 .max(1);
             keys.retain(|key, e| {
                 let n = e.asked.swap(0, Ordering::Relaxed);
-                if n > 0 {
+                let keep =
+                    n > 0 || now.saturating_sub(e.seen_ms.load(Ordering::Relaxed)) <= lease_ms;
+                if keep {
                     asked.push((key.clone(), e.clone(), n));
-                } else {
-                    e.effective.fetch_min(self.floor_ppm, Ordering::Relaxed);
-                    e.computed.fetch_min(self.floor_ppm, Ordering::Relaxed);
                 }
-                n > 0 || now.saturating_sub(e.seen_ms.load(Ordering::Relaxed)) <= lease_ms
+                keep
             });
         }
         let bound = self.bound();
