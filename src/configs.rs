@@ -109,6 +109,7 @@ pub fn region_config(s: &Settings) -> Option<(crate::regions::RegionConfig, Redi
     let regions = crate::regions::RegionConfig {
         region: s.region.clone(),
         regions: s.region_names().into_iter().map(String::from).collect(),
+        weights: s.region_weights(),
         exchange,
         lease: Duration::from_millis(s.region_lease_ms),
         floor: s.region_floor,

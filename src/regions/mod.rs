@@ -58,7 +58,7 @@
 
 mod allocate;
 
-pub use allocate::{HEADROOM, RegionDemand, WHOLE, allocate};
+pub use allocate::{HEADROOM, RegionDemand, WHOLE, allocate, partition_shares};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -95,6 +95,9 @@ pub struct RegionConfig {
     pub region: String,
     /// Every region sharing the global limits.
     pub regions: Vec<String>,
+    /// Each region's weight, in the order of `regions` (1 each unless `regions` gives them):
+    /// its partition share is its weight's part of the limit.
+    pub weights: Vec<f64>,
     /// How often a replica exchanges demand with the global store.
     pub exchange: Duration,
     /// How long a region's shares hold without global contact.
@@ -217,8 +220,13 @@ struct KeyShare {
 
 impl Shares {
     pub fn new(config: RegionConfig, clock: Clock, metrics: RegionMetrics) -> Shares {
-        let n = config.regions.len().max(1) as u64;
-        let partition_ppm = (WHOLE / n) as u32;
+        let partitions = partition_shares(&config.weights);
+        let partition_ppm = config
+            .regions
+            .iter()
+            .position(|r| *r == config.region)
+            .and_then(|i| partitions.get(i))
+            .map_or(0, |&p| p as u32);
         let floor_ppm = (f64::from(partition_ppm) * config.floor.clamp(0.0, 1.0)).floor() as u32;
         let now = clock.mono_ms();
         Shares {
@@ -475,8 +483,10 @@ impl Shares {
             .regions
             .iter()
             .zip(reachable)
-            .map(|(name, &reachable)| RegionDemand {
+            .zip(&cfg.weights)
+            .map(|((name, &reachable), &weight)| RegionDemand {
                 reachable,
+                weight,
                 demand_ppm: totals
                     .iter()
                     .find(|(r, _)| r == name)
@@ -566,6 +576,7 @@ mod tests {
             RegionConfig {
                 region: "eu".into(),
                 regions: vec!["us".into(), "eu".into(), "ap".into()],
+                weights: vec![1.0; 3],
                 exchange: Duration::from_millis(1_000),
                 lease: Duration::from_millis(10_000),
                 floor: 0.1,

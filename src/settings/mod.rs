@@ -197,7 +197,7 @@ settings! {
     region: String = String::new(),
         "this region's name, one of `regions` (with `global_store`)";
     regions: String = String::new(),
-        "every region sharing the global limits, comma-separated (us-east,eu-west,ap-south): each is kept its partition share (1/N of a global limit) while the global store has not heard from it";
+        "every region sharing the global limits, comma-separated (us-east,eu-west,ap-south), each with an optional weight (us-east=2): each is kept its partition share (its weight's part of a global limit, 1/N with equal weights) while the global store has not heard from it";
     region_exchange_ms: u64 = 1_000,
         "how often each replica exchanges its demand for global limits with the global store (100 to 60000)";
     region_lease_ms: u64 = 10_000,

@@ -339,6 +339,18 @@ impl Settings {
                 return bad("regions", "a region is named twice");
             }
         }
+        for (_, weight) in self.region_entries() {
+            let fine = weight.is_none_or(|w| {
+                w.parse::<f64>()
+                    .is_ok_and(|w| w.is_finite() && (0.001..=1000.0).contains(&w))
+            });
+            if !fine {
+                return bad(
+                    "regions",
+                    "a region's weight (name=weight) is a number from 0.001 to 1000",
+                );
+            }
+        }
         if !names.contains(&self.region.as_str()) {
             return bad(
                 "region",
@@ -360,13 +372,30 @@ impl Settings {
         Ok(())
     }
 
-    /// `regions`, split at commas, each trimmed; empty parts dropped.
+    /// `regions`' names, split at commas, each trimmed, without its weight (`name=weight`);
+    /// empty parts dropped.
     pub fn region_names(&self) -> Vec<&str> {
+        self.region_entries().map(|(name, _)| name).collect()
+    }
+
+    /// `regions`' weights, in the order of [`Settings::region_names`]: 1 where none is given
+    /// (a malformed one, which validation refuses, counts as 1 too).
+    pub fn region_weights(&self) -> Vec<f64> {
+        self.region_entries()
+            .map(|(_, w)| w.and_then(|w| w.parse().ok()).unwrap_or(1.0))
+            .collect()
+    }
+
+    /// Each `regions` entry: its name and its weight's text, if it gives one.
+    fn region_entries(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
         self.regions
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .collect()
+            .map(|entry| match entry.split_once('=') {
+                Some((name, weight)) => (name.trim(), Some(weight.trim())),
+                None => (entry, None),
+            })
     }
 
     /// Traces, statsd and the reference's Prometheus port: addresses of the forms they take.
@@ -651,7 +680,12 @@ mod tests {
         };
         let s = with(&[]).unwrap();
         assert_eq!(s.region_names(), ["us", "eu", "ap"]);
+        assert_eq!(s.region_weights(), [1.0; 3]);
         assert!(!s.redacted().global_store.contains("pw"));
+        // Weights, optional per region.
+        let s = with(&[("regions", "us=4, eu,ap=0.5")]).unwrap();
+        assert_eq!(s.region_names(), ["us", "eu", "ap"]);
+        assert_eq!(s.region_weights(), [4.0, 1.0, 0.5]);
         // Off: nothing else is looked at.
         assert!(with(&[("global_store", ""), ("region", "nowhere")]).is_ok());
         for (extra, key) in [
@@ -659,6 +693,9 @@ mod tests {
             (vec![("regions", "")], "regions"),
             (vec![("regions", "us,eu,eu")], "regions"),
             (vec![("regions", "us|x,eu")], "regions"),
+            (vec![("regions", "us=0,eu")], "weight"),
+            (vec![("regions", "us=lots,eu")], "weight"),
+            (vec![("regions", "us=NaN,eu")], "weight"),
             (vec![("region", "mars")], "region"),
             (vec![("region_exchange_ms", "50")], "region_exchange_ms"),
             (vec![("region_lease_ms", "2000")], "region_lease_ms"),

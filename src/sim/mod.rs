@@ -204,10 +204,16 @@ mod tests {
     /// Two regions, `rate_us` and `rate_eu` a second on `key`, the global store 100 ms away
     /// and cut off from 20 s to 30 s.
     fn two_regions(key: &str, rate_us: u32, rate_eu: u32) -> Report {
+        two_regions_weighing(key, rate_us, rate_eu, [1, 1])
+    }
+
+    /// The same, the regions weighing `weights`.
+    fn two_regions_weighing(key: &str, rate_us: u32, rate_eu: u32, weights: [u32; 2]) -> Report {
+        let [w_us, w_eu] = weights;
         let (_dir, s) = scenario(
             SHARED,
             &format!(
-                "duration_s: 30\nsettings: {{region_exchange_ms: 250, region_lease_ms: 1500}}\nstore: {{}}\nreplicas: {{start: 2}}\nregions:\n  names: [us, eu]\n  global_latency_ms: {{p50: 100, p99: 120}}\n  global_faults: [{{at_s: 20, for_s: 10}}]\ntraffic:\n  - {{region: us, domain: g, entries: [{{key: {key}, value: a}}], rate_per_s: {rate_us}, arrivals: even}}\n  - {{region: eu, domain: g, entries: [{{key: {key}, value: a}}], rate_per_s: {rate_eu}, arrivals: even}}\n"
+                "duration_s: 30\nsettings: {{region_exchange_ms: 250, region_lease_ms: 1500}}\nstore: {{}}\nreplicas: {{start: 2}}\nregions:\n  names: [us, eu]\n  weights: [{w_us}, {w_eu}]\n  global_latency_ms: {{p50: 100, p99: 120}}\n  global_faults: [{{at_s: 20, for_s: 10}}]\ntraffic:\n  - {{region: us, domain: g, entries: [{{key: {key}, value: a}}], rate_per_s: {rate_us}, arrivals: even}}\n  - {{region: eu, domain: g, entries: [{{key: {key}, value: a}}], rate_per_s: {rate_eu}, arrivals: even}}\n"
             ),
         );
         run(&s, false).expect("ran")
@@ -247,6 +253,20 @@ mod tests {
             "{:?}",
             r.total.windows.over
         );
+    }
+
+    #[test]
+    fn cut_off_each_region_holds_its_weights_part() {
+        // us weighs 3 of 4: cut off, it holds 75 a second of the 100, eu 25 (both ask 200).
+        let r = two_regions_weighing("tenant", 200, 200, [3, 1]);
+        let regions = &r.regions.as_ref().expect("regions").regions;
+        for t in 24..30 {
+            let (us, eu) = (regions[0].admitted_per_s[t], regions[1].admitted_per_s[t]);
+            assert!(
+                (72..=78).contains(&us) && (23..=27).contains(&eu),
+                "{t} s: {us} + {eu}"
+            );
+        }
     }
 
     #[test]

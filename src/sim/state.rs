@@ -183,6 +183,7 @@ impl<'s> Sim<'s> {
                 RegionConfig {
                     region: model.names[r].clone(),
                     regions: model.names.clone(),
+                    weights: model.weights.clone(),
                     exchange: Duration::from_millis(s.region_exchange_ms),
                     lease: Duration::from_millis(s.region_lease_ms),
                     floor: s.region_floor,

@@ -102,7 +102,13 @@ pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scena
 fn region_settings(out: &mut Problems, node: &Node, s: &Settings, r: &RegionsModel) {
     let mut with = s.clone();
     with.global_store = "redis://global.simulated:6379".into();
-    with.regions = r.names.join(",");
+    with.regions = r
+        .names
+        .iter()
+        .zip(&r.weights)
+        .map(|(name, w)| format!("{name}={w}"))
+        .collect::<Vec<_>>()
+        .join(",");
     with.region = r.names[0].clone();
     if let Err(e) = with.validate() {
         out.error(node.pos, "settings", e.to_string());

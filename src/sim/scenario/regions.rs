@@ -22,6 +22,8 @@ const MAX_REGIONS: usize = 16;
 pub struct RegionsModel {
     /// The regions, in order (as the settings' `regions` lists them).
     pub names: Vec<String>,
+    /// Their weights (`weights:`; 1 each by default): each one's partition share.
+    pub weights: Vec<f64>,
     /// A round trip from any region to the global store.
     pub global_latency: Latency,
     /// When regions are cut off from the global store.
@@ -53,7 +55,7 @@ pub(super) fn regions(out: &mut Problems, node: &Node) -> Option<RegionsModel> {
         out,
         node,
         "regions",
-        &["names", "global_latency_ms", "global_faults"],
+        &["names", "weights", "global_latency_ms", "global_faults"],
     )?;
     let names = match f.get("names") {
         Some(n) => names(out, n),
@@ -61,6 +63,11 @@ pub(super) fn regions(out: &mut Problems, node: &Node) -> Option<RegionsModel> {
             out.error(node.pos, "regions.names", "missing (required)");
             None
         }
+    };
+    let weights = match (f.get("weights"), &names) {
+        (None, Some(names)) => Some(vec![1.0; names.len()]),
+        (None, None) => None,
+        (Some(n), names) => weights(out, n, names.as_ref().map_or(0, Vec::len)),
     };
     let global_latency = match f.get("global_latency_ms") {
         Some(n) => latency(out, n, "regions.global_latency_ms"),
@@ -93,6 +100,7 @@ pub(super) fn regions(out: &mut Problems, node: &Node) -> Option<RegionsModel> {
     }
     Some(RegionsModel {
         names: names?,
+        weights: weights?,
         global_latency: global_latency?,
         cuts: cuts?,
     })
@@ -135,6 +143,30 @@ fn names(out: &mut Problems, node: &Node) -> Option<Vec<String>> {
         return None;
     }
     Some(names)
+}
+
+/// The regions' weights: one per name, each from 0.001 to 1000 (as `serve` takes them).
+fn weights(out: &mut Problems, node: &Node, names: usize) -> Option<Vec<f64>> {
+    let items = yaml::seq(out, node, "regions.weights")?;
+    if items.len() != names {
+        out.error(
+            node.pos,
+            "regions.weights",
+            format!("give one weight per region ({names})"),
+        );
+        return None;
+    }
+    let mut all = Some(Vec::new());
+    for item in items {
+        match (
+            &mut all,
+            number(out, item, "regions.weights", 0.001, 1000.0),
+        ) {
+            (Some(all), Some(w)) => all.push(w),
+            _ => all = None,
+        }
+    }
+    all
 }
 
 fn cut(out: &mut Problems, node: &Node, path: &str, names: &[String]) -> Option<Cut> {
