@@ -28,10 +28,12 @@
 //!   that region is heard from again and shared by demand, so the replica cut off drops to
 //!   the floor; if none does (the whole region is cut off), nobody hears from the region and
 //!   everyone keeps its `1/R`, which it goes on holding. It learns which from its region's own
-//!   store: every exchange, a replica in contact renews its entry in a set there
-//!   (`<key_prefix>{regions-contact}`, the membership script's), and one cut off counts the
-//!   others' live entries ([`Shares::tell_region`]). When heard from again it starts from at
-//!   most `1/R` and grows through the exchanges.
+//!   store: a replica renews its entry in a set there (`<key_prefix>{regions-contact}`, the
+//!   membership script's) at once when a heartbeat is answered and every exchange until it
+//!   has been cut off long enough to hold `1/R` itself; one cut off past the memory counts
+//!   the others' live entries every quarter exchange ([`Shares::tell_region`]), so it finds a
+//!   peer back in contact before the other regions grow into its region's `1/R`. When heard
+//!   from again it starts from at most what it held cut off and grows through the exchanges.
 //! - **Every key this replica saw asked for within a lease** is exchanged, with the demand it
 //!   saw since the last exchange (0 when it saw none: with many replicas in a region, each
 //!   sees a quiet key now and then while the region as a whole asks for it steadily), and
@@ -84,6 +86,9 @@ pub const MEMORY_LEASES: u64 = 10;
 /// Demand above this (parts per million of the limit: a million times the limit) is counted as
 /// this: the global store sums it in Lua's doubles.
 const MAX_DEMAND_PPM: u64 = 1_000_000_000_000;
+
+/// `KeyShare::asked_before` of a key not tracked in the exchange before.
+const NONE: u64 = u64::MAX;
 
 /// Demand calls to the global store in flight at once, per replica.
 const DEMAND_CALLS: usize = 64;
@@ -193,6 +198,8 @@ pub struct Shares {
     contact_ms: AtomicU64,
     /// When the demand was last taken (monotonic ms): demand is asked over the time since.
     counted_ms: AtomicU64,
+    /// How long the period before the last one was (ms): demand is measured over both.
+    counted_before_ms: AtomicU64,
     partition_ppm: u32,
     floor_ppm: u32,
     metrics: RegionMetrics,
@@ -201,6 +208,11 @@ pub struct Shares {
     /// Whether, at the last look while cut off, another replica of this region reached the
     /// global store (or the region's store could not say): then, past the memory, the floor.
     peers_in_contact: std::sync::atomic::AtomicBool,
+    /// Whether the global store has ever answered this replica's heartbeat (a replica started
+    /// during a cut claims no contact it never had).
+    answered: std::sync::atomic::AtomicBool,
+    /// How long the last exchange took (ms): the others' take about as long to make room.
+    last_exchange_ms: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -211,6 +223,8 @@ struct KeyShare {
     computed: AtomicU32,
     /// Tokens asked for since the last exchange.
     asked: AtomicU64,
+    /// Tokens asked for in the exchange before (`NONE`: the key was not tracked then).
+    asked_before: AtomicU64,
     /// The limit: its refill per window (what a share is a share of).
     refill: u64,
     window_ms: u64,
@@ -235,11 +249,14 @@ impl Shares {
             keys: RwLock::new(HashMap::new()),
             contact_ms: AtomicU64::new(now),
             counted_ms: AtomicU64::new(now),
+            counted_before_ms: AtomicU64::new(0),
             partition_ppm,
             floor_ppm,
             metrics,
             warned_unknown: false.into(),
             peers_in_contact: true.into(),
+            answered: false.into(),
+            last_exchange_ms: AtomicU64::new(0),
         }
     }
 
@@ -273,14 +290,24 @@ impl Shares {
         if age <= lease {
             return effective;
         }
-        let room = lease + (self.bound() + 2 * cfg.exchange).as_millis() as u64;
-        if age <= room {
+        if age <= self.room() {
             effective.min(self.partition_ppm)
         } else if age <= MEMORY_LEASES * lease || !self.peers_in_contact.load(Ordering::Relaxed) {
             self.partition_ppm
         } else {
             self.floor_ppm
         }
+    }
+
+    /// How long after its last answered heartbeat was sent a replica cut off waits before it
+    /// holds its partition share: the others have seen its beat end and made room by then (a
+    /// lease, a call's bound and two exchanges, each as long as the interval or as the last
+    /// exchange took: an exchange of many keys takes several round trips).
+    fn room(&self) -> u64 {
+        let cfg = &self.config;
+        let exchange =
+            (cfg.exchange.as_millis() as u64).max(self.last_exchange_ms.load(Ordering::Relaxed));
+        cfg.lease.as_millis() as u64 + self.bound().as_millis() as u64 + 2 * exchange
     }
 
     /// How long one call of an exchange may take (the interval, at least a second): a global
@@ -319,6 +346,7 @@ impl Shares {
                                     effective: AtomicU32::new(self.floor_ppm),
                                     computed: AtomicU32::new(self.floor_ppm),
                                     asked: AtomicU64::new(0),
+                                    asked_before: AtomicU64::new(NONE),
                                     refill,
                                     window_ms,
                                     seen_ms: AtomicU64::new(now),
@@ -337,16 +365,19 @@ impl Shares {
         self.held(e.effective.load(Ordering::Relaxed), now)
     }
 
-    /// One exchange with the global store: the heartbeat, then each key asked for since the
-    /// last one. Errors leave the shares as they were (until the cut-off rule takes over).
-    pub async fn exchange(&self, global: &dyn GlobalStore) {
+    /// One exchange with the global store: the heartbeat (once answered, this replica's entry
+    /// in its region's contact set, in `region`, renewed at once), then each key asked for
+    /// within a lease. Errors leave the shares as they were (until the cut-off rule takes
+    /// over).
+    pub async fn exchange(&self, global: &dyn GlobalStore, region: &Store) {
         let now = self.clock.mono_ms();
         if self.partitioned_at(now) {
-            // Held at most at the partition share meanwhile: never more than that once contact
-            // is back, until the exchanges have let it grow again.
+            // Held at most at what it holds cut off meanwhile: never more than that once
+            // contact is back, until the exchanges have let it grow again.
+            let most = self.held(self.partition_ppm, now);
             for e in read(&self.keys).values() {
-                e.effective.fetch_min(self.partition_ppm, Ordering::Relaxed);
-                e.computed.fetch_min(self.partition_ppm, Ordering::Relaxed);
+                e.effective.fetch_min(most, Ordering::Relaxed);
+                e.computed.fetch_min(most, Ordering::Relaxed);
             }
         }
         let cfg = &self.config;
@@ -364,7 +395,12 @@ impl Shares {
             Ok(beats) => {
                 // From when it was sent: the global store wrote it after that.
                 self.contact_ms.fetch_max(now, Ordering::Relaxed);
+                self.answered.store(true, Ordering::Relaxed);
                 self.count(true);
+                // At once: a replica of this region cut off for long holds its partition share
+                // only while no other replica is in contact, and the other regions may count
+                // this region heard from again as soon as this beat is read.
+                self.tell_region(region).await;
                 beats
             }
             Err(e) => {
@@ -375,26 +411,34 @@ impl Shares {
             }
         };
         let reachable = self.reachable(&beats);
-        // Every key asked for within a lease, by this replica, is exchanged: its demand since
-        // the demand was last taken (over the time since: an exchange's own round trips make
-        // it longer than the interval; 0 for a key it did not see meanwhile, whose share its
-        // region's other replicas may still earn), and its share worked out again from every
-        // region's. A key not asked for within a lease is forgotten (seen again, it starts
-        // from the floor).
-        let mut asked: Vec<(String, Arc<KeyShare>, u64)> = Vec::new();
-        let over_ms;
+        // Every key asked for within a lease, by this replica, is exchanged: its demand over
+        // the last two periods between exchanges (one, for a key new since), and its share
+        // worked out again from every region's. Two periods, because one is a count of a few
+        // requests: a region asking 20 a second over two replicas exchanging every 450 ms was
+        // measured at 16 to 21, and its share (with the headroom) at times below what it
+        // asked. 0 for a key it did not see meanwhile, whose share its region's other replicas
+        // may still earn. A key not asked for within a lease is forgotten (seen again, it
+        // starts from the floor).
+        let mut asked: Vec<(String, Arc<KeyShare>, u64, u64)> = Vec::new();
+        let (over_ms, before_ms);
         {
             let mut keys = write(&self.keys);
             let taken = self.clock.mono_ms();
             over_ms = taken
                 .saturating_sub(self.counted_ms.swap(taken, Ordering::Relaxed))
                 .max(1);
+            before_ms = self.counted_before_ms.swap(over_ms, Ordering::Relaxed);
             keys.retain(|key, e| {
                 let n = e.asked.swap(0, Ordering::Relaxed);
                 let keep =
                     n > 0 || now.saturating_sub(e.seen_ms.load(Ordering::Relaxed)) <= lease_ms;
                 if keep {
-                    asked.push((key.clone(), e.clone(), n));
+                    // Over both periods, or this one alone for a key new since the last.
+                    let (tokens, ms) = match e.asked_before.swap(n, Ordering::Relaxed) {
+                        NONE => (n, over_ms),
+                        b => (n.saturating_add(b), over_ms + before_ms),
+                    };
+                    asked.push((key.clone(), e.clone(), tokens, ms));
                 }
                 keep
             });
@@ -404,9 +448,10 @@ impl Shares {
         let calls: Vec<(usize, String, u64)> = asked
             .iter()
             .enumerate()
-            .map(|(i, (key, e, n))| {
+            .map(|(i, (key, e, n, ms))| {
                 // Tokens asked over one window of the limit, as parts per million of its refill.
-                let per_window = u128::from(*n) * u128::from(e.window_ms) / u128::from(over_ms);
+                let per_window =
+                    u128::from(*n) * u128::from(e.window_ms) / u128::from((*ms).max(1));
                 let demand = (per_window * u128::from(WHOLE) / u128::from(e.refill.max(1)))
                     .min(u128::from(MAX_DEMAND_PPM)) as u64;
                 (i, format!("{key}|regions"), demand)
@@ -432,21 +477,41 @@ impl Shares {
         self.observe(self.clock.mono_ms());
     }
 
-    /// Tells this region's own store whether this replica reaches the global store: in
-    /// contact, its entry in the region's contact set is renewed for a lease; cut off, its
-    /// entry goes and the others' live entries are counted (none: the whole region is cut off).
-    /// A store that does not answer counts as a peer in contact (the floor: never more).
+    /// Tells this region's own store whether this replica reaches the global store. Its
+    /// entry in the region's contact set is renewed for a lease while its last answered
+    /// heartbeat is at most [`Shares::room`] old: in contact, and for as long as it cut off
+    /// holds no more than the smaller of its share and its partition share (a replica of its
+    /// region cut off for long must not take its partition share before the others have made
+    /// room for the region). After that, or before any heartbeat was answered, its entry goes
+    /// and the others' live entries are counted (none: the whole region is cut off). A store
+    /// that does not answer counts as a peer in contact (the floor: never more).
     pub async fn tell_region(&self, store: &Store) {
         let cfg = &self.config;
-        if self.partitioned() {
-            let peers = store.leave(&cfg.contact_key, &cfg.replica).await;
-            self.peers_in_contact
-                .store(!matches!(peers, Ok(0)), Ordering::Relaxed);
-        } else {
+        let now = self.clock.mono_ms();
+        if self.answered.load(Ordering::Relaxed) && self.contact_age(now) <= self.room() {
             let _ = store
                 .heartbeat(&cfg.contact_key, &cfg.replica, cfg.lease)
                 .await;
             self.peers_in_contact.store(true, Ordering::Relaxed);
+        } else {
+            let peers = store.leave(&cfg.contact_key, &cfg.replica).await;
+            self.peers_in_contact
+                .store(!matches!(peers, Ok(0)), Ordering::Relaxed);
+        }
+    }
+
+    /// While cut off past the memory, reads the region's contact set every quarter exchange
+    /// (a peer back in contact is found before the other regions, an exchange after they
+    /// first read its beat, grow into this region's partition share). Never ends.
+    async fn watch_region(&self, store: &Store) {
+        let cfg = &self.config;
+        let every = (cfg.exchange / 4).max(Duration::from_millis(25));
+        loop {
+            self.clock.sleep(every).await;
+            let age = self.contact_age(self.clock.mono_ms());
+            if age > MEMORY_LEASES * cfg.lease.as_millis() as u64 {
+                self.tell_region(store).await;
+            }
         }
     }
 
@@ -536,11 +601,19 @@ pub async fn run(
 ) {
     tokio::pin!(stop);
     loop {
-        shares.exchange(&*global).await;
-        shares.tell_region(&region).await;
+        let turn = async {
+            let started = clock.mono_ms();
+            shares.exchange(&*global, &region).await;
+            shares
+                .last_exchange_ms
+                .store(clock.mono_ms().saturating_sub(started), Ordering::Relaxed);
+            shares.tell_region(&region).await;
+            clock.sleep(shares.config.exchange).await;
+        };
         tokio::select! {
             _ = &mut stop => break,
-            _ = clock.sleep(shares.config.exchange) => {}
+            () = turn => {}
+            () = shares.watch_region(&region) => {}
         }
     }
     // A graceful stop: this replica's beat goes, so its region is not counted as one whose
@@ -699,6 +772,7 @@ mod tests {
                         effective: AtomicU32::new(0),
                         computed: AtomicU32::new(0),
                         asked: AtomicU64::new(0),
+                        asked_before: AtomicU64::new(NONE),
                         refill: 1,
                         window_ms: 1,
                         seen_ms: AtomicU64::new(0),
@@ -708,5 +782,183 @@ mod tests {
         }
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3);
         assert!(!read(&s.keys).contains_key(KEY));
+    }
+
+    /// A global store whose replicas can be cut off one by one: a cut-off replica's calls fail
+    /// at once; every region is reported heard from, nobody asks for anything.
+    #[derive(Debug, Default)]
+    struct Global {
+        cut: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl Global {
+        fn set_cut(&self, replica: &str, cut: bool) {
+            let mut list = self.cut.lock().unwrap();
+            list.retain(|r| r != replica);
+            if cut {
+                list.push(replica.to_string());
+            }
+        }
+
+        fn answers(&self, replica: &str) -> Result<(), StoreError> {
+            if self.cut.lock().unwrap().iter().any(|r| r == replica) {
+                Err(StoreError::new(
+                    crate::store::StoreErrorKind::Timeout,
+                    "cut",
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    impl GlobalStore for Global {
+        fn beat<'a>(
+            &'a self,
+            _key: &'a str,
+            (_, replica): (&'a str, &'a str),
+            _ttl_ms: u64,
+            _memory_ms: u64,
+            _timeout: Duration,
+        ) -> BoxFuture<'a, Result<Vec<(String, i64)>, StoreError>> {
+            let beats = ["us", "eu", "ap"].map(|r| (r.to_string(), 5_000)).to_vec();
+            Box::pin(async move { self.answers(replica).map(|()| beats) })
+        }
+
+        fn leave<'a>(
+            &'a self,
+            _key: &'a str,
+            _who: (&'a str, &'a str),
+            _timeout: Duration,
+        ) -> BoxFuture<'a, Result<(), StoreError>> {
+            Box::pin(async { Ok(()) })
+        }
+
+        fn demand<'a>(
+            &'a self,
+            _key: &'a str,
+            (_, replica): (&'a str, &'a str),
+            _demand_ppm: u64,
+            _ttl_ms: u64,
+            _timeout: Duration,
+        ) -> BoxFuture<'a, Result<Vec<(String, u64)>, StoreError>> {
+            Box::pin(async move { self.answers(replica).map(|()| Vec::new()) })
+        }
+    }
+
+    /// A region's store that keeps only the membership sets (as `lua/membership.lua` does).
+    #[derive(Debug)]
+    struct Members {
+        clock: Clock,
+        sets: std::sync::Mutex<HashMap<String, HashMap<String, u64>>>,
+    }
+
+    impl Members {
+        fn change(&self, key: &str, replica: &str, ttl: Option<Duration>) -> u64 {
+            let now = self.clock.mono_ms();
+            let mut sets = self.sets.lock().unwrap();
+            let set = sets.entry(key.to_string()).or_default();
+            set.retain(|_, until| *until > now);
+            match ttl {
+                Some(ttl) => set.insert(replica.to_string(), now + ttl.as_millis() as u64),
+                None => set.remove(replica),
+            };
+            set.len() as u64
+        }
+    }
+
+    impl crate::store::Backend for Members {
+        fn apply_each<'a>(
+            &'a self,
+            _ops: &'a [crate::quota::Op],
+        ) -> BoxFuture<'a, Vec<Result<crate::quota::Outcome, StoreError>>> {
+            Box::pin(async { Vec::new() })
+        }
+
+        fn heartbeat<'a>(
+            &'a self,
+            key: &'a str,
+            replica: &'a str,
+            ttl: Duration,
+        ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            Box::pin(async move { Ok(self.change(key, replica, Some(ttl))) })
+        }
+
+        fn leave<'a>(
+            &'a self,
+            key: &'a str,
+            replica: &'a str,
+        ) -> BoxFuture<'a, Result<u64, StoreError>> {
+            Box::pin(async move { Ok(self.change(key, replica, None)) })
+        }
+
+        fn name(&self) -> &'static str {
+            "members"
+        }
+    }
+
+    fn replica_of_eu(clock: &Clock, name: &str) -> Shares {
+        let mut s = shares(clock);
+        s.config.replica = name.into();
+        s
+    }
+
+    /// Both replicas of eu run one exchange (and say what they know to their region's store),
+    /// then the clock moves a second.
+    async fn second(a: &Shares, b: &Shares, global: &Global, region: &Store, clock: &Clock) {
+        for s in [a, b] {
+            s.exchange(global, region).await;
+            s.tell_region(region).await;
+        }
+        clock.advance_ms(1_000);
+    }
+
+    #[tokio::test]
+    async fn a_replica_cut_off_for_long_holds_the_floor_while_a_peer_is_in_contact() {
+        let clock = Clock::manual(1_700_000_000_000);
+        let (a, b) = (replica_of_eu(&clock, "a"), replica_of_eu(&clock, "b"));
+        let global = Global::default();
+        let region = Store::Custom(Arc::new(Members {
+            clock: clock.clone(),
+            sets: Default::default(),
+        }));
+        for s in [&a, &b] {
+            s.scale(KEY, bucket(), 1);
+        }
+        second(&a, &b, &global, &region, &clock).await;
+        // a is cut off; b stays in contact: past the memory, a holds the floor.
+        global.set_cut("a", true);
+        for _ in 0..(MEMORY_LEASES * 10 + 2) {
+            second(&a, &b, &global, &region, &clock).await;
+        }
+        assert!(a.partitioned() && !b.partitioned());
+        assert_eq!(capacity(a.scale(KEY, bucket(), 1)), 3, "a peer in contact");
+        // b is cut off too. Until b has been cut off long enough to hold its third itself
+        // (the others have made room for eu by then), a still sees b in the contact set.
+        global.set_cut("b", true);
+        for _ in 0..12 {
+            second(&a, &b, &global, &region, &clock).await;
+        }
+        assert!(b.partitioned());
+        assert_eq!(
+            capacity(a.scale(KEY, bucket(), 1)),
+            3,
+            "b not yet past its room"
+        );
+        // Once b's entry has lapsed (a lease after b stopped renewing it), a keeps its third.
+        for _ in 0..12 {
+            second(&a, &b, &global, &region, &clock).await;
+        }
+        assert_eq!(
+            capacity(a.scale(KEY, bucket(), 1)),
+            33,
+            "the whole region cut off"
+        );
+        // b is back: its entry is written as soon as its beat is answered, so a drops to the
+        // floor at its next look, before another region can grow into eu's third.
+        global.set_cut("b", false);
+        b.exchange(&global, &region).await;
+        a.tell_region(&region).await;
+        assert_eq!(capacity(a.scale(KEY, bucket(), 1)), 3, "b back in contact");
     }
 }

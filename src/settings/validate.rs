@@ -325,7 +325,8 @@ impl Settings {
             );
         }
         for (i, name) in names.iter().enumerate() {
-            if name.len() > 64
+            if name.is_empty()
+                || name.len() > 64
                 || !name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
@@ -350,6 +351,14 @@ impl Settings {
                     "a region's weight (name=weight) is a number from 0.001 to 1000",
                 );
             }
+        }
+        let weights = self.region_weights();
+        let total: f64 = weights.iter().sum();
+        if weights.iter().any(|w| w / total < 0.001) {
+            return bad(
+                "regions",
+                "every region's weight must be at least a thousandth of their sum (its partition share of a global limit)",
+            );
         }
         if !names.contains(&self.region.as_str()) {
             return bad(
@@ -696,6 +705,8 @@ mod tests {
             (vec![("regions", "us=0,eu")], "weight"),
             (vec![("regions", "us=lots,eu")], "weight"),
             (vec![("regions", "us=NaN,eu")], "weight"),
+            (vec![("regions", "us=0.001,eu=1000")], "thousandth"),
+            (vec![("regions", "=2,eu"), ("region", "eu")], "regions"),
             (vec![("region", "mars")], "region"),
             (vec![("region_exchange_ms", "50")], "region_exchange_ms"),
             (vec![("region_lease_ms", "2000")], "region_lease_ms"),

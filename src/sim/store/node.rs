@@ -256,8 +256,11 @@ impl SimStore {
                 Reply::Live(set.len() as u64)
             }
             Work::Leave { key, replica } => {
+                // As lua/membership.lua: expired entries go first, then this one.
+                let now = self.clock.mono_ms();
                 let mut members = lock(&n.members);
                 let set = members.entry(key).or_default();
+                set.retain(|_, expiry| *expiry > now);
                 set.remove(&replica);
                 Reply::Live(set.len() as u64)
             }
