@@ -386,8 +386,26 @@ pub fn simulate_scenario(data: &[u8]) {
                 assert!(u64::from(n) <= MAX_REPLICAS, "{n} replicas");
             }
             assert!(!s.traffic.is_empty(), "a scenario without traffic");
+            let regions = s.regions.as_ref();
+            if let Some(r) = regions {
+                assert!((2..=16).contains(&r.names.len()), "{:?}", r.names);
+                assert_eq!(r.names.len(), r.weights.len());
+                assert!(r.weights.iter().all(|w| (0.001..=1000.0).contains(w)));
+                let most = std::iter::once(s.replicas.start)
+                    .chain(s.replicas.changes.iter().map(|c| c.1))
+                    .max()
+                    .unwrap_or(0);
+                assert!(u64::from(most) * r.names.len() as u64 <= MAX_REPLICAS);
+            }
             for t in &s.traffic {
                 assert!(s.rules.domains.contains_key(&t.domain), "{}", t.domain);
+                // A stream reaches a region the scenario has, and only with regions.
+                match (regions, &t.region) {
+                    (Some(r), Some(name)) => assert!(r.names.contains(name), "{name}"),
+                    (None, None) => {}
+                    other => panic!("a stream's region without regions, or none with: {other:?}"),
+                }
+                assert!(t.to_s.is_none_or(|to| to > t.from_s), "{t:?}");
                 assert!(
                     t.rate_per_s > 0.0 && t.rate_per_s <= MAX_RATE,
                     "{}",
@@ -614,6 +632,11 @@ mod tests {
         assert!(e.errors.len() >= 3, "{e}");
         // A scenario naming any other rules is not read (it could name `/`).
         simulate_scenario(b"rules: /\nduration_s: 1\n");
+        let regions = String::from_utf8(seed("simulate_scenario", "regions.yaml")).unwrap();
+        let s = crate::sim::Scenario::parse(&scenario_dir().join("s.yaml"), &regions)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.regions.map(|r| r.weights), Some(vec![2.0, 1.0, 0.5]));
+        simulate_scenario(regions.as_bytes());
         // The RLQS seeds are answered with tokens: the bound is checked on real assignments.
         for name in ["settle-and-claim.bin", "repeated-ids.bin"] {
             let runtime = tokio::runtime::Builder::new_current_thread()

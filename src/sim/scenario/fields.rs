@@ -1,9 +1,33 @@
 //! The field readers every section of a scenario uses (`read.rs`, `store.rs`, `replicas.rs`,
-//! `traffic.rs`): a whole number of at least 1, a plain number in a range. Each records its
-//! problem with the field's line and returns `None`, so the walk goes on.
+//! `traffic.rs`, `regions.rs`): a whole number of at least 1, a plain number in a range, a
+//! fault's time window. Each records its problem with the field's line and returns `None`, so
+//! the walk goes on.
 
+use super::MAX_DURATION_S;
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node, Value};
+
+/// A fault's `at_s` and `for_s` (both required) in the mapping `f` of `node` at `path`.
+pub(super) fn window(
+    out: &mut Problems,
+    node: &Node,
+    f: &yaml::Fields<'_>,
+    path: &str,
+) -> Option<(f64, f64)> {
+    let mut read = |name: &str, min: f64| {
+        let field = yaml::join(path, name);
+        match f.get(name) {
+            Some(n) => number(out, n, &field, min, MAX_DURATION_S as f64),
+            None => {
+                out.error(node.pos, &field, "missing (required)");
+                None
+            }
+        }
+    };
+    let at_s = read("at_s", 0.0);
+    let for_s = read("for_s", 0.001);
+    Some((at_s?, for_s?))
+}
 
 pub(super) fn positive_uint(out: &mut Problems, node: &Node, field: &str, max: u64) -> Option<u64> {
     match yaml::uint(out, node, field, max)? {

@@ -298,6 +298,13 @@ mod tests {
             e.contains("traffic[0].region: only a scenario with `regions:` routes a stream"),
             "{e}"
         );
+        let e = write(dir.path(), &REGIONS.replace("{start: 2}", "{start: 2600}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("regions: 2 regions of up to 2600 replicas each is 5200 replicas; at most 5000 in all"),
+            "{e}"
+        );
         let e = write(
             dir.path(),
             &REGIONS.replace("region_exchange_ms: 500", "region: us"),

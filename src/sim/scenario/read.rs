@@ -15,7 +15,7 @@ use super::regions::{RegionsModel, regions};
 use super::replicas::replicas;
 use super::store::store;
 use super::traffic::traffic;
-use super::{MAX_DURATION_S, Scenario, check};
+use super::{MAX_DURATION_S, MAX_REPLICAS, Scenario, check};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node, Value};
 use crate::rules::{LoadOptions, RuleSet};
@@ -72,6 +72,24 @@ pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scena
     };
     if let (Some(Some(r)), Some(s), Some(n)) = (&regions, &settings, f.get("regions")) {
         region_settings(out, n, s, r);
+    }
+    // Every region runs the whole fleet: the replicas in all stay within the bound.
+    if let (Some(Some(r)), Some(fleet), Some(n)) = (&regions, &replicas, f.get("regions")) {
+        let most = std::iter::once(fleet.start)
+            .chain(fleet.changes.iter().map(|c| c.1))
+            .max()
+            .unwrap_or(0);
+        let all = u64::from(most) * r.names.len() as u64;
+        if all > MAX_REPLICAS {
+            out.error(
+                n.pos,
+                "regions",
+                format!(
+                    "{} regions of up to {most} replicas each is {all} replicas; at most {MAX_REPLICAS} in all",
+                    r.names.len()
+                ),
+            );
+        }
     }
     if let (Some(regions), Some(traffic)) = (&regions, &traffic) {
         check::stream_regions(out, root, regions.as_ref(), traffic);

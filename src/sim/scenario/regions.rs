@@ -7,8 +7,7 @@
 //! [`RegionsModel`], which the run starts one fleet and one store per name from, and one model
 //! of the global store (`sim/regions.rs`); each traffic stream names its region (`check.rs`).
 
-use super::MAX_DURATION_S;
-use super::fields::number;
+use super::fields::{number, window};
 use super::store::{Latency, latency};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node};
@@ -172,20 +171,7 @@ fn weights(out: &mut Problems, node: &Node, names: usize) -> Option<Vec<f64>> {
 fn cut(out: &mut Problems, node: &Node, path: &str, names: &[String]) -> Option<Cut> {
     let f = yaml::fields(out, node, path, &["at_s", "for_s", "regions"])?;
     let field = |name: &str| yaml::join(path, name);
-    let at_s = match f.get("at_s") {
-        Some(n) => number(out, n, &field("at_s"), 0.0, MAX_DURATION_S as f64),
-        None => {
-            out.error(node.pos, &field("at_s"), "missing (required)");
-            None
-        }
-    };
-    let for_s = match f.get("for_s") {
-        Some(n) => number(out, n, &field("for_s"), 0.001, MAX_DURATION_S as f64),
-        None => {
-            out.error(node.pos, &field("for_s"), "missing (required)");
-            None
-        }
-    };
+    let at = window(out, node, &f, path);
     let regions = match f.get("regions") {
         None => Some(None),
         Some(list) => {
@@ -209,8 +195,8 @@ fn cut(out: &mut Problems, node: &Node, path: &str, names: &[String]) -> Option<
         }
     };
     Some(Cut {
-        at_s: at_s?,
-        for_s: for_s?,
+        at_s: at?.0,
+        for_s: at?.1,
         regions: regions?,
     })
 }

@@ -5,8 +5,8 @@
 //! → [`fault`] for each fault, [`partition`] for a partition's replicas → a [`StoreModel`],
 //! which `sim::store` builds its nodes from.
 
-use super::fields::{number, positive_uint};
-use super::{MAX_DURATION_S, MAX_NODES, MAX_REPLICAS};
+use super::fields::{number, positive_uint, window};
+use super::{MAX_NODES, MAX_REPLICAS};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node};
 
@@ -140,20 +140,7 @@ fn fault(out: &mut Problems, node: &Node, path: &str) -> Option<Fault> {
         &["at_s", "for_s", "kind", "latency_ms", "replicas", "node"],
     )?;
     let field = |name: &str| yaml::join(path, name);
-    let at_s = match f.get("at_s") {
-        Some(n) => number(out, n, &field("at_s"), 0.0, MAX_DURATION_S as f64),
-        None => {
-            out.error(node.pos, &field("at_s"), "missing (required)");
-            None
-        }
-    };
-    let for_s = match f.get("for_s") {
-        Some(n) => number(out, n, &field("for_s"), 0.001, MAX_DURATION_S as f64),
-        None => {
-            out.error(node.pos, &field("for_s"), "missing (required)");
-            None
-        }
-    };
+    let at = window(out, node, &f, path);
     let kind_node = f.get("kind").copied();
     let kind_name = match kind_node {
         Some(n) => yaml::string(out, n, &field("kind")),
@@ -215,8 +202,8 @@ fn fault(out: &mut Problems, node: &Node, path: &str) -> Option<Fault> {
         None => None,
     };
     Some(Fault {
-        at_s: at_s?,
-        for_s: for_s?,
+        at_s: at?.0,
+        for_s: at?.1,
         kind: kind?,
         node: node_index?,
     })
