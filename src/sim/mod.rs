@@ -270,6 +270,39 @@ mod tests {
     }
 
     #[test]
+    fn one_replica_cut_off_for_long_holds_the_floor_and_a_whole_region_its_half() {
+        // eu's replica 0 is cut off from 5 s to 40 s while replica 1 stays in contact; then
+        // both, from 45 s to 75 s. Leases of 1.5 s: the others forget an ended heartbeat
+        // after 15 s, well inside both cuts.
+        let (_dir, s) = scenario(
+            SHARED,
+            "duration_s: 80\nsettings: {region_exchange_ms: 250, region_lease_ms: 1500}\nstore: {}\nreplicas: {start: 2}\nregions:\n  names: [us, eu]\n  global_latency_ms: {p50: 100, p99: 120}\n  global_faults:\n    - {at_s: 5, for_s: 35, regions: [eu], replicas: [0, 1]}\n    - {at_s: 45, for_s: 30, regions: [eu]}\ntraffic:\n  - {region: us, domain: g, entries: [{key: tenant, value: a}], rate_per_s: 180, arrivals: even}\n  - {region: eu, domain: g, entries: [{key: tenant, value: a}], rate_per_s: 40, arrivals: even}\n",
+        );
+        let r = run(&s, false).expect("ran");
+        let regions = &r.regions.as_ref().expect("regions").regions;
+        let window = |t: usize| [regions[0].admitted_per_s[t], regions[1].admitted_per_s[t]];
+        let table: Vec<[u64; 2]> = (0..80).map(window).collect();
+        for (t, [us, eu]) in table.iter().enumerate() {
+            assert!(us + eu <= 110, "window {t} s: {us} + {eu}\n{table:?}");
+        }
+        // Past the memory with a peer in contact: eu is shared by its peer's demand (20 a
+        // second, with the headroom), the replica cut off holds the floor (5 a second), and us
+        // gets the rest. Were it to keep its half, eu would admit its 40 and the total pass 110.
+        for t in 25..40 {
+            let [us, eu] = window(t);
+            assert!(eu <= 32 && us >= 65, "window {t} s: {us} + {eu}\n{table:?}");
+        }
+        // The whole region cut off: its half for the whole cut, past the memory too.
+        for t in 50..75 {
+            let [us, eu] = window(t);
+            assert!(
+                (38..=41).contains(&eu) && us <= 56,
+                "window {t} s: {us} + {eu}\n{table:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_limit_that_is_not_global_is_each_regions_own_in_the_ideal_too() {
         let r = two_regions("user", 200, 200);
         // Each region admits its own 100 a second (and its first bucket), and the ideal agrees

@@ -3,7 +3,7 @@
 //! cross-region round trip and the scenario's cuts. The replicas' exchanges are the real code
 //! (`regions::run`, `Shares::exchange`); only this store is a model.
 //!
-//! Flow of one call ([`GlobalClient`], one per region, the replicas' [`GlobalStore`]): a round
+//! Flow of one call ([`GlobalClient`], one per replica, its [`GlobalStore`]): a round
 //! trip drawn from the scenario's `global_latency_ms` → half of it to reach the store; a
 //! region cut off then gets no answer → the store applies the call at that moment
 //! ([`GlobalModel`]: the same entries, expiries and totals as the script) → half back (a cut
@@ -112,11 +112,13 @@ fn region_of(field: &str) -> &str {
     field.split('|').next().unwrap_or_default()
 }
 
-/// One region's way to the global store: its round trips and its cuts.
+/// One replica's way to the global store: its round trips and its cuts.
 #[derive(Debug)]
 pub(super) struct GlobalClient {
     pub(super) store: Arc<GlobalModel>,
     pub(super) region: usize,
+    /// The replica's index in its region (start order).
+    pub(super) replica: u32,
 }
 
 impl GlobalClient {
@@ -134,13 +136,13 @@ impl GlobalClient {
             Duration::from_secs_f64(round_trip_us(g.model.global_latency, &mut lock(&g.rng)) / 2e6);
         let answered = async {
             clock.sleep(half).await;
-            if g.model.cut_off(self.region, clock.mono_us()) {
+            if g.model.cut_off(self.region, self.replica, clock.mono_us()) {
                 return None;
             }
             g.ran();
             let out = apply(g);
             clock.sleep(half).await;
-            (!g.model.cut_off(self.region, clock.mono_us())).then_some(out)
+            (!g.model.cut_off(self.region, self.replica, clock.mono_us())).then_some(out)
         };
         let timed_out = || StoreError::new(StoreErrorKind::Timeout, format!("{what}: timed out"));
         tokio::select! {

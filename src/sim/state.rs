@@ -47,8 +47,7 @@ pub(super) struct SimRegion {
     pub(super) fleet: Vec<SimReplica>,
     /// The next replica's index (in start order, never reused; a partition fault names them).
     next_index: u32,
-    /// Its way to the global store (with `regions:`).
-    global: Option<Arc<GlobalClient>>,
+
     /// The ideal's buckets of its limits that are not global (each region enforces those
     /// alone).
     pub(super) ideal_store: MemoryStore,
@@ -108,12 +107,6 @@ impl<'s> Sim<'s> {
                 )),
                 fleet: Vec::new(),
                 next_index: 0,
-                global: global.as_ref().map(|g| {
-                    Arc::new(GlobalClient {
-                        store: g.clone(),
-                        region: r,
-                    })
-                }),
                 ideal_store: MemoryStore::with_max_keys(clock.clone(), usize::MAX),
             })
             .collect();
@@ -178,7 +171,7 @@ impl<'s> Sim<'s> {
             Some(model) => format!("sim-{}-{index}", model.names[r]),
             None => format!("sim-replica-{index}"),
         };
-        if let (Some(model), Some(global)) = (&self.scenario.regions, &region.global) {
+        if let (Some(model), Some(global)) = (&self.scenario.regions, &self.global) {
             let shares = Arc::new(Shares::new(
                 RegionConfig {
                     region: model.names[r].clone(),
@@ -195,7 +188,11 @@ impl<'s> Sim<'s> {
                 self.metrics.regions.clone(),
             ));
             config.regions = Some(shares.clone());
-            let global: Arc<dyn GlobalStore> = global.clone();
+            let global: Arc<dyn GlobalStore> = Arc::new(GlobalClient {
+                store: global.clone(),
+                region: r,
+                replica: index,
+            });
             let (clock, stop) = (self.clock.clone(), until_stopped(stopped.clone()));
             let store = store.clone();
             self.clock.spawn(async move {

@@ -22,17 +22,7 @@ pub(super) fn faults(
     store: &StoreModel,
     replicas: Option<&FleetSize>,
 ) {
-    // Replica indexes are given in start order and never reused: a scale-in stops the
-    // newest, a later scale-out starts new ones after every index used so far.
-    let started = replicas.map(|r| {
-        let mut size = r.start;
-        let mut started = r.start;
-        for &(_, to) in &r.changes {
-            started += to.saturating_sub(size);
-            size = to;
-        }
-        started
-    });
+    let started = replicas.map(started);
     for (i, (fault, node)) in store.faults.iter().zip(fault_nodes(root)).enumerate() {
         if let (FaultKind::Partition { to, .. }, Some(started)) = (&fault.kind, started)
             && *to > started
@@ -50,6 +40,44 @@ pub(super) fn faults(
                 node.pos,
                 &format!("store.faults[{i}].node"),
                 format!("the store has {} node(s), numbered from 0", store.nodes),
+            );
+        }
+    }
+}
+
+/// How many replicas the fleet ever starts (in each region). Replica indexes are given in
+/// start order and never reused: a scale-in stops the newest, a later scale-out starts new
+/// ones after every index used so far.
+fn started(r: &FleetSize) -> u32 {
+    let mut size = r.start;
+    let mut started = r.start;
+    for &(_, to) in &r.changes {
+        started += to.saturating_sub(size);
+        size = to;
+    }
+    started
+}
+
+/// Each cut of `regions` that names replicas names only replicas each region ever starts.
+pub(super) fn cuts(out: &mut Problems, root: &Node, regions: &RegionsModel, fleet: &FleetSize) {
+    let started = started(fleet);
+    let nodes: Vec<&Node> = match child(root, "regions")
+        .and_then(|r| child(r, "global_faults"))
+        .map(|f| &f.value)
+    {
+        Some(Value::Seq(items)) => items.iter().collect(),
+        _ => Vec::new(),
+    };
+    for (i, (cut, node)) in regions.cuts.iter().zip(nodes).enumerate() {
+        if let Some((_, to)) = cut.replicas
+            && to > started
+        {
+            out.error(
+                child(node, "replicas").unwrap_or(node).pos,
+                &format!("regions.global_faults[{i}].replicas"),
+                format!(
+                    "names replicas up to {to}, but each region only ever starts {started} (indexes 0..{started}, in start order)"
+                ),
             );
         }
     }

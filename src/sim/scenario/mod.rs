@@ -239,7 +239,7 @@ mod tests {
         assert!(e.contains("no rules here"), "{e}");
     }
 
-    const REGIONS: &str = "duration_s: 30\nrules: rules/\nsettings:\n  region_exchange_ms: 500\nstore: {}\nreplicas: {start: 2}\nregions:\n  names: [us, eu]\n  global_latency_ms: {p50: 160, p99: 200}\n  global_faults:\n    - {at_s: 10, for_s: 5}\n    - {at_s: 20, for_s: 5, regions: [eu]}\ntraffic:\n  - {region: us, domain: edge, entries: [{key: tenant, value: a}], rate_per_s: 10, from_s: 2, to_s: 9}\n  - {region: eu, domain: edge, entries: [{key: tenant, value: a}], rate_per_s: 10}\n";
+    const REGIONS: &str = "duration_s: 30\nrules: rules/\nsettings:\n  region_exchange_ms: 500\nstore: {}\nreplicas: {start: 2}\nregions:\n  names: [us, eu]\n  global_latency_ms: {p50: 160, p99: 200}\n  global_faults:\n    - {at_s: 10, for_s: 5}\n    - {at_s: 20, for_s: 5, regions: [eu]}\n    - {at_s: 27, for_s: 1, regions: [us], replicas: [1, 2]}\ntraffic:\n  - {region: us, domain: edge, entries: [{key: tenant, value: a}], rate_per_s: 10, from_s: 2, to_s: 9}\n  - {region: eu, domain: edge, entries: [{key: tenant, value: a}], rate_per_s: 10}\n";
 
     #[test]
     fn regions_read_with_their_global_store_and_each_stream_names_its_region() {
@@ -250,9 +250,11 @@ mod tests {
         assert_eq!(r.global_latency.p50_ms, 160.0);
         assert_eq!(r.cuts[1].regions, Some(vec![1]));
         // Every region cut off at 10-15 s, eu alone at 20-25 s.
-        assert!(r.cut_off(0, 12_000_000) && r.cut_off(1, 12_000_000));
-        assert!(!r.cut_off(0, 22_000_000) && r.cut_off(1, 22_000_000));
-        assert!(!r.cut_off(1, 25_000_000));
+        assert!(r.cut_off(0, 0, 12_000_000) && r.cut_off(1, 1, 12_000_000));
+        assert!(!r.cut_off(0, 0, 22_000_000) && r.cut_off(1, 0, 22_000_000));
+        assert!(!r.cut_off(1, 0, 25_000_000));
+        // Replica 1 of us alone at 27-28 s.
+        assert!(r.cut_off(0, 1, 27_500_000) && !r.cut_off(0, 0, 27_500_000));
         assert_eq!(s.traffic[0].region.as_deref(), Some("us"));
         assert_eq!((s.traffic[0].from_s, s.traffic[0].to_s), (2.0, Some(9.0)));
     }
@@ -296,6 +298,16 @@ mod tests {
         .to_string();
         assert!(
             e.contains("traffic[0].region: only a scenario with `regions:` routes a stream"),
+            "{e}"
+        );
+        let e = write(
+            dir.path(),
+            &REGIONS.replace("replicas: [1, 2]", "replicas: [1, 3]"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("regions.global_faults[2].replicas: names replicas up to 3, but each region only ever starts 2"),
             "{e}"
         );
         let e = write(dir.path(), &REGIONS.replace("{start: 2}", "{start: 2600}"))

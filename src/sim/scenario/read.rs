@@ -73,6 +73,9 @@ pub(super) fn read(out: &mut Problems, path: &Path, root: &Node) -> Option<Scena
     if let (Some(Some(r)), Some(s), Some(n)) = (&regions, &settings, f.get("regions")) {
         region_settings(out, n, s, r);
     }
+    if let (Some(Some(r)), Some(fleet)) = (&regions, &replicas) {
+        check::cuts(out, root, r, fleet);
+    }
     // Every region runs the whole fleet: the replicas in all stay within the bound.
     if let (Some(Some(r)), Some(fleet), Some(n)) = (&regions, &replicas, f.get("regions")) {
         let most = std::iter::once(fleet.start)

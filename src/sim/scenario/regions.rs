@@ -7,6 +7,7 @@
 //! [`RegionsModel`], which the run starts one fleet and one store per name from, and one model
 //! of the global store (`sim/regions.rs`); each traffic stream names its region (`check.rs`).
 
+use super::MAX_REPLICAS;
 use super::fields::{number, window};
 use super::store::{Latency, latency};
 use crate::rules::error::Problems;
@@ -36,15 +37,20 @@ pub struct Cut {
     pub for_s: f64,
     /// Indexes into `names`; every region when `None`.
     pub regions: Option<Vec<usize>>,
+    /// Only these replicas of those regions (`from..to`, in start order); all when `None`.
+    pub replicas: Option<(u32, u32)>,
 }
 
 impl RegionsModel {
-    /// Whether region `r`'s calls to the global store go unanswered at `t_us`.
-    pub fn cut_off(&self, r: usize, t_us: u64) -> bool {
+    /// Whether the calls of replica `replica` of region `r` to the global store go unanswered
+    /// at `t_us`.
+    pub fn cut_off(&self, r: usize, replica: u32, t_us: u64) -> bool {
         let t = t_us as f64 / 1e6;
         self.cuts.iter().any(|c| {
             (c.at_s..c.at_s + c.for_s).contains(&t)
                 && c.regions.as_ref().is_none_or(|rs| rs.contains(&r))
+                && c.replicas
+                    .is_none_or(|(from, to)| (from..to).contains(&replica))
         })
     }
 }
@@ -169,7 +175,7 @@ fn weights(out: &mut Problems, node: &Node, names: usize) -> Option<Vec<f64>> {
 }
 
 fn cut(out: &mut Problems, node: &Node, path: &str, names: &[String]) -> Option<Cut> {
-    let f = yaml::fields(out, node, path, &["at_s", "for_s", "regions"])?;
+    let f = yaml::fields(out, node, path, &["at_s", "for_s", "regions", "replicas"])?;
     let field = |name: &str| yaml::join(path, name);
     let at = window(out, node, &f, path);
     let regions = match f.get("regions") {
@@ -194,9 +200,34 @@ fn cut(out: &mut Problems, node: &Node, path: &str, names: &[String]) -> Option<
             Some(Some(picked))
         }
     };
+    let replicas = match f.get("replicas") {
+        None => Some(None),
+        Some(list) => replica_range(out, list, &field("replicas")).map(Some),
+    };
     Some(Cut {
         at_s: at?.0,
         for_s: at?.1,
         regions: regions?,
+        replicas: replicas?,
     })
+}
+
+/// `[from, to]`: replica indexes, `to` excluded.
+fn replica_range(out: &mut Problems, list: &Node, field: &str) -> Option<(u32, u32)> {
+    let items = yaml::seq(out, list, field)?;
+    if items.len() != 2 {
+        out.error(list.pos, field, "expected [from, to]");
+        return None;
+    }
+    let from = yaml::uint(out, &items[0], field, MAX_REPLICAS)? as u32;
+    let to = yaml::uint(out, &items[1], field, MAX_REPLICAS)? as u32;
+    if from >= to {
+        out.error(
+            list.pos,
+            field,
+            format!("from ({from}) must be below to ({to})"),
+        );
+        return None;
+    }
+    Some((from, to))
 }
