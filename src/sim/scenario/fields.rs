@@ -1,9 +1,9 @@
 //! The field readers every section of a scenario uses (`read.rs`, `store.rs`, `replicas.rs`,
 //! `traffic.rs`, `regions.rs`): a whole number of at least 1, a plain number in a range, a
-//! fault's time window. Each records its problem with the field's line and returns `None`, so
+//! fault's time window, a range of replicas. Each records its problem with the field's line and returns `None`, so
 //! the walk goes on.
 
-use super::MAX_DURATION_S;
+use super::{MAX_DURATION_S, MAX_REPLICAS};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node, Value};
 
@@ -73,4 +73,24 @@ pub(super) fn number(
             None
         }
     }
+}
+
+/// `[from, to]`: replica indexes, `to` excluded.
+pub(super) fn replica_range(out: &mut Problems, list: &Node, field: &str) -> Option<(u32, u32)> {
+    let items = yaml::seq(out, list, field)?;
+    if items.len() != 2 {
+        out.error(list.pos, field, "expected [from, to]");
+        return None;
+    }
+    let from = yaml::uint(out, &items[0], field, MAX_REPLICAS)? as u32;
+    let to = yaml::uint(out, &items[1], field, MAX_REPLICAS)? as u32;
+    if from >= to {
+        out.error(
+            list.pos,
+            field,
+            format!("from ({from}) must be below to ({to})"),
+        );
+        return None;
+    }
+    Some((from, to))
 }

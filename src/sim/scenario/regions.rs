@@ -7,8 +7,7 @@
 //! [`RegionsModel`], which the run starts one fleet and one store per name from, and one model
 //! of the global store (`sim/regions.rs`); each traffic stream names its region (`check.rs`).
 
-use super::MAX_REPLICAS;
-use super::fields::{number, window};
+use super::fields::{number, replica_range, window};
 use super::store::{Latency, latency};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node};
@@ -210,24 +209,4 @@ fn cut(out: &mut Problems, node: &Node, path: &str, names: &[String]) -> Option<
         regions: regions?,
         replicas: replicas?,
     })
-}
-
-/// `[from, to]`: replica indexes, `to` excluded.
-fn replica_range(out: &mut Problems, list: &Node, field: &str) -> Option<(u32, u32)> {
-    let items = yaml::seq(out, list, field)?;
-    if items.len() != 2 {
-        out.error(list.pos, field, "expected [from, to]");
-        return None;
-    }
-    let from = yaml::uint(out, &items[0], field, MAX_REPLICAS)? as u32;
-    let to = yaml::uint(out, &items[1], field, MAX_REPLICAS)? as u32;
-    if from >= to {
-        out.error(
-            list.pos,
-            field,
-            format!("from ({from}) must be below to ({to})"),
-        );
-        return None;
-    }
-    Some((from, to))
 }

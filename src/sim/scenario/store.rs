@@ -5,8 +5,8 @@
 //! → [`fault`] for each fault, [`partition`] for a partition's replicas → a [`StoreModel`],
 //! which `sim::store` builds its nodes from.
 
-use super::fields::{number, positive_uint, window};
-use super::{MAX_NODES, MAX_REPLICAS};
+use super::MAX_NODES;
+use super::fields::{number, positive_uint, replica_range, window};
 use crate::rules::error::Problems;
 use crate::rules::yaml::{self, Node};
 
@@ -224,20 +224,6 @@ fn partition(
         );
         return None;
     };
-    let items = yaml::seq(out, list, &field)?;
-    if items.len() != 2 {
-        out.error(list.pos, &field, "expected [from, to]");
-        return None;
-    }
-    let from = yaml::uint(out, &items[0], &field, MAX_REPLICAS)? as u32;
-    let to = yaml::uint(out, &items[1], &field, MAX_REPLICAS)? as u32;
-    if from >= to {
-        out.error(
-            list.pos,
-            &field,
-            format!("from ({from}) must be below to ({to})"),
-        );
-        return None;
-    }
+    let (from, to) = replica_range(out, list, &field)?;
     Some(FaultKind::Partition { from, to })
 }
