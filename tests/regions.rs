@@ -8,7 +8,8 @@
 //! region holds its partition share. The same scenario simulated (`tollgate simulate`'s
 //! `regions:`) agrees with the real run per phase. A second case runs two replicas per region
 //! and swaps the demand between the regions: the shares follow it, within the bound stated
-//! for moving shares.
+//! for moving shares. A third cuts one replica of a region off for longer than the others remember
+//! its heartbeat while its peer stays in contact: it falls to the floor.
 
 mod common;
 
@@ -342,5 +343,69 @@ async fn shares_follow_the_demand_across_replicas_and_stay_within_the_bound_whil
         used >= 4 * LIMIT * 7 / 10,
         "only {used} of {} admitted after the swap:\n{report}",
         4 * LIMIT
+    );
+}
+
+/// One replica of a region cut off from the global store for longer than the others remember
+/// its ended heartbeat (ten leases: 15 s here), while the other replica of its region stays in
+/// contact: its region is shared by demand again without it, so it must fall to the floor,
+/// not keep its region's partition share (which the others no longer keep for it). Every
+/// window stays within `C + L`, and once the others have forgotten its heartbeat the region
+/// admits about what its replica in contact earns, not its half.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_replica_cut_off_for_long_falls_to_the_floor_while_its_peer_is_in_contact() {
+    let global = TestRedis::start();
+    let upstream = format!("127.0.0.1:{}", global.port()).parse().unwrap();
+    let names = ["west", "east"];
+    let stores: Vec<TestRedis> = names.iter().map(|_| TestRedis::start()).collect();
+    // A proxy of its own per replica: replica 2 (east) alone is cut off.
+    let mut proxies = Vec::new();
+    for _ in 0..4 {
+        let p = Proxy::start(upstream).await;
+        p.set_delay(Duration::from_millis(40));
+        proxies.push(p);
+    }
+    let servers: Vec<InProcess> = (0..4)
+        .map(|i| replica(&stores[i / 2], &proxies[i], names[i / 2], &names))
+        .collect();
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let seconds = 32;
+    let mut senders = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        // West asks 180 a second, east 40, each split over its two replicas.
+        let rate = if i < 2 { 90 } else { 20 };
+        senders.push(traffic(
+            server.client().await,
+            i / 2,
+            vec![(0, seconds, rate)],
+            start,
+            log.clone(),
+        ));
+    }
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(start.elapsed())).await;
+    proxies[2].set_delay(Duration::from_secs(600));
+    proxies[2].cut_all();
+    for s in senders {
+        s.await.unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    let report = windows_within(&log, seconds, &names, BURST + LIMIT);
+    // From 22 s (the lease, then the ten leases of memory after the cut at 3 s, and a few
+    // exchanges): east is shared by its replica in contact's demand (20 a second with the
+    // headroom) plus the floor of the one cut off; its half would be 50, its ask 40.
+    for s in 23..seconds {
+        let n = window(&log, s);
+        assert!(
+            n[1] <= 32,
+            "east admitted {} in window {s} s with one replica cut off for long:\n{report}",
+            n[1]
+        );
+    }
+    // West gets the rest of the limit meanwhile.
+    let west: u64 = (23..seconds).map(|s| window(&log, s)[0]).sum();
+    assert!(
+        west >= (seconds - 23) * 65,
+        "west admitted {west} over 23-{seconds} s:\n{report}"
     );
 }
