@@ -4,19 +4,21 @@
 -- work (parsing, the script's setup, the reply) and reads `TIME` once for all of them.
 --
 -- This file is the dispatcher. Before it, `src/store/redis/lua.rs` defines
--- `batch_time` (one `TIME`) and `SCRIPTS[n]`: each algorithm script of `lua/`, unchanged but
--- for where it reads, wrapped as `function(KEY, B) … end`: its `TIME` reads `batch_time`, its
--- `KEYS[1]` is `KEY` (its op's key, passed in) and its `ARGV[n]` this call's `ARGV[B + n]`, so
--- an op runs on the call's own arrays and no table is built for it:
---   1 token_bucket.lua, 2 fixed_window.lua, 3 sliding_window.lua, 4 sliding_log.lua,
---   5 lease.lua.
+-- `batch_time` (one `TIME`) and `SCRIPTS[n]`, a function(KEY, B) per algorithm script of
+-- `lua/`, each reading its op's arguments from this call's `ARGV` after `ARGV[B]` (its
+-- number), so an op runs on the call's own arrays and no table is built for it:
+--   1 token_bucket.lua: `take_token`, defined once per call, on one argument packing the
+--     script's five numbers (`struct.pack('<ddddB')`: see `packed_token_bucket_args`);
+--   2 fixed_window.lua, 3 sliding_window.lua, 4 sliding_log.lua, 5 lease.lua: the script
+--     unchanged but for where it reads (its `TIME` reads `batch_time`, its `KEYS[1]` is `KEY`,
+--     its `ARGV[n]` is `ARGV[B + n]`), with the script's own arguments.
 --
 -- Two layouts, told apart by ARGV[1] (a script number is never negative):
 --
 -- Standalone Redis (and Sentinel): every op's key declared.
 --   KEYS[i]  the key of op i (every script takes one key)
---   ARGV     for each op in order: its script's number, then that script's own ARGV
---            (`NARGS[n]` of them; see each script's header)
+--   ARGV     for each op in order: its script's number, then its `NARGS[n]` arguments (the
+--            token bucket's one packed argument, or the script's own ARGV: see its header)
 --
 -- Redis Cluster, one node's ops from different hash slots. A cluster refuses a call whose
 -- declared keys hash to different slots (CROSSSLOT), but lets a script without flags touch
@@ -27,7 +29,7 @@
 --   ARGV[2 .. n]  the keys of ops 2 .. n
 --   ARGV[n + 1 …] the ops as in the first layout
 --
-local NARGS = {5, 6, 4, 3, 8}
+local NARGS = {1, 6, 4, 3, 8}
 
 local out = {}
 local n, keys, at = #KEYS, KEYS, 1

@@ -34,32 +34,26 @@
 --          allowed; -1 = never)}.
 -- Integers sent back are floored/ceiled deliberately; waits are capped at 2^53 ms (~285,000
 -- years, where the Rust saturates at 2^64) so Redis's double-to-integer conversion stays defined.
-
-local capacity = tonumber(ARGV[1])
-local refill = tonumber(ARGV[2])
-local window_ms = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local overdraft = ARGV[5] == '1'
+--
+-- The take itself is `take_token` below; the last lines (after `ENTRY`) read this call's
+-- arguments and clock and call it. A batch (`lua/batch.lua`, put together in src/store/redis/lua.rs)
+-- takes everything above `ENTRY` once per call and calls `take_token` for each of its
+-- token-bucket ops, whose five numbers travel packed in one argument (`struct.pack('<ddddB')`:
+-- the same doubles `tonumber` makes of the decimals here), so a batched op builds no closure
+-- and parses no decimal.
 
 -- store_state_format: false = the packed string, true = 0.1.0's hash (see the header).
 local HASH_STATE = false
 
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-
 local MAX_INT = 9007199254740992 -- 2^53
-
--- TokenBucketParams::refilled: tokens refilled in `elapsed_ms`. Multiply first, divide once,
--- in the same order as the Rust, so both round alike (whole-token answers stay exact).
-local function refilled(elapsed_ms)
-  return elapsed_ms * refill / window_ms
-end
+local EPSILON = 2.220446049250313e-16 -- 2^-52, Rust's f64::EPSILON
 
 -- TokenBucketParams::wait_ms: ms until `tokens` become `target` as this arithmetic sees it,
--- rounded up; nil if nothing refills. The quotient can land one ulp short when the numbers
--- are large: step on by the time one ulp of `target` takes to refill (at most four steps).
-local EPSILON = 2.220446049250313e-16 -- 2^-52, Rust's f64::EPSILON
-local function wait_ms(tokens, target)
+-- rounded up; nil if nothing refills. The refill in `elapsed_ms` is `elapsed_ms * refill /
+-- window_ms` (TokenBucketParams::refilled: multiply first, divide once, in the same order as
+-- the Rust, so both round alike). The quotient can land one ulp short when the numbers are
+-- large: step on by the time one ulp of `target` takes to refill (at most four steps).
+local function wait_ms(tokens, target, refill, window_ms)
   if tokens >= target then
     return 0
   end
@@ -67,7 +61,7 @@ local function wait_ms(tokens, target)
     return nil
   end
   local ms = math.ceil((target - tokens) * window_ms / refill)
-  if tokens + refilled(ms) < target then
+  if tokens + ms * refill / window_ms < target then
     -- Short (rare: large numbers). The ulp that matters is the larger number's: the
     -- target's, or a debt's (overdraft). As the Rust: four checks in all (the one above
     -- included), and a fourth step taken unchecked.
@@ -75,7 +69,7 @@ local function wait_ms(tokens, target)
     local step = math.max(math.ceil(scale * EPSILON * window_ms / refill), 1)
     for i = 1, 4 do
       ms = ms + step
-      if i == 4 or tokens + refilled(ms) >= target then
+      if i == 4 or tokens + ms * refill / window_ms >= target then
         break
       end
     end
@@ -83,93 +77,102 @@ local function wait_ms(tokens, target)
   return math.min(ms, MAX_INT)
 end
 
--- The stored state, in either format. The one this replica writes is asked for first: the
--- other answers WRONGTYPE (which Redis counts in its errorstats), so that happens once per
--- key while the formats change over, not on every call.
-local stored_tokens, stored_ts
-local packed, hash
-if HASH_STATE then
-  hash = redis.pcall('HMGET', KEYS[1], 't', 'ts')
-  if hash.err then
-    hash = nil
-    packed = redis.call('GET', KEYS[1])
+-- One take on the bucket at `key` at `now_ms`; the reply as the header says.
+local function take_token(key, now_ms, capacity, refill, window_ms, cost, overdraft)
+  -- The stored state, in either format. The one this replica writes is asked for first: the
+  -- other answers WRONGTYPE (which Redis counts in its errorstats), so that happens once per
+  -- key while the formats change over, not on every call.
+  local stored_tokens, stored_ts
+  local packed, hash
+  if HASH_STATE then
+    hash = redis.pcall('HMGET', key, 't', 'ts')
+    if hash.err then
+      hash = nil
+      packed = redis.call('GET', key)
+    end
+  else
+    packed = redis.pcall('GET', key)
+    if type(packed) == 'table' then
+      packed = nil
+      hash = redis.call('HMGET', key, 't', 'ts')
+    end
   end
-else
-  packed = redis.pcall('GET', KEYS[1])
-  if type(packed) == 'table' then
-    packed = nil
-    hash = redis.call('HMGET', KEYS[1], 't', 'ts')
+  if packed then
+    if #packed ~= 16 then
+      return redis.error_reply('tollgate: ' .. key .. ' holds something other than a token bucket')
+    end
+    stored_tokens, stored_ts = struct.unpack('<dd', packed)
+  elseif hash and hash[1] and hash[2] then
+    stored_tokens, stored_ts = tonumber(hash[1]), tonumber(hash[2])
   end
-end
-if packed then
-  if #packed ~= 16 then
-    return redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than a token bucket')
+  local stored = stored_tokens ~= nil
+  local tokens, last_ms
+  if stored then
+    last_ms = stored_ts
+    -- saturating_sub: a clock that stepped back refills nothing.
+    local elapsed = now_ms - last_ms
+    if elapsed < 0 then
+      elapsed = 0
+    end
+    tokens = math.min(capacity, stored_tokens + elapsed * refill / window_ms)
+  else
+    last_ms = now_ms
+    tokens = capacity
   end
-  stored_tokens, stored_ts = struct.unpack('<dd', packed)
-elseif hash and hash[1] and hash[2] then
-  stored_tokens, stored_ts = tonumber(hash[1]), tonumber(hash[2])
-end
-local stored = stored_tokens ~= nil
-local tokens, last_ms
-if stored then
-  last_ms = stored_ts
-  -- saturating_sub: a clock that stepped back refills nothing.
-  local elapsed = now_ms - last_ms
-  if elapsed < 0 then
-    elapsed = 0
-  end
-  tokens = math.min(capacity, stored_tokens + refilled(elapsed))
-else
-  last_ms = now_ms
-  tokens = capacity
-end
 
-local need = math.max(cost, 1)
-local allowed = capacity > 0 and tokens >= need
-if allowed then
-  tokens = tokens - cost
-elseif overdraft then
-  tokens = math.max(tokens - cost, -capacity)
-end
+  local need = math.max(cost, 1)
+  local allowed = capacity > 0 and tokens >= need
+  if allowed then
+    tokens = tokens - cost
+  elseif overdraft then
+    tokens = math.max(tokens - cost, -capacity)
+  end
 
-local retry_ms
-if allowed then
-  retry_ms = 0
-elseif overdraft then
-  if capacity == 0 then
+  local retry_ms
+  if allowed then
+    retry_ms = 0
+  elseif overdraft then
+    if capacity == 0 then
+      retry_ms = -1
+    else
+      retry_ms = wait_ms(tokens, 1, refill, window_ms) or -1
+    end
+  elseif cost > capacity then
     retry_ms = -1
   else
-    retry_ms = wait_ms(tokens, 1) or -1
+    retry_ms = wait_ms(tokens, need, refill, window_ms) or -1
   end
-elseif cost > capacity then
-  retry_ms = -1
-else
-  retry_ms = wait_ms(tokens, need) or -1
-end
 
--- A bucket that never refills is reported to reset at its window, like the reference.
-local reset_ms = wait_ms(tokens, capacity) or window_ms
+  -- A bucket that never refills is reported to reset at its window, like the reference.
+  local reset_ms = wait_ms(tokens, capacity, refill, window_ms) or window_ms
 
-if tokens >= capacity then
-  -- Full: identical to a missing key, so store nothing.
-  if stored then
-    redis.call('DEL', KEYS[1])
-  end
-else
-  -- A clock that steps back (a failover to a skewed host) must not refill twice later.
-  local ts = math.max(now_ms, last_ms)
-  -- token_idle_after_ms: the state stops mattering once the bucket is full again.
-  local ttl_ms = math.max(reset_ms, 1)
-  if HASH_STATE then
-    if packed then
-      -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
-      redis.call('DEL', KEYS[1])
+  if tokens >= capacity then
+    -- Full: identical to a missing key, so store nothing.
+    if stored then
+      redis.call('DEL', key)
     end
-    redis.call('HSET', KEYS[1], 't', tokens, 'ts', ts)
-    redis.call('PEXPIRE', KEYS[1], ttl_ms)
   else
-    redis.call('SET', KEYS[1], struct.pack('<dd', tokens, ts), 'PX', ttl_ms)
+    -- A clock that steps back (a failover to a skewed host) must not refill twice later.
+    local ts = math.max(now_ms, last_ms)
+    -- token_idle_after_ms: the state stops mattering once the bucket is full again.
+    local ttl_ms = math.max(reset_ms, 1)
+    if HASH_STATE then
+      if packed then
+        -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
+        redis.call('DEL', key)
+      end
+      redis.call('HSET', key, 't', tokens, 'ts', ts)
+      redis.call('PEXPIRE', key, ttl_ms)
+    else
+      redis.call('SET', key, struct.pack('<dd', tokens, ts), 'PX', ttl_ms)
+    end
   end
+
+  return {allowed and 1 or 0, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}
 end
 
-return {allowed and 1 or 0, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}
+-- ENTRY: this call's one take (a batch stops above this line).
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+return take_token(KEYS[1], now_ms, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
+  tonumber(ARGV[4]), ARGV[5] == '1')

@@ -21,20 +21,39 @@ use common::store::{charged, claim, fw, give_back, sw, tb};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use tollgate::quota::{Op, OpKind};
-use tollgate::store::redis::{BATCHED_LUA, ScriptCall, StateFormat, batch_lua};
+use tollgate::store::redis::{BATCHED_LUA, ScriptCall, StateFormat, batch_lua, push_batch_op};
 
 const BASE_MS: u64 = 1_700_000_000_123;
 const TIME: &str = "redis.call('TIME')";
-const PEXPIRE: &str = "redis.call('PEXPIRE', KEYS[1], ";
-/// The token bucket's packed state sets its TTL with `SET … PX` (`lua/token_bucket.lua`).
-const PX: &str = ", 'PX', ttl_ms)";
+/// The names a script's key goes by where it sets a TTL: `KEYS[1]`, or `key` inside
+/// `token_bucket.lua`'s `take_token` (which a batch calls with each op's key).
+const KEY_NAMES: [&str; 2] = ["KEYS[1]", "key"];
 
-/// `script` with each TTL it sets written to `<key>~ttl` instead.
+/// `script` with each TTL it sets (`PEXPIRE`, or the packed state's `SET … PX`) written to
+/// `<key>~ttl` instead.
 fn ttl_to_key(script: &str) -> String {
-    assert!(script.contains(PEXPIRE), "every script sets a TTL");
-    script
-        .replace(PEXPIRE, "redis.call('SET', KEYS[1] .. '~ttl', ")
-        .replace(PX, ") redis.call('SET', KEYS[1] .. '~ttl', ttl_ms)")
+    let mut out = script.to_string();
+    let mut sites = 0;
+    for key in KEY_NAMES {
+        let pexpire = format!("redis.call('PEXPIRE', {key}, ");
+        let px = format!("redis.call('SET', {key}, struct.pack('<dd', tokens, ts), 'PX', ttl_ms)");
+        sites += out.matches(&pexpire).count() + out.matches(&px).count();
+        out = out
+            .replace(&pexpire, &format!("redis.call('SET', {key} .. '~ttl', "))
+            .replace(
+                &px,
+                &format!(
+                    "redis.call('SET', {key}, struct.pack('<dd', tokens, ts)) \
+                     redis.call('SET', {key} .. '~ttl', ttl_ms)"
+                ),
+            );
+    }
+    assert!(sites > 0, "every script sets a TTL");
+    assert!(
+        !out.contains("redis.call('PEXPIRE'") && !out.contains("'PX', "),
+        "every TTL a script sets is written to a key"
+    );
+    out
 }
 
 /// `script` on the test clock (the last two ARGV), its TTL written to `<key>~ttl`.
@@ -180,12 +199,7 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
             }
             for op in &ops {
                 let call = ScriptCall::for_op(op);
-                let number = BATCHED_LUA
-                    .iter()
-                    .position(|s| *s == call.source(StateFormat::Packed))
-                    .unwrap()
-                    + 1;
-                cmd.arg(number).arg(call.argv());
+                push_batch_op(&mut cmd, &call);
             }
             cmd.arg(secs).arg(micros);
             let replies: Vec<Value> = cmd.query(conn).unwrap();
@@ -258,7 +272,7 @@ fn an_op_that_fails_in_a_batch_fails_alone() {
         cmd.arg(&op.key);
     }
     for op in &ops {
-        cmd.arg(1).arg(ScriptCall::for_op(op).argv());
+        push_batch_op(&mut cmd, &ScriptCall::for_op(op));
     }
     // As the store sends it (`store/redis/batch_script.rs`): in a pipeline that keeps errors
     // as replies, so an op's error reply inside the batch's array is the op's alone.

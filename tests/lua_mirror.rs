@@ -157,17 +157,30 @@ fn with_test_clock(source: &str, ttl_sites: usize) -> String {
         1,
         "the script reads TIME once"
     );
-    let pexpire = "redis.call('PEXPIRE', KEYS[1], ";
-    let px = ", 'PX', ttl_ms)";
-    assert_eq!(
-        source.matches(pexpire).count() + source.matches(px).count(),
-        ttl_sites,
-        "the script's TTLs moved"
-    );
-    source
-        .replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}")
-        .replace(pexpire, "redis.call('SET', KEYS[1] .. ':ttl', ")
-        .replace(px, ") redis.call('SET', KEYS[1] .. ':ttl', ttl_ms)")
+    // The key is `KEYS[1]`, or `key` inside `token_bucket.lua`'s `take_token`.
+    let sites = |key: &str| {
+        [
+            (
+                format!("redis.call('PEXPIRE', {key}, "),
+                format!("redis.call('SET', {key} .. ':ttl', "),
+            ),
+            (
+                format!("redis.call('SET', {key}, struct.pack('<dd', tokens, ts), 'PX', ttl_ms)"),
+                format!(
+                    "redis.call('SET', {key}, struct.pack('<dd', tokens, ts)) \
+                     redis.call('SET', {key} .. ':ttl', ttl_ms)"
+                ),
+            ),
+        ]
+    };
+    let mut out = source.replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}");
+    let mut found = 0;
+    for (site, written) in sites("KEYS[1]").into_iter().chain(sites("key")) {
+        found += out.matches(&site).count();
+        out = out.replace(&site, &written);
+    }
+    assert_eq!(found, ttl_sites, "the script's TTLs moved");
+    out
 }
 
 /// The TTL the last call set on `k` (see [`with_test_clock`]), and forgets it, so the next

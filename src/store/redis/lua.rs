@@ -110,20 +110,62 @@ pub(super) const TIME: &str = "redis.call('TIME')";
 /// The batch script as sent: [`batch_lua`] of the scripts of `lua/` on Redis `TIME`.
 pub static BATCH_LUA: LazyLock<String> = LazyLock::new(|| batch_lua(BATCHED_LUA, TIME));
 
+/// Where `token_bucket.lua`'s function ends and its one call's entry (ARGV, `TIME`) begins: a
+/// batch takes the part above once and calls `take_token` for each token-bucket op.
+pub const TOKEN_BUCKET_ENTRY: &str = "-- ENTRY:";
+
+/// How a batch sends a token-bucket op's five numbers: one argument, `struct.pack('<ddddB')`
+/// of capacity, refill, window_ms and cost as doubles and the overdraft flag as a byte. Each
+/// double is the `u64 as f64` Rust's mirror computes with, which is the double `tonumber`
+/// makes of the decimal the single script is sent (both round to nearest), so a batched take
+/// sees exactly the numbers a single one does; `tests/lua_batch.rs` holds the two to the same
+/// answers, `u64::MAX` costs included.
+pub fn packed_token_bucket_args(args: &[u64; 5]) -> [u8; 33] {
+    let mut out = [0u8; 33];
+    for (i, n) in args[..4].iter().enumerate() {
+        out[i * 8..i * 8 + 8].copy_from_slice(&(*n as f64).to_le_bytes());
+    }
+    out[32] = u8::from(args[4] == 1);
+    out
+}
+
 /// The batch script of `scripts` (in [`BATCHED_LUA`]'s order): `batch_time` = `time` (a Lua
-/// expression giving `{seconds, microseconds}`, as `TIME` does), each script wrapped as
-/// `SCRIPTS[n] = function(KEY, B) … end`, then the dispatcher. Inside the wrapper the script
-/// reads the batch's own `ARGV` where it is: its `KEYS[1]` is `KEY` (its op's key, which the
-/// dispatcher passes in from either layout) and each `ARGV[n]` is `ARGV[B + n]` (its arguments, after its script number), so running an
-/// op builds no table of its own; its `redis.call('TIME')` reads `batch_time`. Public so the
-/// tests can build it on a test clock.
+/// expression giving `{seconds, microseconds}`, as `TIME` does), then the scripts, then the
+/// dispatcher.
+///
+/// The token bucket, the take nearly every decision is, runs leanest: `token_bucket.lua` above
+/// [`TOKEN_BUCKET_ENTRY`] (its `take_token` and helpers) is defined once per call, and
+/// `SCRIPTS[1]` unpacks the op's one packed argument ([`packed_token_bucket_args`]) and calls
+/// it on the batch's clock: no closure is built and no decimal parsed per op.
+///
+/// Each other script is wrapped as `SCRIPTS[n] = function(KEY, B) … end`, reading the batch's
+/// own `ARGV` where it is: its `KEYS[1]` is `KEY` (its op's key, which the dispatcher passes in
+/// from either layout) and each `ARGV[n]` is `ARGV[B + n]` (its arguments, after its script
+/// number), so running an op builds no table of its own; its `redis.call('TIME')` reads
+/// `batch_time`. Public so the tests can build it on a test clock.
 pub fn batch_lua(scripts: [&str; 5], time: &str) -> String {
     let mut lua =
         String::with_capacity(scripts.iter().map(|s| s.len() + 256).sum::<usize>() + 2048);
     lua.push_str("local batch_time = ");
     lua.push_str(time);
     lua.push_str("\nlocal SCRIPTS = {}\n");
-    for (i, script) in scripts.iter().enumerate() {
+    let (token_bucket, entry) = scripts[0]
+        .split_once(TOKEN_BUCKET_ENTRY)
+        .expect("token_bucket.lua marks its entry");
+    assert!(
+        entry.contains(TIME) && !token_bucket.contains(TIME),
+        "token_bucket.lua reads TIME only in its entry"
+    );
+    lua.push_str(token_bucket);
+    lua.push_str(concat!(
+        "\nlocal batch_now_ms = tonumber(batch_time[1]) * 1000",
+        " + math.floor(tonumber(batch_time[2]) / 1000)\n",
+        "SCRIPTS[1] = function(KEY, B)\n",
+        "  local capacity, refill, window_ms, cost, overdraft = struct.unpack('<ddddB', ARGV[B + 1])\n",
+        "  return take_token(KEY, batch_now_ms, capacity, refill, window_ms, cost, overdraft == 1)\n",
+        "end\n",
+    ));
+    for (i, script) in scripts.iter().enumerate().skip(1) {
         lua.push_str(&format!("SCRIPTS[{}] = function(KEY, B)\n", i + 1));
         lua.push_str(
             &script
