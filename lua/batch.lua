@@ -29,9 +29,16 @@
 --   ARGV[2 .. n]  the keys of ops 2 .. n
 --   ARGV[n + 1 …] the ops as in the first layout
 --
+-- The reply: when every op answered its four numbers, one string of them, four little-endian
+-- doubles an op (an array of arrays costs Redis a reply per number, and the client a parse
+-- per number); when any op failed, one reply per op, each as its script answers alone (its
+-- error an error reply).
+--
 local NARGS = {1, 6, 4, 3, 8}
 
 local out = {}
+-- Whether every op answered four numbers, as each script does unless it fails.
+local packed = true
 local n, keys, at = #KEYS, KEYS, 1
 local first = tonumber(ARGV[1])
 if first < 0 then
@@ -47,12 +54,27 @@ for i = 1, n do
   at = at + NARGS[script] + 1
   if ok then
     out[i] = reply
+    if type(reply) ~= 'table' or reply.err or #reply ~= 4 then
+      packed = false
+    end
   elseif type(reply) == 'table' and reply.err then
     -- Redis 7 raises a command's error as a table: kept, so the client classifies it
     -- (OOM, WRONGTYPE, …) as it would the script's own error.
     out[i] = reply
+    packed = false
   else
     out[i] = {err = tostring(reply)}
+    packed = false
   end
 end
-return out
+if not packed then
+  -- One reply per op, each as its script answers alone, errors included.
+  return out
+end
+-- Every op answered four numbers: all of them as one string of little-endian doubles
+-- (`packed_replies` in src/store/redis/batch_script.rs), which Redis sends on as it is.
+for i = 1, n do
+  local r = out[i]
+  out[i] = struct.pack('<dddd', r[1], r[2], r[3], r[4])
+end
+return table.concat(out)

@@ -2,8 +2,9 @@
 //! of `lua/`, unchanged but for their `TIME`, read once per batch) runs each op exactly as it
 //! runs alone (`tests/lua_batch.rs` holds a batch to the same answers and state as the ops one
 //! by one). Sent by [`eval_batch`] as one `EVALSHA`
-//! (one `EVAL` retry on `NOSCRIPT`), followed by the `WAIT` when there is one; its reply is one
-//! reply per op, each parsed as its own script's. On a standalone Redis every op's key is
+//! (one `EVAL` retry on `NOSCRIPT`), followed by the `WAIT` when there is one. Its reply is
+//! every op's four numbers packed in one string ([`packed_replies`]) when no op failed, or one
+//! reply per op, each parsed as its own script's, when one did (an op's error stays its own). On a standalone Redis every op's key is
 //! declared; on a cluster only the first, and the others travel in `ARGV`
 //! ([`Layout::Routed`], `lua/batch.lua`'s second layout), since one node's ops hash to many slots.
 
@@ -12,7 +13,7 @@ use redis::{ServerErrorKind, Value};
 
 use super::errors::CallError;
 use super::lua::{Sources, packed_token_bucket_args};
-use super::scripts::{OpResults, ScriptCall, Scripts, parse_outcome};
+use super::scripts::{OpResults, ScriptCall, Scripts, outcome_of, parse_outcome};
 use crate::quota::Op;
 
 /// Where a batch call's keys go.
@@ -47,6 +48,37 @@ pub fn push_op(cmd: &mut redis::Cmd, call: &ScriptCall) {
     };
 }
 
+/// The bytes of one op's answer in a batch's packed reply: four little-endian doubles.
+pub const PACKED_REPLY_BYTES: usize = 32;
+
+/// A batch's packed reply (`lua/batch.lua`: when every op answered four numbers, one string
+/// of them as little-endian doubles, which Redis passes on as it is, where an array of
+/// arrays costs Redis a reply per number and this client a parse per number): each op's
+/// numbers as Redis would have sent them as integers. Redis turns a Lua number into an
+/// integer reply with C's `(long long)` cast, which on x86-64 gives `i64::MIN` for a number
+/// out of its range; so does this, so the two forms read alike (only a `remaining` of 2^63
+/// tokens or more is out of range: the waits are capped at 2^53). Public for the tests.
+pub fn packed_replies(bytes: &[u8]) -> impl Iterator<Item = [i64; 4]> + '_ {
+    bytes.chunks_exact(PACKED_REPLY_BYTES).map(|op| {
+        std::array::from_fn(|i| {
+            let mut double = [0u8; 8];
+            double.copy_from_slice(&op[i * 8..i * 8 + 8]);
+            as_redis_int(f64::from_le_bytes(double))
+        })
+    })
+}
+
+/// What Redis makes of a Lua number in an integer reply (see [`packed_replies`]).
+fn as_redis_int(x: f64) -> i64 {
+    // 2^63: the first double past i64::MAX; -2^63 is i64::MIN itself.
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if (-TWO_63..TWO_63).contains(&x) {
+        x as i64
+    } else {
+        i64::MIN
+    }
+}
+
 /// Runs `ops` as one batch script call on `conn` (every key on this node): one `EVALSHA`,
 /// retried once as `EVAL` on `NOSCRIPT` (nothing ran then), then the `WAIT` if there is one.
 /// One result per op; `Err` only when the call itself failed.
@@ -63,6 +95,14 @@ pub(super) async fn eval_batch<C: ConnectionLike>(
         reply => reply,
     };
     let replies = match reply {
+        // Every op answered its four numbers: one string of doubles (`lua/batch.lua`).
+        Value::BulkString(bytes) if bytes.len() == ops.len() * PACKED_REPLY_BYTES => {
+            return Ok(packed_replies(&bytes)
+                .zip(ops)
+                .map(|(numbers, op)| Ok(outcome_of(numbers, op)))
+                .collect());
+        }
+        // Some op failed: one reply per op, as each script answers alone.
         Value::Array(replies) if replies.len() == ops.len() => replies,
         Value::ServerError(e) => return Err(CallError::Redis(e.into())),
         other => {
@@ -180,6 +220,28 @@ mod tests {
                 2 - 2 * hash
             );
         }
+    }
+
+    #[test]
+    fn a_packed_reply_reads_as_redis_sends_the_same_numbers_as_integers() {
+        let numbers = [1.0, 0.0, 2_500.0, -1.0, 12.7, 9_007_199_254_740_992.0];
+        let mut bytes = Vec::new();
+        for x in numbers
+            .iter()
+            .chain(&[9_223_372_036_854_775_808.0, u64::MAX as f64])
+        {
+            bytes.extend_from_slice(&x.to_le_bytes());
+        }
+        let read: Vec<[i64; 4]> = packed_replies(&bytes).collect();
+        // Truncated toward zero, as C's cast; past i64 (a `remaining` of 2^63 or more) what
+        // Redis's cast gives on x86-64, which the store reads as 0 as it does that integer.
+        assert_eq!(read, [[1, 0, 2_500, -1], [12, 1 << 53, i64::MIN, i64::MIN]]);
+        assert_eq!(as_redis_int(f64::NAN), i64::MIN);
+        assert_eq!(as_redis_int(-9_223_372_036_854_775_808.0), i64::MIN);
+        assert_eq!(
+            as_redis_int(9_223_372_036_854_774_784.0),
+            9_223_372_036_854_774_784
+        );
     }
 
     #[test]

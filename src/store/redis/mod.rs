@@ -93,7 +93,7 @@ mod sentinel;
 mod slots;
 mod version;
 
-pub use batch_script::push_op as push_batch_op;
+pub use batch_script::{PACKED_REPLY_BYTES, packed_replies, push_op as push_batch_op};
 pub use config::RedisConfig;
 pub use lua::{
     BATCH_LUA, BATCHED_LUA, FIXED_WINDOW_LUA, HASH_STATE_OFF, LEASE_LUA, SLIDING_LOG_LUA,

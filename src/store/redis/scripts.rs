@@ -411,24 +411,28 @@ pub(super) fn parse_outcome(reply: Value, op: &Op) -> Result<Outcome, CallError>
             Value::Int(remaining),
             Value::Int(reset),
             Value::Int(retry),
-        ] => {
-            let first = u64::try_from(*first).unwrap_or(0);
-            let (allowed, granted) = match (ScriptCall::for_op(op), op.action) {
-                (_, Action::Return) => (true, 0),
-                (ScriptCall::Lease(_), _) => (first > 0, first),
-                _ => (first == 1, if first == 1 { op.cost } else { 0 }),
-            };
-            Ok(Outcome {
-                allowed,
-                remaining: u64::try_from(*remaining).unwrap_or(0),
-                reset_ms: u64::try_from(*reset).unwrap_or(0),
-                retry_ms: u64::try_from(*retry).ok(),
-                granted,
-            })
-        }
+        ] => Ok(outcome_of([*first, *remaining, *reset, *retry], op)),
         _ => Err(CallError::Reply(format!(
             "expected 4 integers, got {items:?}"
         ))),
+    }
+}
+
+/// A script's four numbers (`{allowed or granted, remaining, reset_ms, retry_ms}`, as Redis
+/// sends them: negative where the script said -1) → [`Outcome`].
+pub(super) fn outcome_of([first, remaining, reset, retry]: [i64; 4], op: &Op) -> Outcome {
+    let first = u64::try_from(first).unwrap_or(0);
+    let (allowed, granted) = match (ScriptCall::for_op(op), op.action) {
+        (_, Action::Return) => (true, 0),
+        (ScriptCall::Lease(_), _) => (first > 0, first),
+        _ => (first == 1, if first == 1 { op.cost } else { 0 }),
+    };
+    Outcome {
+        allowed,
+        remaining: u64::try_from(remaining).unwrap_or(0),
+        reset_ms: u64::try_from(reset).unwrap_or(0),
+        retry_ms: u64::try_from(retry).ok(),
+        granted,
     }
 }
 
