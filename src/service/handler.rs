@@ -16,7 +16,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use super::{Bounds, RemoteParent, request, response};
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
-use crate::telemetry::{CallError, Metrics, RequestLabels};
+use crate::telemetry::{CallError, Metrics};
 
 /// Everything a decision needs, shared by the gRPC service and the admin port's `/json`: the
 /// rules in force, the [`Limiter`] (which decides against the store) and the request bounds.
@@ -49,10 +49,7 @@ impl Handler {
     ) -> Result<RateLimitResponse, tonic::Status> {
         let started = Instant::now();
         let Ok(_admitted) = self.admission.try_acquire() else {
-            self.metrics
-                .requests
-                .get_or_create(&RequestLabels { code: "overloaded" })
-                .inc();
+            self.metrics.request_counts.of("overloaded").inc();
             return Err(tonic::Status::resource_exhausted(
                 "tollgate is at max_concurrent_requests: refused without queueing (Envoy applies its failure mode)",
             ));
@@ -79,10 +76,7 @@ impl Handler {
             Err(_) => "error",
         };
         span.record("result", code);
-        self.metrics
-            .requests
-            .get_or_create(&RequestLabels { code })
-            .inc();
+        self.metrics.request_counts.of(code).inc();
         let took = started.elapsed();
         self.metrics.request_duration.observe(took.as_secs_f64());
         let error = match code {

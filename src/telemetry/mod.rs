@@ -95,8 +95,47 @@ pub struct DecisionLabels {
 /// The result of one ShouldRateLimit call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    /// `ok`, `over_limit`, `invalid` or `error`.
+    /// One of [`RequestCounts::CODES`].
     pub code: &'static str,
+}
+
+/// `tollgate_requests_total`'s series, one per result, made once: every request counts
+/// itself without hashing its label into the family (a measurable part of a request's cost
+/// on the memory store), and each series is exported from the start, at 0 until it counts.
+#[derive(Debug)]
+pub struct RequestCounts {
+    ok: Counter,
+    over_limit: Counter,
+    invalid: Counter,
+    error: Counter,
+    overloaded: Counter,
+}
+
+impl RequestCounts {
+    /// Every result a request is counted by.
+    pub const CODES: [&'static str; 5] = ["ok", "over_limit", "invalid", "error", "overloaded"];
+
+    fn new(family: &Family<RequestLabels, Counter>) -> Self {
+        let series = |code| family.get_or_create(&RequestLabels { code }).clone();
+        RequestCounts {
+            ok: series("ok"),
+            over_limit: series("over_limit"),
+            invalid: series("invalid"),
+            error: series("error"),
+            overloaded: series("overloaded"),
+        }
+    }
+
+    /// The series of `code` (one of [`Self::CODES`]; any other counts as `error`).
+    pub fn of(&self, code: &str) -> &Counter {
+        match code {
+            "ok" => &self.ok,
+            "over_limit" => &self.over_limit,
+            "invalid" => &self.invalid,
+            "overloaded" => &self.overloaded,
+            _ => &self.error,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -230,6 +269,8 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     pub decisions: Family<DecisionLabels, Counter>,
     pub requests: Family<RequestLabels, Counter>,
+    /// `requests`' series, made once ([`RequestCounts`]).
+    pub request_counts: RequestCounts,
     pub request_duration: Histogram,
     pub global_shadow: Counter,
     pub rules_reloads: Family<ResultLabels, Counter>,
@@ -505,6 +546,7 @@ impl Metrics {
             hot,
             registry: Mutex::new(registry),
             decisions,
+            request_counts: RequestCounts::new(&requests),
             requests,
             request_duration,
             global_shadow,
@@ -563,5 +605,27 @@ mod tests {
             text.contains("tollgate_request_duration_seconds_bucket"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn each_request_result_has_its_series_from_the_start_and_counts_in_it() {
+        let m = Metrics::new();
+        for code in RequestCounts::CODES {
+            assert!(
+                m.render()
+                    .contains(&format!("tollgate_requests_total{{code=\"{code}\"}} 0")),
+                "{code}"
+            );
+        }
+        for (n, code) in RequestCounts::CODES.iter().enumerate() {
+            for _ in 0..=n {
+                m.request_counts.of(code).inc();
+            }
+        }
+        let text = m.render();
+        for (n, code) in RequestCounts::CODES.iter().enumerate() {
+            let line = format!("tollgate_requests_total{{code=\"{code}\"}} {}", n + 1);
+            assert!(text.contains(&line), "{line} in {text}");
+        }
     }
 }
