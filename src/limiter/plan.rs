@@ -295,6 +295,7 @@ fn override_limit(o: LimitOverride, algorithm: Algorithm, class: Arc<str>) -> Ar
             file: "(request)".into(),
             line: 0,
         },
+        decisions: Default::default(),
     })
 }
 

@@ -198,7 +198,26 @@ impl Tally {
         remaining: u64,
     ) {
         let (class, overflow) = self.class_of(limit, req, metric_values);
-        self.count(domain, &class, outcome);
+        let make = || {
+            self.metrics
+                .decisions
+                .get_or_create(&DecisionLabels {
+                    domain: domain.clone(),
+                    class: class.clone(),
+                    outcome,
+                })
+                .clone()
+        };
+        // The limit's own class: its series, kept with it (`DecisionSeries`).
+        match Arc::ptr_eq(&class, &limit.class)
+            .then(|| limit.decisions.get(domain, outcome, make))
+            .flatten()
+        {
+            Some(series) => {
+                series.inc();
+            }
+            None => self.count(domain, &class, outcome),
+        }
         let statsd = &self.metrics.statsd;
         if !statsd.enabled() {
             return;

@@ -7,11 +7,13 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Serialize};
 
 use crate::quota::calendar::Calendar;
+use crate::telemetry::Outcome;
 
 /// A time unit as envoyproxy/ratelimit spells it (case-insensitive in files).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -249,6 +251,58 @@ pub struct Limit {
     /// inserts, removes or reorders other limits keeps this one's bucket.
     pub index: usize,
     pub origin: Origin,
+    /// This limit's `tollgate_decisions_total` series, kept with it.
+    #[serde(skip)]
+    pub decisions: DecisionSeries,
+}
+
+/// A limit's series of `tollgate_decisions_total`, one per outcome, each made on first use and
+/// kept with the limit (as envoyproxy/ratelimit keeps each rule's stats with the rule): a
+/// decision counts itself without hashing its domain and class into the family, which was a
+/// measurable part of a request's cost on the memory store. They are the family's own series
+/// (a `Counter` clone shares its count), made for the limit's own class (a `detailed_metric`
+/// class goes to the family) and the first domain it counts under (another domain, too).
+/// Not part of what the limit is: a clone starts empty, any two compare equal.
+#[derive(Default)]
+pub struct DecisionSeries {
+    domain: OnceLock<Arc<str>>,
+    counters: [OnceLock<Counter>; Outcome::COUNT],
+}
+
+impl DecisionSeries {
+    /// The series of `outcome` under `domain`, made by `make` the first time; `None` when
+    /// this limit's series were made for another domain.
+    pub fn get(
+        &self,
+        domain: &Arc<str>,
+        outcome: Outcome,
+        make: impl FnOnce() -> Counter,
+    ) -> Option<&Counter> {
+        let mine = self.domain.get_or_init(|| domain.clone());
+        if !Arc::ptr_eq(mine, domain) && **mine != **domain {
+            return None;
+        }
+        // An outcome past `COUNT` (one added after `refund`) goes to the family.
+        Some(self.counters.get(outcome as usize)?.get_or_init(make))
+    }
+}
+
+impl Clone for DecisionSeries {
+    fn clone(&self) -> Self {
+        DecisionSeries::default()
+    }
+}
+
+impl PartialEq for DecisionSeries {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for DecisionSeries {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DecisionSeries")
+    }
 }
 
 /// A limit's `lease: {max_batch, ttl_ms}`; a field left out takes the global setting
@@ -542,5 +596,28 @@ mod tests {
             set.summary().to_string(),
             "ok: 2 file(s), 2 domain(s) [api, edge], 3 descriptor(s), 3 limit(s)"
         );
+    }
+
+    #[test]
+    fn a_limits_decision_series_are_made_once_for_its_domain() {
+        let series = DecisionSeries::default();
+        let edge: Arc<str> = "edge".into();
+        let made = std::cell::Cell::new(0);
+        let make = || {
+            made.set(made.get() + 1);
+            Counter::default()
+        };
+        series.get(&edge, Outcome::ok, make).unwrap().inc();
+        // Another Arc of the same name is the same domain; the series is made once.
+        let again: Arc<str> = "edge".into();
+        assert_eq!(series.get(&again, Outcome::ok, make).unwrap().get(), 1);
+        assert_eq!(made.get(), 1);
+        series.get(&edge, Outcome::refund, make).unwrap();
+        assert_eq!(made.get(), 2);
+        // Another domain goes to the family.
+        assert!(series.get(&"api".into(), Outcome::ok, make).is_none());
+        // A clone starts empty, and the series are no part of a limit's equality.
+        assert!(series.clone().domain.get().is_none());
+        assert_eq!(series.clone(), series);
     }
 }

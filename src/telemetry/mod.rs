@@ -84,6 +84,11 @@ pub enum Outcome {
     refund,
 }
 
+impl Outcome {
+    /// How many outcomes there are (`outcome as usize` is below it while `refund` is last).
+    pub const COUNT: usize = Outcome::refund as usize + 1;
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     /// `Arc`s shared with the rules: building the labels of a decision copies no string.

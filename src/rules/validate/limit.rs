@@ -189,6 +189,7 @@ impl FileWalk<'_> {
             // Set once the descriptor's limits are all read (`number_identical`).
             index: 0,
             origin: self.origin(node.pos),
+            decisions: Default::default(),
         })
     }
 
