@@ -55,17 +55,24 @@ where
     }
 }
 
+/// The headers a trailers-only gRPC answer carries its status in, named once: a name looked up
+/// by `&str` is parsed and checked on every call, and every response passes here.
+static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
+
 /// `INTERNAL` + a decode error → `INVALID_ARGUMENT` (a trailers-only answer: the status is
-/// in the headers).
+/// in the headers). A normal answer (its status in the trailers) costs one look-up.
 fn rewrite<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers_mut();
-    let internal = headers.get("grpc-status").is_some_and(|s| s == "13");
+    if headers.get(&GRPC_STATUS).is_none_or(|s| s != "13") {
+        return response;
+    }
     let decode = headers
-        .get("grpc-message")
+        .get(&GRPC_MESSAGE)
         .and_then(|m| m.to_str().ok())
         .is_some_and(|m| DECODE_ERROR.iter().any(|d| m.starts_with(d)));
-    if internal && decode {
-        headers.insert("grpc-status", HeaderValue::from_static("3"));
+    if decode {
+        headers.insert(&GRPC_STATUS, HeaderValue::from_static("3"));
     }
     response
 }
