@@ -21,6 +21,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::metrics::counter::Counter;
+
 use super::plan::{Plan, Planned};
 use super::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Status};
 use crate::quota::Outcome;
@@ -198,16 +200,7 @@ impl Tally {
         remaining: u64,
     ) {
         let (class, overflow) = self.class_of(limit, req, metric_values);
-        let make = || {
-            self.metrics
-                .decisions
-                .get_or_create(&DecisionLabels {
-                    domain: domain.clone(),
-                    class: class.clone(),
-                    outcome,
-                })
-                .clone()
-        };
+        let make = || self.series(domain, &class, outcome);
         // The limit's own class: its series, kept with it (`DecisionSeries`).
         match Arc::ptr_eq(&class, &limit.class)
             .then(|| limit.decisions.get(domain, outcome, make))
@@ -281,6 +274,11 @@ impl Tally {
     }
 
     fn count(&self, domain: &Arc<str>, class: &Arc<str>, outcome: telemetry::Outcome) {
+        self.series(domain, class, outcome).inc();
+    }
+
+    /// The `tollgate_decisions_total` series of `domain`, `class` and `outcome`, from the family.
+    fn series(&self, domain: &Arc<str>, class: &Arc<str>, outcome: telemetry::Outcome) -> Counter {
         self.metrics
             .decisions
             .get_or_create(&DecisionLabels {
@@ -288,7 +286,7 @@ impl Tally {
                 class: class.clone(),
                 outcome,
             })
-            .inc();
+            .clone()
     }
 }
 
