@@ -18,11 +18,16 @@
 //! admit more, never less, and by at most what the evicted entries had spent. A key in use has
 //! many operations, so it goes only after every entry of its shard with fewer: under a flood of
 //! one-request keys, the flood's.
+//!
+//! A take hashes its key once: the one keyed hash (std's SipHash, as the keys carry what
+//! callers send) picks the shard from its middle bits and finds or inserts the entry in the
+//! shard's table.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+
+use hashbrown::HashTable;
 
 use crate::clock::Clock;
 use crate::quota::bucket::{
@@ -50,12 +55,50 @@ const EVICT_FRACTION: usize = 16;
 
 #[derive(Debug)]
 pub struct MemoryStore {
-    shards: Box<[Mutex<HashMap<String, Entry>>]>,
+    shards: Box<[Mutex<Shard>]>,
+    /// The keyed hash of every bucket key, for the shard and within it.
     hasher: RandomState,
     clock: Clock,
     /// Entries one shard may hold.
     shard_max: usize,
     evicted: AtomicU64,
+}
+
+/// One shard's buckets, by key. Its methods take the key's hash ([`MemoryStore::locate`]), so
+/// a lookup that misses and then inserts hashes the key once, not twice.
+#[derive(Debug, Default)]
+struct Shard {
+    table: HashTable<(String, Entry)>,
+}
+
+impl Shard {
+    fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+        self.table.find_mut(hash, |(k, _)| k == key).map(|(_, e)| e)
+    }
+
+    /// Inserts an entry for a key not held (the caller's lookup missed, under the same lock).
+    fn insert_new(&mut self, hasher: &RandomState, hash: u64, key: String, entry: Entry) {
+        self.table
+            .insert_unique(hash, (key, entry), |(k, _)| hasher.hash_one(k.as_str()));
+    }
+
+    fn remove(&mut self, hash: u64, key: &str) -> bool {
+        match self.table.find_entry(hash, |(k, _)| k == key) {
+            Ok(found) => {
+                found.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        self.table.retain(|(_, e)| keep(e));
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -86,7 +129,7 @@ impl MemoryStore {
     /// count; at least one per shard).
     pub fn with_max_keys(clock: Clock, max_keys: usize) -> Self {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
             clock,
             shard_max: max_keys.div_ceil(SHARDS).max(1),
@@ -99,11 +142,18 @@ impl MemoryStore {
         self.evicted.load(Ordering::Relaxed)
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Entry>> {
-        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
+    /// `key`'s hash and its shard, locked. The shard comes from the hash's middle bits: the
+    /// table inside uses the low bits (the slot) and the top seven (the tag), which would
+    /// otherwise be alike for every key of a shard.
+    fn locate(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.hasher.hash_one(key);
+        let i = (hash >> 32) as usize % SHARDS;
         // A poisoned shard only means another thread panicked mid-update of plain numbers;
         // the map itself is intact, so keep serving.
-        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+        (
+            hash,
+            self.shards[i].lock().unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// Applies one op atomically with respect to every other op on the same key.
@@ -112,9 +162,9 @@ impl MemoryStore {
             return self.apply_log(op, limit, window_ms);
         }
         let mono = self.clock.mono_ms();
-        let mut shard = self.shard(&op.key);
-        // One hash lookup on a hit: the entry is updated in place.
-        let existing = shard.get_mut(op.key.as_str());
+        let (hash, mut shard) = self.locate(&op.key);
+        // One look-up on a hit: the entry is updated in place.
+        let existing = shard.get_mut(hash, &op.key);
         // A few numbers (a log, whose copy would cost more, is updated in place by `apply_log`).
         let old = existing.as_ref().map(|e| e.state.clone());
         let uses = existing.as_ref().map_or(1, |e| e.uses.saturating_add(1));
@@ -269,7 +319,7 @@ impl MemoryStore {
                 if shard.len() >= self.shard_max {
                     self.make_room(&mut shard, mono);
                 }
-                shard.insert(op.key.clone(), entry);
+                shard.insert_new(&self.hasher, hash, op.key.clone(), entry);
             }
         }
         outcome
@@ -278,8 +328,8 @@ impl MemoryStore {
     /// A sliding-log op, on the stored log in place (see [`bucket::take_log`]).
     fn apply_log(&self, op: &Op, limit: u64, window_ms: u64) -> Outcome {
         let (mono, now) = (self.clock.mono_ms(), self.clock.wall_ms());
-        let mut shard = self.shard(&op.key);
-        if let Some(e) = shard.get_mut(op.key.as_str())
+        let (hash, mut shard) = self.locate(&op.key);
+        if let Some(e) = shard.get_mut(hash, &op.key)
             && let State::Log(log) = &mut e.state
         {
             let o = bucket::take_log(log, now, limit, window_ms, log_cost(op));
@@ -298,25 +348,27 @@ impl MemoryStore {
                 idle_at_ms: mono.saturating_add(o.reset_ms),
                 uses: 1,
             };
-            shard.insert(op.key.clone(), entry);
+            shard.insert_new(&self.hasher, hash, op.key.clone(), entry);
         }
         o
     }
 
     /// Frees at least one slot in a full shard: its idle entries if it has any, else the
     /// `1/EVICT_FRACTION` of its entries that matter least (fewest uses, then nearest to idle).
-    fn make_room(&self, shard: &mut HashMap<String, Entry>, mono: u64) {
-        shard.retain(|_, e| e.idle_at_ms > mono);
+    fn make_room(&self, shard: &mut Shard, mono: u64) {
+        shard.retain(|e| e.idle_at_ms > mono);
         if shard.len() < self.shard_max {
             return;
         }
-        let mut ranks: Vec<(u32, u64)> = shard.values().map(|e| (e.uses, e.idle_at_ms)).collect();
+        let mut ranks: Vec<(u32, u64)> = (shard.table.iter())
+            .map(|(_, e)| (e.uses, e.idle_at_ms))
+            .collect();
         let n = (ranks.len() / EVICT_FRACTION).max(1);
         let (_, &mut cut, _) = ranks.select_nth_unstable(n - 1);
         // Everything ranked at or below the n-th lowest goes (ties included, so possibly a few
         // more than n).
         let before = shard.len();
-        shard.retain(|_, e| (e.uses, e.idle_at_ms) > cut);
+        shard.retain(|e| (e.uses, e.idle_at_ms) > cut);
         self.evicted
             .fetch_add((before - shard.len()) as u64, Ordering::Relaxed);
     }
@@ -325,7 +377,10 @@ impl MemoryStore {
     /// how many were held.
     pub fn remove(&self, keys: &[String]) -> u64 {
         keys.iter()
-            .map(|k| u64::from(self.shard(k).remove(k.as_str()).is_some()))
+            .map(|k| {
+                let (hash, mut shard) = self.locate(k);
+                u64::from(shard.remove(hash, k))
+            })
             .sum()
     }
 
@@ -335,14 +390,15 @@ impl MemoryStore {
         let now = self.clock.mono_ms();
         let mut dropped = 0;
         for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
-            let before = map.len();
-            map.retain(|_, e| e.idle_at_ms > now);
-            dropped += before - map.len();
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let before = shard.len();
+            shard.retain(|e| e.idle_at_ms > now);
+            dropped += before - shard.len();
             // Give memory back after a spike instead of keeping the peak capacity forever.
-            let len = map.len();
-            if map.capacity() > 64 && len < map.capacity() / 4 {
-                map.shrink_to(len * 2);
+            let (len, capacity) = (shard.len(), shard.table.capacity());
+            if capacity > 64 && len < capacity / 4 {
+                let hasher = &self.hasher;
+                (shard.table).shrink_to(len * 2, |(k, _)| hasher.hash_one(k.as_str()));
             }
         }
         dropped
