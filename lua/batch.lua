@@ -9,7 +9,9 @@
 -- number), so an op runs on the call's own arrays and no table is built for it:
 --   1 token_bucket.lua: `take_token`, defined once per call, on one argument packing the
 --     script's five numbers (`struct.pack('<ddddB')`: see `packed_token_bucket_args`);
---   2 fixed_window.lua, 3 sliding_window.lua, 4 sliding_log.lua, 5 lease.lua: the script
+--   2 fixed_window.lua: `take_window`, the same way, on its six (`struct.pack('<dddBBd')`:
+--     see `packed_fixed_window_args`);
+--   3 sliding_window.lua, 4 sliding_log.lua, 5 lease.lua: the script
 --     unchanged but for where it reads (its `TIME` reads `batch_time`, its `KEYS[1]` is `KEY`,
 --     its `ARGV[n]` is `ARGV[B + n]`), with the script's own arguments.
 --
@@ -18,7 +20,8 @@
 -- Standalone Redis (and Sentinel): every op's key declared.
 --   KEYS[i]  the key of op i (every script takes one key)
 --   ARGV     for each op in order: its script's number, then its `NARGS[n]` arguments (the
---            token bucket's one packed argument, or the script's own ARGV: see its header)
+--            token bucket's or fixed window's one packed argument, or the script's own ARGV:
+--            see its header)
 --
 -- Redis Cluster, one node's ops from different hash slots. A cluster refuses a call whose
 -- declared keys hash to different slots (CROSSSLOT), but lets a script without flags touch
@@ -34,7 +37,7 @@
 -- per number); when any op failed, one reply per op, each as its script answers alone (its
 -- error an error reply).
 --
-local NARGS = {1, 6, 4, 3, 8}
+local NARGS = {1, 1, 4, 3, 8}
 
 local out = {}
 -- Whether every op answered four numbers, as each script does unless it fails.

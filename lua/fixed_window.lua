@@ -43,210 +43,212 @@
 --          window's end, or the end of its debt), retry_ms (until a refused hit of this cost
 --          could fit, with overdraft a hit of 1; 0 if allowed; -1 = never)}.
 
-local limit = tonumber(ARGV[1])
-local window_ms = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local mode = tonumber(ARGV[4])
-local overdraft = mode == 1
-local calendar = tonumber(ARGV[5])
+-- The take itself is `take_window` below; the last lines (after `ENTRY`) read this call's
+-- arguments and clock and call it. A batch (`lua/batch.lua`, put together in
+-- src/store/redis/lua.rs) takes everything above `ENTRY` once per call and calls `take_window`
+-- for each fixed-window op, whose six numbers travel packed in one argument
+-- (`struct.pack('<dddBBd')`: the same doubles `tonumber` makes of the decimals here), so a
+-- batched op builds no closure and parses no decimal.
 
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local DAY = 86400000
 
--- The window holding now_ms: [start_ms, end_ms). `window_next` (the start of the window after
--- one) is built only for a calendar: a plain window's next start is `+ window_ms`, and the
--- calendar's functions are not made on its path (a closure made per call costs time).
-local start_ms, end_ms, window_next
-if calendar == 0 then
-  start_ms = now_ms - now_ms % window_ms
-  end_ms = start_ms + window_ms
-else
-  local DAY = 86400000
-  local offset_ms = (tonumber(ARGV[6]) - 1080) * 60000
-  -- Days since 1970-01-01 of a civil date, and back (src/quota/calendar.rs).
-  local function days_from_civil(y, m, d)
-    if m <= 2 then
-      y = y - 1
-    end
-    local era = math.floor(y / 400)
-    local yoe = y - era * 400
-    local mp = (m + 9) % 12
-    local doy = math.floor((153 * mp + 2) / 5) + d - 1
-    local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
-    return era * 146097 + doe - 719468
+-- Days since 1970-01-01 of a civil date, and back (src/quota/calendar.rs).
+local function days_from_civil(y, m, d)
+  if m <= 2 then
+    y = y - 1
   end
-  local function civil_from_days(days)
-    local z = days + 719468
-    local era = math.floor(z / 146097)
-    local doe = z - era * 146097
-    local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
-      - math.floor(doe / 146096)) / 365)
-    local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-    local mp = math.floor((5 * doy + 2) / 153)
-    local m = mp < 10 and mp + 3 or mp - 9
-    local y = yoe + era * 400
-    if m <= 2 then
-      y = y + 1
-    end
-    return y, m
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = (m + 9) % 12
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function civil_from_days(days)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then
+    y = y + 1
   end
-  -- The Rust's Calendar::start and Calendar::next.
-  local days = math.floor((now_ms + offset_ms) / DAY)
-  local start_day = days
+  return y, m
+end
+
+-- The Rust's Calendar::next: the start of the calendar window after the one starting at `s`.
+local function window_next(s, calendar, offset_ms)
+  local d = math.floor((s + offset_ms) / DAY)
+  local next_day = d + 1
   if calendar == 2 then
-    start_day = days - (days + 3) % 7
+    next_day = d + 7
   elseif calendar == 3 then
-    local y, m = civil_from_days(days)
-    start_day = days_from_civil(y, m, 1)
-  elseif calendar == 4 then
-    local y = civil_from_days(days)
-    start_day = days_from_civil(y, 1, 1)
-  end
-  start_ms = math.max(start_day * DAY - offset_ms, 0)
-  window_next = function(s)
-    local d = math.floor((s + offset_ms) / DAY)
-    local next_day = d + 1
-    if calendar == 2 then
-      next_day = d + 7
-    elseif calendar == 3 then
-      local y, m = civil_from_days(d)
-      if m == 12 then
-        next_day = days_from_civil(y + 1, 1, 1)
-      else
-        next_day = days_from_civil(y, m + 1, 1)
-      end
-    elseif calendar == 4 then
-      local y = civil_from_days(d)
+    local y, m = civil_from_days(d)
+    if m == 12 then
       next_day = days_from_civil(y + 1, 1, 1)
+    else
+      next_day = days_from_civil(y, m + 1, 1)
     end
-    return math.max(next_day * DAY - offset_ms, 0)
+  elseif calendar == 4 then
+    local y = civil_from_days(d)
+    next_day = days_from_civil(y + 1, 1, 1)
   end
-  end_ms = window_next(start_ms)
+  return math.max(next_day * DAY - offset_ms, 0)
 end
 
-local state = redis.call('HMGET', KEYS[1], 'w', 'c')
-local stored_w = state[1] and state[2] and tonumber(state[1])
-local before = 0
-if stored_w == start_ms then
-  before = tonumber(state[2])
-elseif stored_w and stored_w < start_ms then
-  -- The Rust's Window::before: `windows` later, the windows between have paid a limit each
-  -- (a calendar's counted one by one, up to one more than the count holds limits).
-  local stored_c = tonumber(state[2])
-  local windows
+-- The Rust's later(n): ms from `now_ms` until the end of the window n - 1 windows after the
+-- one ending at `end_ms`.
+local function later(n, now_ms, end_ms, window_ms, calendar, offset_ms)
   if calendar == 0 then
-    windows = (start_ms - stored_w) / window_ms
+    return end_ms - now_ms + math.max(n - 1, 0) * window_ms
+  end
+  local e = end_ms
+  for _ = 2, n do
+    e = window_next(e, calendar, offset_ms)
+  end
+  return e - now_ms
+end
+
+-- One hit on the window at `key` at `now_ms`; the reply as the header says. `offset_ms` is the
+-- calendar's UTC offset in ms (unused for windows of window_ms).
+local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, offset_ms)
+  local overdraft = mode == 1
+
+  -- The window holding now_ms: [start_ms, end_ms).
+  local start_ms, end_ms
+  if calendar == 0 then
+    start_ms = now_ms - now_ms % window_ms
+    end_ms = start_ms + window_ms
   else
-    local most = 1
-    if limit > 0 then
-      most = math.floor(stored_c / limit) + 1
+    -- The Rust's Calendar::start.
+    local days = math.floor((now_ms + offset_ms) / DAY)
+    local start_day = days
+    if calendar == 2 then
+      start_day = days - (days + 3) % 7
+    elseif calendar == 3 then
+      local y, m = civil_from_days(days)
+      start_day = days_from_civil(y, m, 1)
+    elseif calendar == 4 then
+      local y = civil_from_days(days)
+      start_day = days_from_civil(y, 1, 1)
     end
-    windows = 0
-    local at = stored_w
-    while at < start_ms and windows < most do
-      at = window_next(at)
-      windows = windows + 1
-    end
+    start_ms = math.max(start_day * DAY - offset_ms, 0)
+    end_ms = window_next(start_ms, calendar, offset_ms)
   end
-  before = math.max(stored_c - windows * limit, 0)
-end
-local window_left = end_ms - now_ms
 
--- The Rust's later(n): until the end of the window n - 1 windows after this one. One closure
--- per kind of window, each capturing only what it reads (each captured local costs a call).
-local later
-if calendar == 0 then
-  later = function(n)
-    return window_left + math.max(n - 1, 0) * window_ms
-  end
-else
-  later = function(n)
-    local e = end_ms
-    for _ = 2, n do
-      e = window_next(e)
-    end
-    return e - now_ms
-  end
-end
--- The Rust's retry_of: until a hit of `c` fits after `n` (false: never).
-local function retry_of(n, c)
-  if n + c <= limit then
-    return 0
-  end
-  if c > limit or limit == 0 then
-    return false
-  end
-  return later(math.ceil((n + c - limit) / limit))
-end
-
-if mode == 2 then
-  -- The Rust's return_windows: off this window's count, never below 0; another window's
-  -- count is left as it is.
-  local count = 0
+  local state = redis.call('HMGET', key, 'w', 'c')
+  local stored_w = state[1] and state[2] and tonumber(state[1])
+  local before = 0
   if stored_w == start_ms then
-    count = math.max(before - cost, 0)
-  elseif stored_w then
-    count = before
+    before = tonumber(state[2])
+  elseif stored_w and stored_w < start_ms then
+    -- The Rust's Window::before: `windows` later, the windows between have paid a limit each
+    -- (a calendar's counted one by one, up to one more than the count holds limits).
+    local stored_c = tonumber(state[2])
+    local windows
+    if calendar == 0 then
+      windows = (start_ms - stored_w) / window_ms
+    else
+      local most = 1
+      if limit > 0 then
+        most = math.floor(stored_c / limit) + 1
+      end
+      windows = 0
+      local at = stored_w
+      while at < start_ms and windows < most do
+        at = window_next(at, calendar, offset_ms)
+        windows = windows + 1
+      end
+    end
+    before = math.max(stored_c - windows * limit, 0)
   end
-  -- The count is back at 0 once ceil(count / limit) windows have paid a limit each.
+  local window_left = end_ms - now_ms
+
+  if mode == 2 then
+    -- The Rust's return_windows: off this window's count, never below 0; another window's
+    -- count is left as it is.
+    local count = 0
+    if stored_w == start_ms then
+      count = math.max(before - cost, 0)
+    elseif stored_w then
+      count = before
+    end
+    -- The count is back at 0 once ceil(count / limit) windows have paid a limit each.
+    local reset_ms = window_left
+    if limit > 0 and count > limit then
+      reset_ms = later(math.ceil(count / limit), now_ms, end_ms, window_ms, calendar, offset_ms)
+    end
+    if stored_w == start_ms then
+      redis.call('HSET', key, 'w', start_ms, 'c', count)
+      redis.call('PEXPIRE', key, reset_ms)
+    end
+    return {1, math.max(limit - count, 0), reset_ms, 0}
+  end
+
+  local count, allowed
+  if cost == 0 then
+    count = before
+    allowed = before < limit
+    -- The Rust stores {start_ms, 0} here when the stored window is another one; a missing key
+    -- means the same (0 in every window). A clock that steps back must not find that window's
+    -- count in the window it returns to. An earlier window's debt stays as it is: what is left
+    -- of it follows from time.
+    if stored_w and stored_w ~= start_ms
+        and not (stored_w < start_ms and tonumber(state[2]) > limit) then
+      redis.call('DEL', key)
+    end
+  else
+    local after = before + cost
+    allowed = after <= limit
+    if allowed then
+      count = after
+    elseif overdraft then
+      count = math.max(math.min(after, 2 * limit), before)
+    elseif mode == 3 then
+      -- A reservation that does not fit counts nothing (nothing will settle it).
+      count = before
+    else
+      count = math.max(limit, before)
+    end
+  end
+
   local reset_ms = window_left
   if limit > 0 and count > limit then
-    reset_ms = later(math.ceil(count / limit))
+    -- The count is back at 0 once ceil(count / limit) windows have paid a limit each.
+    reset_ms = later(math.ceil(count / limit), now_ms, end_ms, window_ms, calendar, offset_ms)
   end
-  if stored_w == start_ms then
-    redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
-    redis.call('PEXPIRE', KEYS[1], reset_ms)
+  if cost > 0 then
+    redis.call('HSET', key, 'w', start_ms, 'c', count)
+    redis.call('PEXPIRE', key, reset_ms)
   end
-  return {1, math.max(limit - count, 0), reset_ms, 0}
+
+  -- The Rust's retry_of: until a hit of `c` fits after `count` (-1: never).
+  local retry_ms = 0
+  if not allowed then
+    local c = 1
+    if not overdraft then
+      c = math.max(cost, 1)
+    end
+    if count + c <= limit then
+      retry_ms = 0
+    elseif c > limit or limit == 0 then
+      retry_ms = -1
+    else
+      retry_ms = later(math.ceil((count + c - limit) / limit), now_ms, end_ms, window_ms,
+        calendar, offset_ms)
+    end
+  end
+
+  return {allowed and 1 or 0, math.max(limit - count, 0), reset_ms, retry_ms}
 end
 
-local count, allowed
-if cost == 0 then
-  count = before
-  allowed = before < limit
-  -- The Rust stores {start_ms, 0} here when the stored window is another one; a missing key
-  -- means the same (0 in every window). A clock that steps back must not find that window's
-  -- count in the window it returns to. An earlier window's debt stays as it is: what is left
-  -- of it follows from time.
-  if stored_w and stored_w ~= start_ms
-      and not (stored_w < start_ms and tonumber(state[2]) > limit) then
-    redis.call('DEL', KEYS[1])
-  end
-else
-  local after = before + cost
-  allowed = after <= limit
-  if allowed then
-    count = after
-  elseif overdraft then
-    count = math.max(math.min(after, 2 * limit), before)
-  elseif mode == 3 then
-    -- A reservation that does not fit counts nothing (nothing will settle it).
-    count = before
-  else
-    count = math.max(limit, before)
-  end
-end
-
-local reset_ms = window_left
-if limit > 0 and count > limit then
-  -- The count is back at 0 once ceil(count / limit) windows have paid a limit each.
-  reset_ms = later(math.ceil(count / limit))
-end
-if cost > 0 then
-  redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
-  redis.call('PEXPIRE', KEYS[1], reset_ms)
-end
-
-local retry_ms
-if allowed then
-  retry_ms = 0
-elseif overdraft then
-  retry_ms = retry_of(count, 1)
-else
-  retry_ms = retry_of(count, math.max(cost, 1))
-end
-if retry_ms == false then
-  retry_ms = -1
-end
-
-return {allowed and 1 or 0, math.max(limit - count, 0), reset_ms, retry_ms}
+-- ENTRY: this call's one hit (a batch stops above this line).
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+return take_window(KEYS[1], now_ms, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
+  tonumber(ARGV[4]), tonumber(ARGV[5]), (tonumber(ARGV[6]) - 1080) * 60000)

@@ -12,7 +12,7 @@ use redis::aio::ConnectionLike;
 use redis::{ServerErrorKind, Value};
 
 use super::errors::CallError;
-use super::lua::{Sources, packed_token_bucket_args};
+use super::lua::{Sources, packed_fixed_window_args, packed_token_bucket_args};
 use super::scripts::{OpResults, ScriptCall, Scripts, outcome_of, parse_outcome};
 use crate::quota::Op;
 
@@ -38,12 +38,14 @@ fn numbered(call: &ScriptCall) -> u64 {
 }
 
 /// Appends one op's `ARGV` to a batch call: its script number, then its arguments as
-/// `lua/batch.lua` reads them (a token bucket's five numbers packed in one, the others'
-/// as their own scripts take them). Public so the tests send batches exactly as the store does.
+/// `lua/batch.lua` reads them (a token bucket's five numbers and a fixed window's six packed in
+/// one argument, the others' as their own scripts take them). Public so the tests send batches
+/// exactly as the store does.
 pub fn push_op(cmd: &mut redis::Cmd, call: &ScriptCall) {
     cmd.arg(numbered(call));
     match call {
         ScriptCall::TokenBucket(args) => cmd.arg(&packed_token_bucket_args(args)[..]),
+        ScriptCall::FixedWindow(args) => cmd.arg(&packed_fixed_window_args(args)[..]),
         other => cmd.arg(other.argv()),
     };
 }
@@ -246,10 +248,10 @@ mod tests {
 
     #[test]
     fn each_call_has_the_number_and_the_argument_count_the_dispatcher_expects() {
-        // NARGS in lua/batch.lua, by script number: the token bucket's five numbers go
-        // packed in one argument.
-        let nargs = [1, 6, 4, 3, 8];
-        assert!(DISPATCH_LUA.contains("local NARGS = {1, 6, 4, 3, 8}"));
+        // NARGS in lua/batch.lua, by script number: the token bucket's five numbers and the
+        // fixed window's six go packed in one argument.
+        let nargs = [1, 1, 4, 3, 8];
+        assert!(DISPATCH_LUA.contains("local NARGS = {1, 1, 4, 3, 8}"));
         let calls = [
             ScriptCall::TokenBucket([0; 5]),
             ScriptCall::FixedWindow([0; 6]),

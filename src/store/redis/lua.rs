@@ -110,9 +110,10 @@ pub(super) const TIME: &str = "redis.call('TIME')";
 /// The batch script as sent: [`batch_lua`] of the scripts of `lua/` on Redis `TIME`.
 pub static BATCH_LUA: LazyLock<String> = LazyLock::new(|| batch_lua(BATCHED_LUA, TIME));
 
-/// Where `token_bucket.lua`'s function ends and its one call's entry (ARGV, `TIME`) begins: a
-/// batch takes the part above once and calls `take_token` for each token-bucket op.
-pub const TOKEN_BUCKET_ENTRY: &str = "-- ENTRY:";
+/// Where `token_bucket.lua`'s and `fixed_window.lua`'s functions end and their one call's
+/// entry (ARGV, `TIME`) begins: a batch takes the part above once and calls `take_token` or
+/// `take_window` for each op of theirs.
+pub const ENTRY_MARK: &str = "-- ENTRY:";
 
 /// How a batch sends a token-bucket op's five numbers: one argument, `struct.pack('<ddddB')`
 /// of capacity, refill, window_ms and cost as doubles and the overdraft flag as a byte. Each
@@ -129,14 +130,46 @@ pub fn packed_token_bucket_args(args: &[u64; 5]) -> [u8; 33] {
     out
 }
 
+/// How a batch sends a fixed-window op's six numbers (`fixed_window.lua`'s ARGV): one argument,
+/// `struct.pack('<dddBBd')` of limit, window_ms and cost as doubles, the mode and the calendar
+/// as bytes (0–3 and 0–4) and the calendar's offset argument as a double, the same doubles
+/// `tonumber` makes of the decimals the single script is sent (see
+/// [`packed_token_bucket_args`]).
+pub fn packed_fixed_window_args(args: &[u64; 6]) -> [u8; 34] {
+    let mut out = [0u8; 34];
+    for (i, n) in args[..3].iter().enumerate() {
+        out[i * 8..i * 8 + 8].copy_from_slice(&(*n as f64).to_le_bytes());
+    }
+    // Both are small (a mode 0-3, a calendar 0-4); saturate rather than wrap anything else.
+    out[24] = u8::try_from(args[3]).unwrap_or(u8::MAX);
+    out[25] = u8::try_from(args[4]).unwrap_or(u8::MAX);
+    out[26..34].copy_from_slice(&(args[5] as f64).to_le_bytes());
+    out
+}
+
+/// `script` split at [`ENTRY_MARK`]: its functions, defined once per batch, and its
+/// entry, which alone reads `TIME`.
+fn functions_of<'a>(script: &'a str, name: &str) -> &'a str {
+    let (functions, entry) = script
+        .split_once(ENTRY_MARK)
+        .unwrap_or_else(|| panic!("{name} marks its entry"));
+    assert!(
+        entry.contains(TIME) && !functions.contains(TIME),
+        "{name} reads TIME only in its entry"
+    );
+    functions
+}
+
 /// The batch script of `scripts` (in [`BATCHED_LUA`]'s order): `batch_time` = `time` (a Lua
 /// expression giving `{seconds, microseconds}`, as `TIME` does), then the scripts, then the
 /// dispatcher.
 ///
-/// The token bucket, the take nearly every decision is, runs leanest: `token_bucket.lua` above
-/// [`TOKEN_BUCKET_ENTRY`] (its `take_token` and helpers) is defined once per call, and
-/// `SCRIPTS[1]` unpacks the op's one packed argument ([`packed_token_bucket_args`]) and calls
-/// it on the batch's clock: no closure is built and no decimal parsed per op.
+/// The token bucket and the fixed window, the takes nearly every decision is, run leanest:
+/// `token_bucket.lua` and `fixed_window.lua` above [`ENTRY_MARK`] (`take_token`,
+/// `take_window` and their helpers) are defined once per call, and `SCRIPTS[1]` and
+/// `SCRIPTS[2]` unpack the op's one packed argument ([`packed_token_bucket_args`],
+/// [`packed_fixed_window_args`]) and call them on the batch's clock: no closure is built and
+/// no decimal parsed per op.
 ///
 /// Each other script is wrapped as `SCRIPTS[n] = function(KEY, B) … end`, reading the batch's
 /// own `ARGV` where it is: its `KEYS[1]` is `KEY` (its op's key, which the dispatcher passes in
@@ -149,23 +182,28 @@ pub fn batch_lua(scripts: [&str; 5], time: &str) -> String {
     lua.push_str("local batch_time = ");
     lua.push_str(time);
     lua.push_str("\nlocal SCRIPTS = {}\n");
-    let (token_bucket, entry) = scripts[0]
-        .split_once(TOKEN_BUCKET_ENTRY)
-        .expect("token_bucket.lua marks its entry");
-    assert!(
-        entry.contains(TIME) && !token_bucket.contains(TIME),
-        "token_bucket.lua reads TIME only in its entry"
-    );
-    lua.push_str(token_bucket);
     lua.push_str(concat!(
-        "\nlocal batch_now_ms = tonumber(batch_time[1]) * 1000",
+        "local batch_now_ms = tonumber(batch_time[1]) * 1000",
         " + math.floor(tonumber(batch_time[2]) / 1000)\n",
-        "SCRIPTS[1] = function(KEY, B)\n",
+    ));
+    // Each in a block of its own: their local helpers keep their names apart.
+    lua.push_str("do\n");
+    lua.push_str(functions_of(scripts[0], "token_bucket.lua"));
+    lua.push_str(concat!(
+        "\nSCRIPTS[1] = function(KEY, B)\n",
         "  local capacity, refill, window_ms, cost, overdraft = struct.unpack('<ddddB', ARGV[B + 1])\n",
         "  return take_token(KEY, batch_now_ms, capacity, refill, window_ms, cost, overdraft == 1)\n",
-        "end\n",
+        "end\nend\ndo\n",
     ));
-    for (i, script) in scripts.iter().enumerate().skip(1) {
+    lua.push_str(functions_of(scripts[1], "fixed_window.lua"));
+    lua.push_str(concat!(
+        "\nSCRIPTS[2] = function(KEY, B)\n",
+        "  local limit, window_ms, cost, mode, calendar, offset = struct.unpack('<dddBBd', ARGV[B + 1])\n",
+        "  return take_window(KEY, batch_now_ms, limit, window_ms, cost, mode, calendar,\n",
+        "    (offset - 1080) * 60000)\n",
+        "end\nend\n",
+    ));
+    for (i, script) in scripts.iter().enumerate().skip(2) {
         lua.push_str(&format!("SCRIPTS[{}] = function(KEY, B)\n", i + 1));
         lua.push_str(
             &script

@@ -96,9 +96,9 @@ mod version;
 pub use batch_script::{PACKED_REPLY_BYTES, packed_replies, push_op as push_batch_op};
 pub use config::RedisConfig;
 pub use lua::{
-    BATCH_LUA, BATCHED_LUA, FIXED_WINDOW_LUA, HASH_STATE_OFF, LEASE_LUA, SLIDING_LOG_LUA,
-    SLIDING_WINDOW_LUA, Sources, StateFormat, TOKEN_BUCKET_ENTRY, TOKEN_BUCKET_LUA, batch_lua,
-    packed_token_bucket_args, writing_hash,
+    BATCH_LUA, BATCHED_LUA, ENTRY_MARK, FIXED_WINDOW_LUA, HASH_STATE_OFF, LEASE_LUA,
+    SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, Sources, StateFormat, TOKEN_BUCKET_LUA, batch_lua,
+    packed_fixed_window_args, packed_token_bucket_args, writing_hash,
 };
 pub use scripts::ScriptCall;
 pub use slots::slot_of;
