@@ -10,12 +10,18 @@
 -- assignment). Debt is carried into the next windows, which pay one limit each, whatever the
 -- operation; the key lives until it is paid (`reset_ms`).
 --
--- State: KEYS[1] is a hash of two fields, `w` (the window's start, epoch ms) and `c` (hits
--- counted in it, debt included), expiring (PEXPIRE) when the window (or its debt) ends. The
--- start is stored rather than implied by the expiry because Redis checks expiry against the
+-- State: KEYS[1] is a 16-byte string, two little-endian doubles packed with
+-- `struct.pack('<dd')`: the window's start (epoch ms) and the hits counted in it, debt
+-- included. It is written with one `SET … PX`, to expire when the window (or its debt) ends.
+-- The start is stored rather than implied by the expiry because Redis checks expiry against the
 -- time the script started, while the window is computed from `TIME` inside it: at a window
--- edge the two can disagree, and comparing `w` keeps the count of the old window out of the
--- new one (beyond its debt).
+-- edge the two can disagree, and comparing the start keeps the count of the old window out of
+-- the new one (beyond its debt).
+--
+-- 0.1.0 kept the same two numbers in a hash (`w`, `c`; `HMGET`, `HSET`, `PEXPIRE`), which costs
+-- Redis a call and two decimals more per hit. Either is read (a rolling upgrade from 0.1.0 meets
+-- its hashes); which one is written is `HASH_STATE` below, set from `store_state_format` as in
+-- token_bucket.lua (docs/redis.md).
 --
 -- Calendar windows (ARGV[5] > 0) are a day, ISO week, month or year of the civil calendar
 -- at a fixed UTC offset instead (src/quota/calendar.rs, whose integer date arithmetic,
@@ -49,6 +55,9 @@
 -- for each fixed-window op, whose six numbers travel packed in one argument
 -- (`struct.pack('<dddBBd')`: the same doubles `tonumber` makes of the decimals here), so a
 -- batched op builds no closure and parses no decimal.
+
+-- store_state_format: false = the packed string, true = 0.1.0's hash (see the header).
+local HASH_STATE = false
 
 local DAY = 86400000
 
@@ -114,6 +123,21 @@ local function later(n, now_ms, end_ms, window_ms, calendar, offset_ms)
   return e - now_ms
 end
 
+-- Stores the window starting at `start_ms` with `count` hits, to expire in `ttl_ms`, in the
+-- format this replica writes. `packed`: whether the key holds the packed format now.
+local function write_window(key, start_ms, count, ttl_ms, packed)
+  if HASH_STATE then
+    if packed then
+      -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
+      redis.call('DEL', key)
+    end
+    redis.call('HSET', key, 'w', start_ms, 'c', count)
+    redis.call('PEXPIRE', key, ttl_ms)
+  else
+    redis.call('SET', key, struct.pack('<dd', start_ms, count), 'PX', ttl_ms)
+  end
+end
+
 -- One hit on the window at `key` at `now_ms`; the reply as the header says. `offset_ms` is the
 -- calendar's UTC offset in ms (unused for windows of window_ms).
 local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, offset_ms)
@@ -141,15 +165,38 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
     end_ms = window_next(start_ms, calendar, offset_ms)
   end
 
-  local state = redis.call('HMGET', key, 'w', 'c')
-  local stored_w = state[1] and state[2] and tonumber(state[1])
+  -- The stored window, in either format. The one this replica writes is asked for first: the
+  -- other answers WRONGTYPE (which Redis counts in its errorstats), so that happens once per
+  -- key while the formats change over, not on every call.
+  local stored_w, stored_c
+  local packed, hash
+  if HASH_STATE then
+    hash = redis.pcall('HMGET', key, 'w', 'c')
+    if hash.err then
+      hash = nil
+      packed = redis.call('GET', key)
+    end
+  else
+    packed = redis.pcall('GET', key)
+    if type(packed) == 'table' then
+      packed = nil
+      hash = redis.call('HMGET', key, 'w', 'c')
+    end
+  end
+  if packed then
+    if #packed ~= 16 then
+      return redis.error_reply('tollgate: ' .. key .. ' holds something other than a fixed window')
+    end
+    stored_w, stored_c = struct.unpack('<dd', packed)
+  elseif hash and hash[1] and hash[2] then
+    stored_w, stored_c = tonumber(hash[1]), tonumber(hash[2])
+  end
   local before = 0
   if stored_w == start_ms then
-    before = tonumber(state[2])
+    before = stored_c
   elseif stored_w and stored_w < start_ms then
     -- The Rust's Window::before: `windows` later, the windows between have paid a limit each
     -- (a calendar's counted one by one, up to one more than the count holds limits).
-    local stored_c = tonumber(state[2])
     local windows
     if calendar == 0 then
       windows = (start_ms - stored_w) / window_ms
@@ -184,8 +231,7 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
       reset_ms = later(math.ceil(count / limit), now_ms, end_ms, window_ms, calendar, offset_ms)
     end
     if stored_w == start_ms then
-      redis.call('HSET', key, 'w', start_ms, 'c', count)
-      redis.call('PEXPIRE', key, reset_ms)
+      write_window(key, start_ms, count, reset_ms, packed)
     end
     return {1, math.max(limit - count, 0), reset_ms, 0}
   end
@@ -199,7 +245,7 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
     -- count in the window it returns to. An earlier window's debt stays as it is: what is left
     -- of it follows from time.
     if stored_w and stored_w ~= start_ms
-        and not (stored_w < start_ms and tonumber(state[2]) > limit) then
+        and not (stored_w < start_ms and stored_c > limit) then
       redis.call('DEL', key)
     end
   else
@@ -223,8 +269,7 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
     reset_ms = later(math.ceil(count / limit), now_ms, end_ms, window_ms, calendar, offset_ms)
   end
   if cost > 0 then
-    redis.call('HSET', key, 'w', start_ms, 'c', count)
-    redis.call('PEXPIRE', key, reset_ms)
+    write_window(key, start_ms, count, reset_ms, packed)
   end
 
   -- The Rust's retry_of: until a hit of `c` fits after `count` (-1: never).

@@ -166,19 +166,53 @@ if algorithm == 1 then
   return {granted, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}
 end
 
--- Fixed window: as fixed_window.lua (epoch-aligned on TIME, the start stored in `w`; a count
--- past the limit is debt, carried into the next windows, one limit paid per window).
+-- Fixed window: as fixed_window.lua (epoch-aligned on TIME, the window's start stored with its
+-- count, in either format; a count past the limit is debt, carried into the next windows, one
+-- limit paid per window).
 local limit = capacity
 local start_ms = now_ms - now_ms % window_ms
-local state = redis.call('HMGET', KEYS[1], 'w', 'c')
-local stored_w = state[1] and state[2] and tonumber(state[1])
+local stored_w, stored_c
+local packed, hash
+if HASH_STATE then
+  hash = redis.pcall('HMGET', KEYS[1], 'w', 'c')
+  if hash.err then
+    hash = nil
+    packed = redis.call('GET', KEYS[1])
+  end
+else
+  packed = redis.pcall('GET', KEYS[1])
+  if type(packed) == 'table' then
+    packed = nil
+    hash = redis.call('HMGET', KEYS[1], 'w', 'c')
+  end
+end
+if packed then
+  if #packed ~= 16 then
+    return redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than a fixed window')
+  end
+  stored_w, stored_c = struct.unpack('<dd', packed)
+elseif hash and hash[1] and hash[2] then
+  stored_w, stored_c = tonumber(hash[1]), tonumber(hash[2])
+end
 local current = stored_w == start_ms
 local before = 0
 if current then
-  before = tonumber(state[2])
+  before = stored_c
 elseif stored_w and stored_w < start_ms then
   local windows = (start_ms - stored_w) / window_ms
-  before = math.max(tonumber(state[2]) - windows * limit, 0)
+  before = math.max(stored_c - windows * limit, 0)
+end
+-- As fixed_window.lua's write_window: in the format this replica writes.
+local function write_window(count, ttl_ms)
+  if HASH_STATE then
+    if packed then
+      redis.call('DEL', KEYS[1])
+    end
+    redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
+    redis.call('PEXPIRE', KEYS[1], ttl_ms)
+  else
+    redis.call('SET', KEYS[1], struct.pack('<dd', start_ms, count), 'PX', ttl_ms)
+  end
 end
 local window_left = start_ms + window_ms - now_ms
 -- fixed_window.rs's reset_of: until the count is back at 0.
@@ -195,8 +229,7 @@ if action ~= 1 then
   local count = before
   if current then
     count = math.max(before - need, 0)
-    redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
-    redis.call('PEXPIRE', KEYS[1], reset_of(count))
+    write_window(count, reset_of(count))
   end
   return {0, math.max(limit - count, 0), reset_of(count), 0}
 end
@@ -206,8 +239,7 @@ local available = math.max(limit - before, 0)
 if need <= available then
   local granted = grant(available)
   local count = before + granted
-  redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
-  redis.call('PEXPIRE', KEYS[1], reset_of(count))
+  write_window(count, reset_of(count))
   return {granted, math.max(limit - count, 0), reset_of(count), 0}
 end
 -- Refused: until `need` fits, windows paying the debt a limit each (retry_of).

@@ -30,8 +30,11 @@ use tollgate::store::redis::{
 const BASE_MS: u64 = 1_700_000_000_123;
 const TIME: &str = "redis.call('TIME')";
 /// The names a script's key goes by where it sets a TTL: `KEYS[1]`, or `key` inside
-/// `token_bucket.lua`'s `take_token` (which a batch calls with each op's key).
+/// `take_token` and `take_window` (which a batch calls with each op's key).
 const KEY_NAMES: [&str; 2] = ["KEYS[1]", "key"];
+
+/// What a packed state packs: a token bucket's `tokens, ts`, a fixed window's `start_ms, count`.
+const PACKED_STATES: [&str; 2] = ["tokens, ts", "start_ms, count"];
 
 /// `script` with each TTL it sets (`PEXPIRE`, or the packed state's `SET … PX`) written to
 /// `<key>~ttl` instead.
@@ -40,17 +43,19 @@ fn ttl_to_key(script: &str) -> String {
     let mut sites = 0;
     for key in KEY_NAMES {
         let pexpire = format!("redis.call('PEXPIRE', {key}, ");
-        let px = format!("redis.call('SET', {key}, struct.pack('<dd', tokens, ts), 'PX', ttl_ms)");
-        sites += out.matches(&pexpire).count() + out.matches(&px).count();
-        out = out
-            .replace(&pexpire, &format!("redis.call('SET', {key} .. '~ttl', "))
-            .replace(
+        sites += out.matches(&pexpire).count();
+        out = out.replace(&pexpire, &format!("redis.call('SET', {key} .. '~ttl', "));
+        for state in PACKED_STATES {
+            let px = format!("redis.call('SET', {key}, struct.pack('<dd', {state}), 'PX', ttl_ms)");
+            sites += out.matches(&px).count();
+            out = out.replace(
                 &px,
                 &format!(
-                    "redis.call('SET', {key}, struct.pack('<dd', tokens, ts)) \
+                    "redis.call('SET', {key}, struct.pack('<dd', {state})) \
                      redis.call('SET', {key} .. '~ttl', ttl_ms)"
                 ),
             );
+        }
     }
     assert!(sites > 0, "every script sets a TTL");
     assert!(
@@ -136,8 +141,8 @@ fn dump(conn: &mut ::redis::Connection, key: &str) -> (Option<Vec<u8>>, Option<S
 fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
     let redis = TestRedis::start();
     let conn = std::cell::RefCell::new(redis.conn());
-    // Odd cases write the token bucket's state as 0.1.0's hash (store_state_format: hash),
-    // even ones packed.
+    // Odd cases write the token bucket's and the fixed window's state as 0.1.0's hashes
+    // (store_state_format: hash), even ones packed.
     let formats = [StateFormat::Packed, StateFormat::Hash].map(|format| {
         let scripts: [String; 5] = std::array::from_fn(|i| {
             let call = [

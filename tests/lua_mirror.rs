@@ -157,20 +157,25 @@ fn with_test_clock(source: &str, ttl_sites: usize) -> String {
         1,
         "the script reads TIME once"
     );
-    // The key is `KEYS[1]`, or `key` inside `token_bucket.lua`'s `take_token`.
+    // The key is `KEYS[1]`, or `key` inside `take_token` and `take_window`; a packed state is
+    // a token bucket's `tokens, ts` or a window's `start_ms, count`.
     let sites = |key: &str| {
+        let packed = |state: &str| {
+            (
+                format!("redis.call('SET', {key}, struct.pack('<dd', {state}), 'PX', ttl_ms)"),
+                format!(
+                    "redis.call('SET', {key}, struct.pack('<dd', {state})) \
+                     redis.call('SET', {key} .. ':ttl', ttl_ms)"
+                ),
+            )
+        };
         [
             (
                 format!("redis.call('PEXPIRE', {key}, "),
                 format!("redis.call('SET', {key} .. ':ttl', "),
             ),
-            (
-                format!("redis.call('SET', {key}, struct.pack('<dd', tokens, ts), 'PX', ttl_ms)"),
-                format!(
-                    "redis.call('SET', {key}, struct.pack('<dd', tokens, ts)) \
-                     redis.call('SET', {key} .. ':ttl', ttl_ms)"
-                ),
-            ),
+            packed("tokens, ts"),
+            packed("start_ms, count"),
         ]
     };
     let mut out = source.replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}");
@@ -217,8 +222,31 @@ fn token_state(conn: &mut ::redis::Connection, k: &str) -> Option<(f64, u64)> {
     }
 }
 
-/// The token bucket and lease scripts on the test clock, writing the packed state (`[0]`) and
-/// 0.1.0's hash (`[1]`).
+/// A fixed window's stored `(start, count)`, in either format.
+fn window_state(conn: &mut ::redis::Connection, k: &str) -> Option<(u64, u64)> {
+    let kind: String = ::redis::cmd("TYPE").arg(k).query(conn).unwrap();
+    match kind.as_str() {
+        "string" => {
+            let bytes: Vec<u8> = ::redis::cmd("GET").arg(k).query(conn).unwrap();
+            assert_eq!(bytes.len(), 16, "{k}: the packed state is two doubles");
+            let (w, c) = common::redis::unpack_token_state(&bytes)?;
+            Some((w as u64, c))
+        }
+        "hash" => {
+            let fields: Vec<Option<u64>> = ::redis::cmd("HMGET")
+                .arg(k)
+                .arg(&["w", "c"])
+                .query(conn)
+                .unwrap();
+            fields[0].zip(fields[1])
+        }
+        "none" => None,
+        other => panic!("{k} is a {other}"),
+    }
+}
+
+/// The token bucket, fixed window and lease scripts on the test clock, writing the packed state
+/// (`[0]`) and 0.1.0's hash (`[1]`).
 fn both_formats(source: &str, ttl_sites: usize) -> [String; 2] {
     [
         with_test_clock(source, ttl_sites),
@@ -386,21 +414,24 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
 fn lua_fixed_window_mirrors_take_window_exactly() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
-    let source = with_test_clock(FIXED_WINDOW_LUA, 2);
+    // Two TTL sites: the packed state's `SET … PX` and the hash's `PEXPIRE`.
+    let sources = both_formats(FIXED_WINDOW_LUA, 2);
     let params = (
         limit(&[0, 1, 2, 3, 10, 1_000, u64::from(u32::MAX)]),
         window_ms(&[7, 1_000, 60_000, HOUR, DAY]),
     );
-    let (cases, refused) = (Cell::new(0), Cell::new(0));
+    let (cases, refused, switched) = (Cell::new(0), Cell::new(0), Cell::new(0));
     check(
-        (params, takes(), any::<bool>()),
-        |((limit, window_ms), (start, takes), overdraft)| {
+        (params, takes(), any::<bool>(), writers()),
+        |((limit, window_ms), (start, takes), overdraft, writers)| {
             let conn = &mut *conn.borrow_mut();
             let k = "mirror:{fw}";
             del(conn, k);
             let mut now = BASE_MS + start;
             let mut state: Option<WindowState> = None;
-            for (step, cost) in takes {
+            for (i, (step, cost)) in takes.into_iter().enumerate() {
+                let source = &sources[usize::from(writers[i])];
+                let before = window_state(conn, k);
                 now = step.apply(now, window_ms);
                 let cost = cost.of(limit);
                 // Every third case reserves instead of taking (`Action::Reserve`: a refusal
@@ -420,9 +451,10 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
                 } else {
                     charged(fw(k, limit, window_ms, cost), overdraft)
                 };
-                let got = eval_at(conn, &source, &op, now);
+                let got = eval_at(conn, source, &op, now);
                 let at = format!(
-                    "limit {limit} window {window_ms} cost {cost} overdraft {overdraft} at {now} from {state:?}"
+                    "limit {limit} window {window_ms} cost {cost} overdraft {overdraft} at {now} from {state:?}, writing {}",
+                    if writers[i] { "the hash" } else { "packed" }
                 );
                 prop_assert_eq!(got, want, "{}", at);
                 if cost > 0 {
@@ -433,6 +465,20 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
                         "{}: expires when the window (or its debt) ends",
                         at
                     );
+                    // A counted hit stores the Rust's window and count, in the format this
+                    // call writes, whichever the key held.
+                    let kind: String = ::redis::cmd("TYPE").arg(k).query(conn).unwrap();
+                    let want_kind = if writers[i] { "hash" } else { "string" };
+                    prop_assert_eq!(kind.as_str(), want_kind, "{}", at);
+                    prop_assert_eq!(
+                        window_state(conn, k),
+                        Some((next.start_ms, next.count)),
+                        "{}: stored",
+                        at
+                    );
+                    if before.is_some() && i > 0 && writers[i] != writers[i - 1] {
+                        switched.set(switched.get() + 1);
+                    }
                 }
                 refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
                 state = Some(next);
@@ -442,11 +488,13 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
         },
     );
     eprintln!(
-        "fixed window: {} cases, {} refusals with a retry",
+        "fixed window: {} cases, {} refusals with a retry, {} read the other format",
         cases.get(),
-        refused.get()
+        refused.get(),
+        switched.get()
     );
     assert!(cases.get() >= CASES, "{} cases ran", cases.get());
+    assert!(switched.get() > 100, "{} format switches", switched.get());
     // Refusals that fit once the window ends, not only costs that never fit.
     assert!(
         refused.get() > 100,
@@ -493,7 +541,7 @@ fn lua_calendar_window_mirrors_rust() {
     use tollgate::rules::{Calendar, CalendarUnit};
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
-    let source = with_test_clock(FIXED_WINDOW_LUA, 2);
+    let sources = both_formats(FIXED_WINDOW_LUA, 2);
     let unit = prop::sample::select(vec![
         CalendarUnit::Day,
         CalendarUnit::Week,
@@ -556,7 +604,8 @@ fn lua_calendar_window_mirrors_rust() {
                     cost,
                     action,
                 };
-                let got = eval_at(conn, &source, &op, now);
+                // Either format, by case.
+                let got = eval_at(conn, &sources[(start % 2) as usize], &op, now);
                 let at =
                     format!("{calendar} limit {limit} {action:?} {cost} at {now} from {state:?}");
                 prop_assert_eq!(got, want, "{}", at);
@@ -572,12 +621,7 @@ fn lua_calendar_window_mirrors_rust() {
                     prop_assert_eq!(wrote, Some(want.reset_ms), "{}: the refund's TTL", at);
                 }
                 // What is stored is what the Rust keeps (a missing key or count 0 are alike).
-                let stored: Vec<Option<u64>> = ::redis::cmd("HMGET")
-                    .arg(k)
-                    .arg(&["w", "c"])
-                    .query(conn)
-                    .unwrap();
-                if let [Some(w), Some(c)] = stored[..] {
+                if let Some((w, c)) = window_state(conn, k) {
                     prop_assert_eq!((w, c), (next.start_ms, next.count), "{}: stored", at);
                 } else {
                     prop_assert!(
@@ -863,10 +907,10 @@ fn lease_step() -> impl Strategy<Value = LeaseStep> {
 fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
-    // lease.lua's TTLs: the token bucket's two formats and the fixed window's two paths.
+    // lease.lua's TTLs: the token bucket's two formats and the fixed window's two.
     let lease = both_formats(LEASE_LUA, 4);
     let token = both_formats(TOKEN_BUCKET_LUA, 2);
-    let window = with_test_clock(FIXED_WINDOW_LUA, 2);
+    let window = both_formats(FIXED_WINDOW_LUA, 2);
     let params = (
         any::<bool>(),
         limit(&[0, 1, 2, 3, 10, 100, 1_000, u64::from(u32::MAX)]),
@@ -912,7 +956,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         if token_bucket {
                             &token[format]
                         } else {
-                            &window
+                            &window[format]
                         },
                     ),
                     LeaseStep::Charge(c) => (
@@ -926,7 +970,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         if token_bucket {
                             &token[format]
                         } else {
-                            &window
+                            &window[format]
                         },
                     ),
                     LeaseStep::Claim(need, extra, share) => {
@@ -980,12 +1024,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         let s = token_state(conn, k);
                         (s.map(|(t, ts)| (t.to_bits(), ts)), None)
                     } else {
-                        let fields: Vec<Option<u64>> = ::redis::cmd("HMGET")
-                            .arg(k)
-                            .arg(&["w", "c"])
-                            .query(conn)
-                            .unwrap();
-                        (None, fields[0].zip(fields[1]))
+                        (None, window_state(conn, k))
                     }
                 };
                 take_ttl(conn, k);

@@ -6,7 +6,7 @@ mod common;
 
 use common::proxy::Proxy;
 use common::redis::TestRedis;
-use common::store::{HOUR, contract_store, key, one, settings, sw, tb};
+use common::store::{HOUR, contract_store, fw, key, one, settings, sw, tb};
 use tollgate::clock::Clock;
 use tollgate::keys;
 use tollgate::quota::Op;
@@ -130,6 +130,54 @@ async fn a_token_bucket_is_one_small_string() {
     assert!(one(&store, tb(&k, 1, 1_000_000, HOUR, 0)).await.allowed);
     let exists: i64 = redis.cmd(&["EXISTS", &k]);
     assert_eq!(exists, 0, "a full bucket is no key");
+}
+
+/// The size of one fixed window in Redis, with a ~40-byte key: the same 16-byte string as a
+/// token bucket's (its start and its count), written once per counted hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_window_is_one_small_string() {
+    let redis = TestRedis::start();
+    let store = contract_store(&redis.url()).await;
+    let rate = Rate {
+        requests_per_unit: 100,
+        unit: Unit::Hour,
+        unit_multiplier: 1,
+        burst: 100,
+        algorithm: Algorithm::FixedWindow,
+        calendar: None,
+    };
+    let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
+    let o = one(&store, fw(&k, 100, HOUR, 1)).await;
+    assert!(o.allowed);
+    let kind: String = redis.cmd(&["TYPE", &k]);
+    assert_eq!(
+        kind, "string",
+        "the packed state (store_state_format: packed)"
+    );
+    let (start, count) = redis.token_state(&k).expect("a counted window is stored");
+    assert_eq!(count, 1, "one hit counted");
+    assert_eq!(
+        start as u64 % HOUR,
+        0,
+        "the window's start, on the hour: {start}"
+    );
+    let ttl: i64 = redis.cmd(&["PTTL", &k]);
+    assert!(
+        ttl > 0 && ttl.abs_diff(o.reset_ms as i64) < 1_000,
+        "expires when the window ends: {ttl} vs {o:?}"
+    );
+    // One script call, and no command of 0.1.0's hash.
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    assert!(one(&store, fw(&k, 100, HOUR, 1)).await.allowed);
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=1,"), "{stats}");
+    assert!(!stats.contains("cmdstat_hset"), "{stats}");
+    let bytes: i64 = redis.cmd(&["MEMORY", "USAGE", &k]);
+    eprintln!(
+        "MEMORY USAGE of a fixed window with a {}-byte key ({k}): {bytes} bytes",
+        k.len()
+    );
+    assert!(bytes < 200, "{bytes} bytes");
 }
 
 /// The size of one sliding window in Redis, with a ~40-byte key.

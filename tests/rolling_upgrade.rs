@@ -1,7 +1,8 @@
 //! A rolling upgrade from 0.1.0, or a rollback to it: for the length of the rollout, 0.1.0's
 //! replicas and this release's share one Redis. 0.1.0 keeps a token bucket's state as a hash
-//! (`t`, `ts`); this release writes one packed string by default and reads both
-//! (`lua/token_bucket.lua`, `store_state_format`). These tests run 0.1.0's own scripts, as
+//! (`t`, `ts`) and a fixed window's as another (`w`, `c`); this release writes one packed
+//! string by default and reads both (`lua/token_bucket.lua`, `lua/fixed_window.lua`,
+//! `store_state_format`). These tests run 0.1.0's own scripts, as
 //! released (`tests/fixtures/release-0.1.0/`), beside a real tollgate on one redis-server:
 //!
 //! - with `store_state_format: hash` the two share every bucket: a burst split between them
@@ -17,11 +18,13 @@ use common::{TestServer, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate::rules::{Algorithm, Rate, Unit};
 
-/// 0.1.0's `lua/token_bucket.lua` and `lua/lease.lua`, as released.
+/// 0.1.0's `lua/token_bucket.lua`, `lua/fixed_window.lua` and `lua/lease.lua`, as released.
 const RELEASE_0_1_TOKEN_BUCKET: &str = include_str!("fixtures/release-0.1.0/token_bucket.lua");
+const RELEASE_0_1_FIXED_WINDOW: &str = include_str!("fixtures/release-0.1.0/fixed_window.lua");
 const RELEASE_0_1_LEASE: &str = include_str!("fixtures/release-0.1.0/lease.lua");
 
-const RULES: &str = "domain: upgrade\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+/// A token bucket on `tenant`, a fixed window (the reference's algorithm) on `user`.
+const RULES: &str = "domain: upgrade\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}\n";
 const LIMIT: u64 = 100;
 const HOUR_MS: u64 = 3_600_000;
 
@@ -36,6 +39,39 @@ fn bucket_key(prefix: &str, tenant: &str) -> String {
         calendar: None,
     };
     tollgate::keys::bucket_key(prefix, "upgrade", [("tenant", tenant)], &rate, 0, None)
+}
+
+/// The key tollgate keeps `user`'s fixed window under (100 an hour).
+fn window_key(prefix: &str, user: &str) -> String {
+    let rate = Rate {
+        requests_per_unit: LIMIT as u32,
+        unit: Unit::Hour,
+        unit_multiplier: 1,
+        burst: LIMIT,
+        algorithm: Algorithm::FixedWindow,
+        calendar: None,
+    };
+    tollgate::keys::bucket_key(prefix, "upgrade", [("user", user)], &rate, 0, None)
+}
+
+/// One hit of 1 on a fixed window by a 0.1.0 replica: `Ok(admitted)`, or the error.
+fn release_0_1_hit(redis: &TestRedis, key: &str) -> Result<bool, String> {
+    let limit = LIMIT.to_string();
+    let window = HOUR_MS.to_string();
+    let reply: ::redis::RedisResult<Vec<i64>> = command(
+        redis.port(),
+        &[
+            "EVAL",
+            RELEASE_0_1_FIXED_WINDOW,
+            "1",
+            key,
+            &limit,
+            &window,
+            "1",
+            "0",
+        ],
+    );
+    reply.map(|r| r[0] == 1).map_err(|e| e.to_string())
 }
 
 /// One take of 1 by a 0.1.0 replica, as its store sends it: `Ok(admitted)`, or the error.
@@ -96,9 +132,14 @@ fn tollgate(redis: &TestRedis, prefix: &str, format: Option<&str>) -> TestServer
 }
 
 async fn tollgate_take(server: &TestServer, tenant: &str) -> bool {
+    tollgate_on(server, "tenant", tenant).await
+}
+
+/// One request on descriptor `key` = `value`: admitted or not.
+async fn tollgate_on(server: &TestServer, key: &str, value: &str) -> bool {
     let mut client = server.client().await;
     let r = client
-        .should_rate_limit(request("upgrade", &[&[("tenant", tenant)]]))
+        .should_rate_limit(request("upgrade", &[&[(key, value)]]))
         .await
         .expect("answered");
     r.get_ref().overall_code == Code::Ok as i32
@@ -194,6 +235,74 @@ async fn at_the_default_this_release_carries_on_0_1_0_buckets_and_0_1_0_cannot_r
     assert_eq!(kind, "hash");
     assert_eq!(
         release_0_1_take(&redis, &key),
+        Ok(false),
+        "spent, as 0.1.0 sees it"
+    );
+}
+
+/// The fixed window, the reference's algorithm (and the default of a replica started as
+/// `ratelimit`): with `hash` 0.1.0 and this release count one window; at the default this
+/// release carries on 0.1.0's count and 0.1.0 fails on the packed one; back in `hash` mode the
+/// count is 0.1.0's again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_windows_cross_over_as_token_buckets_do() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("upgrade-window");
+    let key = window_key(&prefix, "shared");
+    // Every count below is of one window: start well inside an hour (the test takes seconds).
+    let time: Vec<u64> = redis.cmd(&["TIME"]);
+    let to_edge = HOUR_MS - (time[0] * 1_000 + time[1] / 1_000) % HOUR_MS;
+    if to_edge < 60_000 {
+        tokio::time::sleep(std::time::Duration::from_millis(to_edge + 100)).await;
+    }
+
+    // Hash mode: a burst of 300 on one window of 100, every other hit from a 0.1.0 replica.
+    let server = tollgate(&redis, &prefix, Some("hash"));
+    let (mut new_admitted, mut old_admitted) = (0, 0);
+    for i in 0..300 {
+        if i % 2 == 0 {
+            new_admitted += usize::from(tollgate_on(&server, "user", "shared").await);
+        } else {
+            let admitted = release_0_1_hit(&redis, &key)
+                .unwrap_or_else(|e| panic!("0.1.0 failed on a window this release wrote: {e}"));
+            old_admitted += usize::from(admitted);
+        }
+    }
+    eprintln!("admitted: {new_admitted} by this release, {old_admitted} by 0.1.0");
+    assert_eq!(
+        new_admitted + old_admitted,
+        LIMIT as usize,
+        "one window, one limit"
+    );
+    assert!(new_admitted > 0 && old_admitted > 0);
+    let kind: String = redis.cmd(&["TYPE", &key]);
+    assert_eq!(kind, "hash", "written as 0.1.0 reads it");
+    drop(server);
+
+    // The default: 0.1.0 counted 40 in this window; this release admits the 60 left.
+    let moved = window_key(&prefix, "moved");
+    for _ in 0..40 {
+        assert_eq!(release_0_1_hit(&redis, &moved), Ok(true));
+    }
+    let server = tollgate(&redis, &prefix, None);
+    let mut admitted = 0;
+    for _ in 0..100 {
+        admitted += usize::from(tollgate_on(&server, "user", "moved").await);
+    }
+    assert_eq!(admitted, 60, "the window 0.1.0 counted, not a new one");
+    let kind: String = redis.cmd(&["TYPE", &moved]);
+    assert_eq!(kind, "string", "written packed from then on");
+    let err = release_0_1_hit(&redis, &moved).expect_err("0.1.0 reads only hashes");
+    assert!(err.contains("WRONGTYPE"), "{err}");
+
+    // A rollback that sets `hash` first: the packed count becomes 0.1.0's hash again.
+    drop(server);
+    let server = tollgate(&redis, &prefix, Some("hash"));
+    assert!(!tollgate_on(&server, "user", "moved").await, "still spent");
+    let kind: String = redis.cmd(&["TYPE", &moved]);
+    assert_eq!(kind, "hash");
+    assert_eq!(
+        release_0_1_hit(&redis, &moved),
         Ok(false),
         "spent, as 0.1.0 sees it"
     );

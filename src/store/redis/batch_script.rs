@@ -214,12 +214,12 @@ mod tests {
                 "TIME once, for the whole batch"
             );
             assert_eq!(lua.matches("= function(KEY, B)").count(), 5);
-            // The token bucket and the lease write the format asked for.
+            // The token bucket, the fixed window and the lease write the format asked for.
             let hash = usize::from(format == StateFormat::Hash);
-            assert_eq!(lua.matches("local HASH_STATE = true").count(), 2 * hash);
+            assert_eq!(lua.matches("local HASH_STATE = true").count(), 3 * hash);
             assert_eq!(
                 lua.matches("local HASH_STATE = false").count(),
-                2 - 2 * hash
+                3 - 3 * hash
             );
         }
     }

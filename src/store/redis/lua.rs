@@ -3,10 +3,11 @@
 //! them (`lua/batch.lua` around each algorithm script wrapped as a function, its `TIME` read once
 //! per batch). `scripts.rs` sends one script per op, `batch_script.rs` the batch.
 //!
-//! The token bucket's state has two formats (`token_bucket.lua`'s header): both are read, and
-//! [`StateFormat`] says which one is written. [`Sources::of`] gives the scripts as sent for
-//! one format: `token_bucket.lua` and `lease.lua` with their `HASH_STATE` line set, and the
-//! batch script around them.
+//! The token bucket's and the fixed window's state have two formats (`token_bucket.lua`'s and
+//! `fixed_window.lua`'s headers): both are read, and [`StateFormat`] says which one is written.
+//! [`Sources::of`] gives the scripts as sent for one format: `token_bucket.lua`,
+//! `fixed_window.lua` and `lease.lua` with their `HASH_STATE` line set, and the batch script
+//! around them.
 
 use std::sync::LazyLock;
 
@@ -33,14 +34,15 @@ pub const BATCHED_LUA: [&str; 5] = [
     LEASE_LUA,
 ];
 
-/// How the token bucket's state is written in Redis (`store_state_format`); both are read.
+/// How the token bucket's and the fixed window's state is written in Redis
+/// (`store_state_format`); both are read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StateFormat {
-    /// One 16-byte string (`SET … PX`): the cheaper one for Redis.
+    /// One 16-byte string of two doubles (`SET … PX`): the cheaper one for Redis.
     #[default]
     Packed,
-    /// 0.1.0's two-field hash (`HSET` + `PEXPIRE`), which 0.1.0 replicas can read: for the
+    /// 0.1.0's two-field hashes (`HSET` + `PEXPIRE`), which 0.1.0 replicas can read: for the
     /// length of a rolling upgrade, or a rollback, with 0.1.0 beside this release.
     Hash,
 }
@@ -50,8 +52,8 @@ impl StateFormat {
     pub const NAMES: &'static str = "packed or hash";
 }
 
-/// The line of `token_bucket.lua` and `lease.lua` that picks the format written; `Hash`
-/// turns it to `true`.
+/// The line of `token_bucket.lua`, `fixed_window.lua` and `lease.lua` that picks the format
+/// written; `Hash` turns it to `true`.
 pub const HASH_STATE_OFF: &str = "local HASH_STATE = false";
 
 /// `source` writing 0.1.0's hash: its [`HASH_STATE_OFF`] line, which must be there once, on.
@@ -59,18 +61,19 @@ pub fn writing_hash(source: &str) -> String {
     assert_eq!(
         source.matches(HASH_STATE_OFF).count(),
         1,
-        "a script that writes the token bucket's state says HASH_STATE once"
+        "a script that writes a bucket's state says HASH_STATE once"
     );
     source.replace(HASH_STATE_OFF, "local HASH_STATE = true")
 }
 
 static TOKEN_BUCKET_HASH_LUA: LazyLock<String> = LazyLock::new(|| writing_hash(TOKEN_BUCKET_LUA));
+static FIXED_WINDOW_HASH_LUA: LazyLock<String> = LazyLock::new(|| writing_hash(FIXED_WINDOW_LUA));
 static LEASE_HASH_LUA: LazyLock<String> = LazyLock::new(|| writing_hash(LEASE_LUA));
 static BATCH_HASH_LUA: LazyLock<String> = LazyLock::new(|| {
     batch_lua(
         [
             TOKEN_BUCKET_HASH_LUA.as_str(),
-            FIXED_WINDOW_LUA,
+            FIXED_WINDOW_HASH_LUA.as_str(),
             SLIDING_WINDOW_LUA,
             SLIDING_LOG_LUA,
             LEASE_HASH_LUA.as_str(),
@@ -83,6 +86,7 @@ static BATCH_HASH_LUA: LazyLock<String> = LazyLock::new(|| {
 #[derive(Clone, Copy, Debug)]
 pub struct Sources {
     pub token_bucket: &'static str,
+    pub fixed_window: &'static str,
     pub lease: &'static str,
     pub batch: &'static str,
 }
@@ -92,11 +96,13 @@ impl Sources {
         match format {
             StateFormat::Packed => Sources {
                 token_bucket: TOKEN_BUCKET_LUA,
+                fixed_window: FIXED_WINDOW_LUA,
                 lease: LEASE_LUA,
                 batch: BATCH_LUA.as_str(),
             },
             StateFormat::Hash => Sources {
                 token_bucket: TOKEN_BUCKET_HASH_LUA.as_str(),
+                fixed_window: FIXED_WINDOW_HASH_LUA.as_str(),
                 lease: LEASE_HASH_LUA.as_str(),
                 batch: BATCH_HASH_LUA.as_str(),
             },

@@ -23,7 +23,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind, Value};
 
 use super::errors::CallError;
-use super::lua::{FIXED_WINDOW_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, Sources, StateFormat};
+use super::lua::{SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, Sources, StateFormat};
 use super::outage::OutageLog;
 use crate::quota::bucket;
 use crate::quota::{Action, Op, OpKind, Outcome};
@@ -141,12 +141,12 @@ impl ScriptCall {
         }
     }
 
-    /// The script as sent when the token bucket's state is written as `format`.
+    /// The script as sent when the buckets' state is written as `format`.
     pub fn source(&self, format: StateFormat) -> &'static str {
         let sources = Sources::of(format);
         match self {
             ScriptCall::TokenBucket(_) => sources.token_bucket,
-            ScriptCall::FixedWindow(_) => FIXED_WINDOW_LUA,
+            ScriptCall::FixedWindow(_) => sources.fixed_window,
             ScriptCall::SlidingWindow(_) => SLIDING_WINDOW_LUA,
             ScriptCall::SlidingLog(_) => SLIDING_LOG_LUA,
             ScriptCall::Lease(_) => sources.lease,
@@ -228,7 +228,7 @@ impl Scripts {
         Scripts {
             format,
             token_bucket: sha(sources.token_bucket),
-            fixed_window: sha(FIXED_WINDOW_LUA),
+            fixed_window: sha(sources.fixed_window),
             sliding_window: sha(SLIDING_WINDOW_LUA),
             sliding_log: sha(SLIDING_LOG_LUA),
             lease: sha(sources.lease),
@@ -268,7 +268,7 @@ impl Scripts {
         let sources = Sources::of(self.format);
         for (source, sha) in [
             (sources.token_bucket, &self.token_bucket),
-            (FIXED_WINDOW_LUA, &self.fixed_window),
+            (sources.fixed_window, &self.fixed_window),
             (SLIDING_WINDOW_LUA, &self.sliding_window),
             (SLIDING_LOG_LUA, &self.sliding_log),
             (sources.lease, &self.lease),
@@ -536,7 +536,7 @@ mod tests {
         assert!(SLIDING_LOG_LUA.starts_with("-- sliding_log.lua"));
         assert!(SLIDING_WINDOW_LUA.starts_with("-- sliding_window.lua"));
         assert!(super::super::lua::TOKEN_BUCKET_LUA.starts_with("-- token_bucket.lua"));
-        assert!(FIXED_WINDOW_LUA.starts_with("-- fixed_window.lua"));
+        assert!(super::super::lua::FIXED_WINDOW_LUA.starts_with("-- fixed_window.lua"));
     }
 
     #[test]
