@@ -8,10 +8,13 @@
 # the same concurrency, the store's CPU µs per decision (redis-server's own user + system time
 # from /proc, every node of the cluster summed: its protocol work included), the µs Redis counts
 # inside its script calls per decision (INFO commandstats usec: the scripts' own work) and its
-# script calls per decision. CPU time, not req/s, is the figure to compare on a shared
+# script calls per decision. The row `redis-fixed-window` is the batched Redis path with
+# `--default-algorithm fixed_window` (the reference's algorithm, and the default of a replica
+# started as `ratelimit`). CPU time, not req/s, is the figure to compare on a shared
 # machine. BENCH_COST_DURATION seconds per row (default 6) + 2 s warm-up; two passes in opposite
 # orders, each row's better pass shown. BENCH_COST_BEFORE=<an older tollgate binary> adds its
-# batched Redis path as the row `redis-before`, on the same Redis in the same run (before and
+# batched Redis paths as the rows `redis-before` and `fixed-window-before`, on the same Redis
+# in the same run (before and
 # after side by side: build the old one with `git worktree add /tmp/old <rev>` and
 # `CARGO_TARGET_DIR=/tmp/old-target cargo build --release` there).
 set -euo pipefail
@@ -47,11 +50,14 @@ wait_for bash -c "exec 3<>/dev/tcp/127.0.0.1/$NOOP"
 start_tollgate memory memory; MEM=$GRPC; MEM_PID=$PID
 start_tollgate batched "redis://127.0.0.1:$RP" --key-prefix batched:; BAT=$GRPC; BAT_PID=$PID
 start_tollgate unbatched "redis://127.0.0.1:$RP" --key-prefix unbatched: --store-batch-max-ops 1; UNB=$GRPC; UNB_PID=$PID
+start_tollgate fixed "redis://127.0.0.1:$RP" --key-prefix fixed: --default-algorithm fixed_window; FIX=$GRPC; FIX_PID=$PID
 start_tollgate cluster "$CLUSTER_URL" --key-prefix batched:; CLU=$GRPC; CLU_PID=$PID
 start_tollgate cluster-unbatched "$CLUSTER_URL" --key-prefix unbatched: --store-batch-max-ops 1; CLU1=$GRPC; CLU1_PID=$PID
 BEFORE=${BENCH_COST_BEFORE:-}
 if [ -n "$BEFORE" ]; then
   SERVE_BIN=$BEFORE start_tollgate before "redis://127.0.0.1:$RP" --key-prefix before:; BEF=$GRPC; BEF_PID=$PID
+  SERVE_BIN=$BEFORE start_tollgate fixed-before "redis://127.0.0.1:$RP" --key-prefix fixed-before: \
+    --default-algorithm fixed_window; FIXB=$GRPC; FIXB_PID=$PID
 fi
 
 RESULTS="$TMP/cost.jsonl"
@@ -72,9 +78,9 @@ run() { # label target server-pid in-flight "store-pids" redis-ports…
 }
 
 for pass in 1 2; do
-  order="baseline memory batched unbatched cluster cluster1"
-  [ $pass = 2 ] && order="cluster1 cluster unbatched batched memory baseline"
-  [ -n "$BEFORE" ] && order="${order/batched /batched before }"
+  order="baseline memory batched fixed unbatched cluster cluster1"
+  [ $pass = 2 ] && order="cluster1 cluster unbatched fixed batched memory baseline"
+  [ -n "$BEFORE" ] && order="${order/batched /batched before }" && order="${order/fixed /fixed fixed-before }"
   for inflight in 1 64; do
     for s in $order; do
       case $s in
@@ -82,6 +88,8 @@ for pass in 1 2; do
         memory) run memory "$MEM" "$MEM_PID" $inflight "" ;;
         batched) run redis-batched "$BAT" "$BAT_PID" $inflight "$REDIS_PID" "$RP" ;;
         before) run redis-before "$BEF" "$BEF_PID" $inflight "$REDIS_PID" "$RP" ;;
+        fixed) run redis-fixed-window "$FIX" "$FIX_PID" $inflight "$REDIS_PID" "$RP" ;;
+        fixed-before) run fixed-window-before "$FIXB" "$FIXB_PID" $inflight "$REDIS_PID" "$RP" ;;
         unbatched) run redis-unbatched "$UNB" "$UNB_PID" $inflight "$REDIS_PID" "$RP" ;;
         cluster) run cluster-batched "$CLU" "$CLU_PID" $inflight "${CLUSTER_PIDS[*]}" "$C1" "$C2" "$C3" ;;
         cluster1) run cluster-unbatched "$CLU1" "$CLU1_PID" $inflight "${CLUSTER_PIDS[*]}" "$C1" "$C2" "$C3" ;;
@@ -106,7 +114,7 @@ print("| path | in flight | req/s | p50 µs | tollgate CPU µs / request | over 
 print("|---|---|---|---|---|---|---|---|---|")
 for inflight in (1, 64):
     base = best.get(("baseline", inflight), {}).get("server_cpu_us_per_request")
-    for label in ("baseline", "memory", "redis-batched", "redis-before", "redis-unbatched", "cluster-batched", "cluster-unbatched"):
+    for label in ("baseline", "memory", "redis-batched", "redis-before", "redis-fixed-window", "fixed-window-before", "redis-unbatched", "cluster-batched", "cluster-unbatched"):
         r = best.get((label, inflight))
         if not r:
             continue
