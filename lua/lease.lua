@@ -56,6 +56,40 @@ local function grant(available)
   return need + math.min(math.max(want - need, 0), math.max(spare, 0))
 end
 
+-- The key's two stored numbers, in either format (as token_bucket.lua and fixed_window.lua
+-- read them): the packed string's two doubles, or 0.1.0's hash fields `f1`, `f2`. The one
+-- this replica writes is asked for first: the other answers WRONGTYPE (which Redis counts in
+-- its errorstats), so that happens once per key while the formats change over, not on every
+-- call. Returns the two numbers (nil, nil: no state) and whether the key holds the packed
+-- format; or, for a string of another length, nil, nil, nil and an error reply.
+local function read_state(f1, f2, what)
+  local packed, hash
+  if HASH_STATE then
+    hash = redis.pcall('HMGET', KEYS[1], f1, f2)
+    if hash.err then
+      hash = nil
+      packed = redis.call('GET', KEYS[1])
+    end
+  else
+    packed = redis.pcall('GET', KEYS[1])
+    if type(packed) == 'table' then
+      packed = nil
+      hash = redis.call('HMGET', KEYS[1], f1, f2)
+    end
+  end
+  if packed then
+    if #packed ~= 16 then
+      return nil, nil, nil,
+        redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than ' .. what)
+    end
+    local a, b = struct.unpack('<dd', packed)
+    return a, b, true
+  elseif hash and hash[1] and hash[2] then
+    return tonumber(hash[1]), tonumber(hash[2]), false
+  end
+  return nil, nil, false
+end
+
 if algorithm == 1 then
   -- Token bucket: as token_bucket.lua (same refill arithmetic, same storage rule).
   local function refilled(elapsed_ms)
@@ -88,31 +122,9 @@ if algorithm == 1 then
     return math.min(ms, MAX_INT)
   end
 
-  -- The stored state, in either format. The one this replica writes is asked for first: the
-  -- other answers WRONGTYPE (which Redis counts in its errorstats), so that happens once per
-  -- key while the formats change over, not on every call.
-  local stored_tokens, stored_ts
-  local packed, hash
-  if HASH_STATE then
-    hash = redis.pcall('HMGET', KEYS[1], 't', 'ts')
-    if hash.err then
-      hash = nil
-      packed = redis.call('GET', KEYS[1])
-    end
-  else
-    packed = redis.pcall('GET', KEYS[1])
-    if type(packed) == 'table' then
-      packed = nil
-      hash = redis.call('HMGET', KEYS[1], 't', 'ts')
-    end
-  end
-  if packed then
-    if #packed ~= 16 then
-      return redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than a token bucket')
-    end
-    stored_tokens, stored_ts = struct.unpack('<dd', packed)
-  elseif hash and hash[1] and hash[2] then
-    stored_tokens, stored_ts = tonumber(hash[1]), tonumber(hash[2])
+  local stored_tokens, stored_ts, packed, bad = read_state('t', 'ts', 'a token bucket')
+  if bad then
+    return bad
   end
   local stored = stored_tokens ~= nil
   local tokens, last_ms
@@ -171,28 +183,9 @@ end
 -- limit paid per window).
 local limit = capacity
 local start_ms = now_ms - now_ms % window_ms
-local stored_w, stored_c
-local packed, hash
-if HASH_STATE then
-  hash = redis.pcall('HMGET', KEYS[1], 'w', 'c')
-  if hash.err then
-    hash = nil
-    packed = redis.call('GET', KEYS[1])
-  end
-else
-  packed = redis.pcall('GET', KEYS[1])
-  if type(packed) == 'table' then
-    packed = nil
-    hash = redis.call('HMGET', KEYS[1], 'w', 'c')
-  end
-end
-if packed then
-  if #packed ~= 16 then
-    return redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than a fixed window')
-  end
-  stored_w, stored_c = struct.unpack('<dd', packed)
-elseif hash and hash[1] and hash[2] then
-  stored_w, stored_c = tonumber(hash[1]), tonumber(hash[2])
+local stored_w, stored_c, packed, bad = read_state('w', 'c', 'a fixed window')
+if bad then
+  return bad
 end
 local current = stored_w == start_ms
 local before = 0

@@ -197,52 +197,42 @@ fn take_ttl(conn: &mut ::redis::Connection, k: &str) -> Option<u64> {
     ttl
 }
 
-/// A token bucket's stored `(tokens, ts)`, in either format, bit for bit.
-fn token_state(conn: &mut ::redis::Connection, k: &str) -> Option<(f64, u64)> {
+/// A bucket's two stored numbers, in either format, bit for bit: the packed string's two
+/// doubles, or 0.1.0's hash `fields` parsed as the script's `tonumber` reads them.
+fn stored_pair(conn: &mut ::redis::Connection, k: &str, fields: [&str; 2]) -> Option<(f64, f64)> {
     let kind: String = ::redis::cmd("TYPE").arg(k).query(conn).unwrap();
     match kind.as_str() {
         "string" => {
             let bytes: Vec<u8> = ::redis::cmd("GET").arg(k).query(conn).unwrap();
             assert_eq!(bytes.len(), 16, "{k}: the packed state is two doubles");
-            common::redis::unpack_token_state(&bytes)
+            let (a, b) = bytes.split_at(8);
+            Some((
+                f64::from_le_bytes(a.try_into().unwrap()),
+                f64::from_le_bytes(b.try_into().unwrap()),
+            ))
         }
         "hash" => {
-            let fields: Vec<Option<String>> = ::redis::cmd("HMGET")
+            let got: Vec<Option<String>> = ::redis::cmd("HMGET")
                 .arg(k)
-                .arg(&["t", "ts"])
+                .arg(&fields)
                 .query(conn)
                 .unwrap();
-            Some((
-                fields[0].as_deref().expect("t").parse().unwrap(),
-                fields[1].as_deref().expect("ts").parse().unwrap(),
-            ))
+            let number = |i: usize| got[i].as_deref().expect(fields[i]).parse().unwrap();
+            Some((number(0), number(1)))
         }
         "none" => None,
         other => panic!("{k} is a {other}"),
     }
 }
 
+/// A token bucket's stored `(tokens, ts)`, in either format, bit for bit.
+fn token_state(conn: &mut ::redis::Connection, k: &str) -> Option<(f64, u64)> {
+    stored_pair(conn, k, ["t", "ts"]).map(|(tokens, ts)| (tokens, ts as u64))
+}
+
 /// A fixed window's stored `(start, count)`, in either format.
 fn window_state(conn: &mut ::redis::Connection, k: &str) -> Option<(u64, u64)> {
-    let kind: String = ::redis::cmd("TYPE").arg(k).query(conn).unwrap();
-    match kind.as_str() {
-        "string" => {
-            let bytes: Vec<u8> = ::redis::cmd("GET").arg(k).query(conn).unwrap();
-            assert_eq!(bytes.len(), 16, "{k}: the packed state is two doubles");
-            let (w, c) = common::redis::unpack_token_state(&bytes)?;
-            Some((w as u64, c))
-        }
-        "hash" => {
-            let fields: Vec<Option<u64>> = ::redis::cmd("HMGET")
-                .arg(k)
-                .arg(&["w", "c"])
-                .query(conn)
-                .unwrap();
-            fields[0].zip(fields[1])
-        }
-        "none" => None,
-        other => panic!("{k} is a {other}"),
-    }
+    stored_pair(conn, k, ["w", "c"]).map(|(w, c)| (w as u64, c as u64))
 }
 
 /// The token bucket, fixed window and lease scripts on the test clock, writing the packed state

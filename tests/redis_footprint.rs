@@ -91,20 +91,25 @@ async fn one_script_call_per_request_in_one_round_trip() {
     }
 }
 
-/// The size of one token bucket in Redis, with a ~40-byte key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_bucket_is_one_small_string() {
-    let redis = TestRedis::start();
-    let store = contract_store(&redis.url()).await;
+/// The store key of tenant `acme`'s limit of 100 an hour under `algorithm` (42 bytes).
+fn acme_key(algorithm: Algorithm) -> String {
     let rate = Rate {
         requests_per_unit: 100,
         unit: Unit::Hour,
         unit_multiplier: 1,
         burst: 100,
-        algorithm: Algorithm::TokenBucket,
+        algorithm,
         calendar: None,
     };
-    let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
+    keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None)
+}
+
+/// The size of one token bucket in Redis, with a ~40-byte key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_bucket_is_one_small_string() {
+    let redis = TestRedis::start();
+    let store = contract_store(&redis.url()).await;
+    let k = acme_key(Algorithm::TokenBucket);
     assert!(one(&store, tb(&k, 100, 100, HOUR, 1)).await.allowed);
     let kind: String = redis.cmd(&["TYPE", &k]);
     assert_eq!(
@@ -138,15 +143,7 @@ async fn a_token_bucket_is_one_small_string() {
 async fn a_fixed_window_is_one_small_string() {
     let redis = TestRedis::start();
     let store = contract_store(&redis.url()).await;
-    let rate = Rate {
-        requests_per_unit: 100,
-        unit: Unit::Hour,
-        unit_multiplier: 1,
-        burst: 100,
-        algorithm: Algorithm::FixedWindow,
-        calendar: None,
-    };
-    let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
+    let k = acme_key(Algorithm::FixedWindow);
     let o = one(&store, fw(&k, 100, HOUR, 1)).await;
     assert!(o.allowed);
     let kind: String = redis.cmd(&["TYPE", &k]);
@@ -185,15 +182,7 @@ async fn a_fixed_window_is_one_small_string() {
 async fn a_sliding_window_is_one_small_hash() {
     let redis = TestRedis::start();
     let store = contract_store(&redis.url()).await;
-    let rate = Rate {
-        requests_per_unit: 100,
-        unit: Unit::Hour,
-        unit_multiplier: 1,
-        burst: 100,
-        algorithm: Algorithm::SlidingWindow,
-        calendar: None,
-    };
-    let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
+    let k = acme_key(Algorithm::SlidingWindow);
     // A check on an unseen key leaves no key behind.
     assert!(one(&store, sw(&k, 100, HOUR, 0)).await.allowed);
     let exists: i64 = redis.cmd(&["EXISTS", &k]);
