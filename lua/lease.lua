@@ -90,6 +90,21 @@ local function read_state(f1, f2, what)
   return nil, nil, false
 end
 
+-- Stores the two numbers `a`, `b` (0.1.0's hash fields `f1`, `f2`) to expire in `ttl_ms`, in
+-- the format this replica writes. `packed`: whether the key holds the packed format now.
+local function write_state(f1, a, f2, b, ttl_ms, packed)
+  if HASH_STATE then
+    if packed then
+      -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
+      redis.call('DEL', KEYS[1])
+    end
+    redis.call('HSET', KEYS[1], f1, a, f2, b)
+    redis.call('PEXPIRE', KEYS[1], ttl_ms)
+  else
+    redis.call('SET', KEYS[1], struct.pack('<dd', a, b), 'PX', ttl_ms)
+  end
+end
+
 if algorithm == 1 then
   -- Token bucket: as token_bucket.lua (same refill arithmetic, same storage rule).
   local function refilled(elapsed_ms)
@@ -163,17 +178,7 @@ if algorithm == 1 then
     end
   else
     local ts = math.max(now_ms, last_ms)
-    local ttl_ms = math.max(reset_ms, 1)
-    if HASH_STATE then
-      if packed then
-        -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
-        redis.call('DEL', KEYS[1])
-      end
-      redis.call('HSET', KEYS[1], 't', tokens, 'ts', ts)
-      redis.call('PEXPIRE', KEYS[1], ttl_ms)
-    else
-      redis.call('SET', KEYS[1], struct.pack('<dd', tokens, ts), 'PX', ttl_ms)
-    end
+    write_state('t', tokens, 'ts', ts, math.max(reset_ms, 1), packed)
   end
   return {granted, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}
 end
@@ -195,17 +200,8 @@ elseif stored_w and stored_w < start_ms then
   local windows = (start_ms - stored_w) / window_ms
   before = math.max(stored_c - windows * limit, 0)
 end
--- As fixed_window.lua's write_window: in the format this replica writes.
 local function write_window(count, ttl_ms)
-  if HASH_STATE then
-    if packed then
-      redis.call('DEL', KEYS[1])
-    end
-    redis.call('HSET', KEYS[1], 'w', start_ms, 'c', count)
-    redis.call('PEXPIRE', KEYS[1], ttl_ms)
-  else
-    redis.call('SET', KEYS[1], struct.pack('<dd', start_ms, count), 'PX', ttl_ms)
-  end
+  write_state('w', start_ms, 'c', count, ttl_ms, packed)
 end
 local window_left = start_ms + window_ms - now_ms
 -- fixed_window.rs's reset_of: until the count is back at 0.

@@ -33,8 +33,9 @@ const TIME: &str = "redis.call('TIME')";
 /// `take_token` and `take_window` (which a batch calls with each op's key).
 const KEY_NAMES: [&str; 2] = ["KEYS[1]", "key"];
 
-/// What a packed state packs: a token bucket's `tokens, ts`, a fixed window's `start_ms, count`.
-const PACKED_STATES: [&str; 2] = ["tokens, ts", "start_ms, count"];
+/// What a packed state packs: a token bucket's `tokens, ts`, a fixed window's `start_ms, count`,
+/// either in lease.lua's `write_state` (`a, b`).
+const PACKED_STATES: [&str; 3] = ["tokens, ts", "start_ms, count", "a, b"];
 
 /// `script` with each TTL it sets (`PEXPIRE`, or the packed state's `SET … PX`) written to
 /// `<key>~ttl` instead.

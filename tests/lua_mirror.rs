@@ -158,7 +158,7 @@ fn with_test_clock(source: &str, ttl_sites: usize) -> String {
         "the script reads TIME once"
     );
     // The key is `KEYS[1]`, or `key` inside `take_token` and `take_window`; a packed state is
-    // a token bucket's `tokens, ts` or a window's `start_ms, count`.
+    // a token bucket's `tokens, ts`, a window's `start_ms, count` or lease.lua's `a, b`.
     let sites = |key: &str| {
         let packed = |state: &str| {
             (
@@ -176,6 +176,8 @@ fn with_test_clock(source: &str, ttl_sites: usize) -> String {
             ),
             packed("tokens, ts"),
             packed("start_ms, count"),
+            // lease.lua's `write_state`, for either algorithm.
+            packed("a, b"),
         ]
     };
     let mut out = source.replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}");
@@ -897,8 +899,8 @@ fn lease_step() -> impl Strategy<Value = LeaseStep> {
 fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
-    // lease.lua's TTLs: the token bucket's two formats and the fixed window's two.
-    let lease = both_formats(LEASE_LUA, 4);
+    // lease.lua's TTLs: one `write_state` for both algorithms, its two formats.
+    let lease = both_formats(LEASE_LUA, 2);
     let token = both_formats(TOKEN_BUCKET_LUA, 2);
     let window = both_formats(FIXED_WINDOW_LUA, 2);
     let params = (
@@ -1121,7 +1123,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
 fn lua_lease_claim_on_a_bucket_in_debt_waits_as_the_rust_says() {
     let redis = TestRedis::start();
     let mut conn = redis.conn();
-    let lease = with_test_clock(LEASE_LUA, 4);
+    let lease = with_test_clock(LEASE_LUA, 2);
     let token = with_test_clock(TOKEN_BUCKET_LUA, 2);
     let mut debt_claims = 0;
     for (cap, refill) in [
