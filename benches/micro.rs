@@ -233,6 +233,7 @@ fn decision(n: usize) -> Decision {
                 shadow: false,
                 quota_mode: false,
                 metadata: None,
+                receipt: None,
             })
             .collect(),
     }

@@ -9,7 +9,7 @@
 -- number), so an op runs on the call's own arrays and no table is built for it:
 --   1 token_bucket.lua: `take_token`, defined once per call, on one argument packing the
 --     script's five numbers (`struct.pack('<ddddB')`: see `packed_token_bucket_args`);
---   2 fixed_window.lua: `take_window`, the same way, on its six (`struct.pack('<dddBBd')`:
+--   2 fixed_window.lua: `take_window`, the same way, on its seven (`struct.pack('<dddBBdd')`:
 --     see `packed_fixed_window_args`);
 --   3 sliding_window.lua, 4 sliding_log.lua, 5 lease.lua: the script
 --     unchanged but for where it reads (its `TIME` reads `batch_time`, its `KEYS[1]` is `KEY`,
@@ -37,7 +37,7 @@
 -- per number); when any op failed, one reply per op, each as its script answers alone (its
 -- error an error reply).
 --
-local NARGS = {1, 1, 4, 3, 8}
+local NARGS = {1, 1, 5, 3, 8}
 
 local out = {}
 -- Whether every op answered four numbers, as each script does unless it fails.

@@ -36,7 +36,9 @@
 --          answer and keeps the numbers exact doubles.
 -- ARGV[4]  mode: 0 = take (a hit that does not fit is refused and counts up to the limit),
 --          1 = overdraft (it is charged anyway, into debt, the count capped at 2 x limit),
---          2 = give back: `cost` off this window's count, never below 0 (a refund; a past
+--          2 = give back: `cost` off this window's count, never below its debt (the count
+--          past the limit: a refund gives back what was taken within the limit, never what
+--          was charged beyond it), and nothing when ARGV[7] names an earlier window (a past
 --          window's count is left as it is). An epoch-aligned window's give-backs go through
 --          lease.lua; a calendar window is never leased, and its refunds come here.
 --          3 = reserve: a take whose refusal counts nothing (a reservation that a
@@ -44,6 +46,10 @@
 -- ARGV[5]  calendar: 0 = windows of window_ms from the epoch, 1 day, 2 ISO week, 3 month,
 --          4 year
 -- ARGV[6]  the calendar's UTC offset in minutes + 1080 (never negative; 1080 is UTC)
+-- ARGV[7]  a give-back's receipt: when the window its hits were taken in ends, as the replica
+--          that took them reckoned it (never later than this script's own end); the give-back
+--          applies only if the current window started before it. 0: no receipt (the current
+--          window). Unused by the other modes.
 --
 -- Returns {allowed (1|0), remaining (hits left), reset_ms (until the count is back at 0: the
 --          window's end, or the end of its debt), retry_ms (until a refused hit of this cost
@@ -52,8 +58,8 @@
 -- The take itself is `take_window` below; the last lines (after `ENTRY`) read this call's
 -- arguments and clock and call it. A batch (`lua/batch.lua`, put together in
 -- src/store/redis/lua.rs) takes everything above `ENTRY` once per call and calls `take_window`
--- for each fixed-window op, whose six numbers travel packed in one argument
--- (`struct.pack('<dddBBd')`: the same doubles `tonumber` makes of the decimals here), so a
+-- for each fixed-window op, whose seven numbers travel packed in one argument
+-- (`struct.pack('<dddBBdd')`: the same doubles `tonumber` makes of the decimals here), so a
 -- batched op builds no closure and parses no decimal.
 
 -- store_state_format: false = the packed string, true = 0.1.0's hash (see the header).
@@ -139,8 +145,9 @@ local function write_window(key, start_ms, count, ttl_ms, packed)
 end
 
 -- One hit on the window at `key` at `now_ms`; the reply as the header says. `offset_ms` is the
--- calendar's UTC offset in ms (unused for windows of window_ms).
-local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, offset_ms)
+-- calendar's UTC offset in ms (unused for windows of window_ms); `receipt` ARGV[7].
+local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, offset_ms,
+    receipt)
   local overdraft = mode == 1
 
   -- The window holding now_ms: [start_ms, end_ms).
@@ -217,11 +224,15 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
   local window_left = end_ms - now_ms
 
   if mode == 2 then
-    -- The Rust's return_windows: off this window's count, never below 0; another window's
-    -- count is left as it is.
+    -- The Rust's return_windows: off this window's count, never below its debt
+    -- (give_back_count), and nothing for a receipt of an earlier window (receipt_is_current);
+    -- another window's count is left as it is.
+    if receipt > 0 and start_ms >= receipt then
+      cost = 0
+    end
     local count = 0
     if stored_w == start_ms then
-      count = math.max(before - cost, 0)
+      count = math.max(before - cost, before - limit, 0)
     elseif stored_w then
       count = before
     end
@@ -296,4 +307,4 @@ end
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return take_window(KEYS[1], now_ms, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
-  tonumber(ARGV[4]), tonumber(ARGV[5]), (tonumber(ARGV[6]) - 1080) * 60000)
+  tonumber(ARGV[4]), tonumber(ARGV[5]), (tonumber(ARGV[6]) - 1080) * 60000, tonumber(ARGV[7]))

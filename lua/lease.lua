@@ -14,9 +14,11 @@
 -- so a nearly spent bucket is split between `share` replicas instead of hoarded by one. A
 -- refused claim changes nothing (unlike a fixed-window take, it is not counted).
 -- A give-back adds `need` tokens to a token bucket (capped at the capacity), or takes `need`
--- hits off a fixed window's count if that window is still the current one. A fixed window's
--- count past its limit is debt (charged usage), carried into the next windows as
--- fixed_window.lua carries it: claims see it, and a give-back never erases it.
+-- hits off a fixed window's count if that window is still the current one (and, for a refund
+-- with a receipt, the one the receipt names). A fixed window's count past its limit is debt
+-- (charged usage), carried into the next windows as fixed_window.lua carries it: claims see
+-- it, and a give-back never pays it (a count stays past its limit by as much; a token
+-- bucket's balance below zero is debt the same way: it rises to at most capacity + balance).
 --
 -- KEYS[1]  the bucket key
 -- ARGV[1]  algorithm: 1 = token bucket, 2 = fixed window
@@ -25,7 +27,10 @@
 -- ARGV[4]  refill: tokens added per window (token bucket; 0 for a fixed window)
 -- ARGV[5]  window_ms, >= 1
 -- ARGV[6]  need: claim: tokens that must all be granted (>= 1); give back: tokens returned
--- ARGV[7]  want: most tokens a claim takes (>= need; ignored by a give-back)
+-- ARGV[7]  want: most tokens a claim takes (>= need). A give-back: its receipt, when the
+--          window its tokens were taken in ends as the replica that took them reckoned it (a
+--          fixed window gives nothing back once the current window started at or after it;
+--          0: no receipt, the current window; a token bucket ignores it)
 -- ARGV[8]  share: the extra beyond `need` is split this many ways (>= 1; live replicas)
 --
 -- Returns {granted (0 = refused or a give-back), remaining (whole tokens left in the shared
@@ -168,7 +173,8 @@ if algorithm == 1 then
       retry_ms = wait_ms(tokens, need) or -1
     end
   else
-    tokens = math.min(capacity, tokens + need)
+    -- give_back_tokens: never above the capacity, never paying debt.
+    tokens = math.min(tokens + need, capacity + math.min(tokens, 0))
   end
 
   local reset_ms = wait_ms(tokens, capacity) or window_ms
@@ -216,8 +222,12 @@ if action ~= 1 then
   -- A give-back: off this window's count (never below 0; a count past the limit stays past
   -- it by what others charged). Tokens of another window are gone with it.
   local count = before
+  if want > 0 and start_ms >= want then
+    -- The receipt names an earlier window: its tokens are gone with it.
+    current = false
+  end
   if current then
-    count = math.max(before - need, 0)
+    count = math.max(before - need, before - limit, 0)
     write_window(count, reset_of(count))
   end
   return {0, math.max(limit - count, 0), reset_of(count), 0}

@@ -32,8 +32,12 @@
 --          so the stored counts stay exact.
 -- ARGV[4]  mode: 0 = a take; 1 = overdraft: a take that does not fit is counted anyway (and
 --          refused); 2 = give back: `cost` hits off the current window's count, never below
---          0 (a refund: Envoy's `is_negative_hits`; `give_back_sliding` in the Rust). Never
---          refused; the previous window's count keeps what is left of it.
+--          its debt (the count past the limit; a refund: Envoy's `is_negative_hits`;
+--          `give_back_sliding` in the Rust), and nothing when ARGV[5] names an earlier window.
+--          Never refused; the previous window's count keeps what is left of it.
+-- ARGV[5]  a give-back's receipt: when the window its hits were taken in ends, as the replica
+--          that took them reckoned it; the give-back applies only if the current window
+--          started before it. 0: no receipt (the current window).
 --
 -- Returns {allowed (1|0), remaining (floor(limit - estimate after the take), >= 0),
 --          reset_ms (until the estimate has decayed to 0; 0 if it is 0),
@@ -48,6 +52,7 @@ local window_ms = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local overdraft = ARGV[4] == '1'
 local give_back = ARGV[4] == '2'
+local receipt = tonumber(ARGV[5])
 
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -77,7 +82,10 @@ local need = math.max(cost, 1)
 local allowed = limit > 0 and estimate + need <= limit
 if give_back then
   allowed = true
-  local left = math.max(curr - cost, 0)
+  if receipt > 0 and start_ms >= receipt then
+    cost = 0
+  end
+  local left = math.max(curr - cost, curr - limit, 0)
   if left ~= curr then
     changed = true
   end

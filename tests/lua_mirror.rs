@@ -20,7 +20,9 @@ mod common;
 use std::cell::{Cell, RefCell};
 
 use common::redis::TestRedis;
-use common::store::{DAY, HOUR, MAX_WAIT, charged, claim, fw, give_back, sw, tb};
+use common::store::{
+    DAY, HOUR, MAX_WAIT, charged, claim, fw, give_back, receipt_near, refund_with, sw, tb,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseResult, TestRunner};
 use tollgate::quota::bucket::{
@@ -264,7 +266,7 @@ fn eval_at(conn: &mut ::redis::Connection, source: &str, op: &Op, now_ms: u64) -
             (reply[0] == 1, if reply[0] == 1 { op.cost } else { 0 })
         }
         Action::Claim(_) => (reply[0] > 0, reply[0] as u64),
-        Action::Return => (true, 0),
+        Action::Return { .. } => (true, 0),
     };
     Outcome {
         allowed,
@@ -575,14 +577,18 @@ fn lua_calendar_window_mirrors_rust() {
                 edges.set(edges.get() + usize::from(matches!(step, CalendarStep::AfterEdge(_))));
                 let cost = cost.of(limit);
                 // 0 take, 1 charge (overdraft), 2 refund, 3 reservation.
+                // A refund's receipt, drawn around now: this window, an earlier one, or none.
+                let receipt = receipt_near(now, 30 * DAY, now ^ cost);
                 let (next, want) = match what {
-                    2 => bucket::return_windows(state, now, limit, windows, cost),
+                    2 => bucket::return_windows(state, now, limit, windows, cost, receipt),
                     3 => bucket::reserve_windows(state, now, limit, windows, cost),
                     _ => bucket::take_windows(state, now, limit, windows, cost, what == 1),
                 };
                 let action = match what {
                     1 => Action::Charge,
-                    2 => Action::Return,
+                    2 => Action::Return {
+                        window_end_ms: receipt,
+                    },
                     3 => Action::Reserve,
                     _ => Action::Take,
                 };
@@ -695,9 +701,14 @@ fn lua_sliding_window_mirrors_rust() {
                 let cost = cost.of(limit);
                 let refund = kind == 0;
                 let (next, want, op) = if refund {
+                    let receipt = receipt_near(now, window_ms, now ^ cost);
                     let (next, want) =
-                        bucket::give_back_sliding(state, now, limit, window_ms, cost);
-                    (next, want, give_back(sw(k, limit, window_ms, 0), cost))
+                        bucket::give_back_sliding(state, now, limit, window_ms, cost, receipt);
+                    (
+                        next,
+                        want,
+                        refund_with(sw(k, limit, window_ms, 0), cost, receipt),
+                    )
                 } else {
                     let (next, want) =
                         bucket::take_sliding(state, now, limit, window_ms, cost, overdraft);
@@ -969,7 +980,10 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         let need = need.of(cap).clamp(1, u64::from(u32::MAX));
                         (claim(base, need, need + extra, share), &lease[format])
                     }
-                    LeaseStep::GiveBack(n) => (give_back(base, n), &lease[format]),
+                    LeaseStep::GiveBack(n) => (
+                        refund_with(base, n, receipt_near(now, window_ms, now ^ n)),
+                        &lease[format],
+                    ),
                 };
                 let mut want = if token_bucket {
                     let (next, o) = match op.action {
@@ -981,7 +995,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                             op.action == Action::Charge,
                         ),
                         Action::Claim(ask) => bucket::claim_token(tb_state, now, p, ask),
-                        Action::Return => bucket::return_token(tb_state, now, p, op.cost),
+                        Action::Return { .. } => bucket::return_token(tb_state, now, p, op.cost),
                         Action::Reserve => unreachable!("no reservations in this test"),
                     };
                     tb_state = (next.tokens < cap as f64).then_some(next);
@@ -999,9 +1013,14 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         Action::Claim(ask) => {
                             bucket::claim_window(fw_state, now, cap, window_ms, ask)
                         }
-                        Action::Return => {
-                            bucket::return_window(fw_state, now, cap, window_ms, op.cost)
-                        }
+                        Action::Return { window_end_ms } => bucket::return_window(
+                            fw_state,
+                            now,
+                            cap,
+                            window_ms,
+                            op.cost,
+                            window_end_ms,
+                        ),
                         Action::Reserve => unreachable!("no reservations in this test"),
                     };
                     fw_state = Some(next);
@@ -1084,7 +1103,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                 if let Action::Claim(ask) = op.action {
                     granted_extra.set(granted_extra.get() + usize::from(got.granted > ask.need));
                 }
-                if matches!(op.action, Action::Return) {
+                if op.action.is_return() {
                     returned.set(returned.get() + 1);
                 }
             }
@@ -1178,14 +1197,14 @@ fn lua_lease_claim_on_a_bucket_in_debt_waits_as_the_rust_says() {
                     bucket::take_token(state, now, p, op.cost, op.action == Action::Charge)
                 }
                 Action::Claim(ask) => bucket::claim_token(state, now, p, ask),
-                Action::Return => bucket::return_token(state, now, p, op.cost),
+                Action::Return { .. } => bucket::return_token(state, now, p, op.cost),
                 Action::Reserve => unreachable!("no reservations in this test"),
             };
             state = (next.tokens < cap as f64).then_some(next);
             want.reset_ms = want.reset_ms.min(MAX_WAIT);
             want.retry_ms = want.retry_ms.map(|r| r.min(MAX_WAIT));
             let source = match op.action {
-                Action::Claim(_) | Action::Return => &lease,
+                Action::Claim(_) | Action::Return { .. } => &lease,
                 _ => &token,
             };
             let got = eval_at(&mut conn, source, &op, now);

@@ -70,7 +70,7 @@ impl Fallback {
             retry_ms: Some(self.closed_retry_ms),
             granted: 0,
         };
-        if op.action == Action::Return {
+        if op.action.is_return() {
             return self.give_back(op, mode, unknown);
         }
         match mode {
@@ -120,7 +120,12 @@ impl Fallback {
                 let n = self.replicas.count();
                 let key = format!("{}|n{n}", op.key);
                 let kind = crate::quota::share::fallback_part(op.kind, n);
-                Some(self.local.apply(&Op::give_back(key, kind, op.cost)))
+                // The receipt's window goes with it: a late refund gives the share nothing.
+                let back = Op {
+                    action: op.action,
+                    ..Op::give_back(key, kind, op.cost)
+                };
+                Some(self.local.apply(&back))
             }
             _ => Some(Outcome {
                 allowed: true,

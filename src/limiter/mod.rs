@@ -28,6 +28,7 @@ pub mod fallback;
 mod hot;
 mod overlimit;
 mod plan;
+mod receipt;
 mod shard;
 mod status;
 
@@ -119,6 +120,9 @@ pub struct Status {
     pub quota_mode: bool,
     /// The matched descriptor's `metadata`, for the response's dynamic metadata.
     pub metadata: Option<Arc<serde_json::Value>>,
+    /// A reservation that passed: `(key, receipt)`, returned in the response's dynamic
+    /// metadata as `metadata.<key>` for its settlement to read (`receipt.rs`).
+    pub receipt: Option<(String, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -335,6 +339,12 @@ impl Limiter {
 
         // 1. Match → limits → one op per counted limit.
         let plan = plan::plan(domain, req, &self.config, &self.override_class);
+        // A reservation's receipt reckons its window's end from when its take was sent.
+        let sent_ms = if plan.receipts.is_empty() {
+            0
+        } else {
+            self.config.clock.wall_ms()
+        };
 
         // 2. What this replica can answer from memory (leases, the over-limit cache), then one
         //    store call for the rest (none when nothing is counted), and a second for shard
@@ -356,7 +366,7 @@ impl Limiter {
         }
 
         // 4. Statuses, in request order, and the overall code.
-        Ok(status::fold(
+        let mut decision = status::fold(
             &domain.name,
             req,
             &plan,
@@ -367,7 +377,29 @@ impl Limiter {
                 quota: self.config.quota_mode,
             },
             &self.tally,
-        ))
+        );
+
+        // 5. Each reservation that passed gets its receipt.
+        for (desc, key) in plan.receipts {
+            let status = &mut decision.statuses[desc];
+            if status.code != Code::Ok {
+                continue;
+            }
+            let tokens = plan
+                .planned
+                .iter()
+                .find(|p| p.desc == desc)
+                .map_or(0, |p| p.cost);
+            let ops = plan
+                .planned
+                .iter()
+                .zip(&plan.ops)
+                .zip(outcomes.iter().zip(&from_fallback))
+                .filter(|((p, _), _)| p.desc == desc)
+                .map(|((_, op), (o, &f))| (op, o, f));
+            status.receipt = Some((key, receipt::issue(tokens, sent_ms, ops)));
+        }
+        Ok(decision)
     }
 
     /// What the bucket of one descriptor's `entries` in `domain` draws from, planned as a

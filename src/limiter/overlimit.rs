@@ -35,7 +35,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::quota::{Action, Op, OpKind, Outcome};
+use crate::quota::{Op, OpKind, Outcome};
 
 const SHARDS: usize = 16;
 
@@ -159,7 +159,7 @@ impl OverLimitCache {
     /// refund) means for the cache: a refusal is recorded, unless the key takes refunds; a
     /// refund ends the key's entry and keeps it out of the cache from then on.
     pub(super) fn settle(&self, op: &Op, cost: u64, outcome: &Outcome, now_ms: u64) {
-        if op.action == Action::Return {
+        if op.action.is_return() {
             self.forget(&op.key);
             let mut refunded = self.refunded();
             if refunded.len() >= self.max_keys.max(1) && !refunded.contains(&op.key) {

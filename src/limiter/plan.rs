@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+use super::receipt::Settlement;
 use super::{LimitOverride, LimiterConfig, Request, shard};
 use crate::keys;
 use crate::quota::{Op, OpKind};
@@ -42,6 +43,10 @@ pub(super) struct Plan {
     /// metrics name the pattern instead (one series, as the reference's). Empty, without
     /// allocating, nearly always.
     pub(super) shared: Vec<(usize, Vec<(usize, String)>)>,
+    /// `(descriptor, key)` of each reservation that is owed a receipt if it passes: a take
+    /// on a node a `charge_parent` child settles, under that child's key (`receipt.rs`).
+    /// Empty, without allocating, unless the domain has reservations.
+    pub(super) receipts: Vec<(usize, String)>,
     pub(super) ops: Vec<Op>,
 }
 
@@ -136,86 +141,115 @@ pub(super) fn plan(
         })
         .collect();
 
-    // 3. One op per counted limit.
+    // 3. One op per counted limit: refunds first, then the rest, so a settlement that gives
+    //    a reservation back and charges its usage in one call (in either order) gives back
+    //    before it charges: an honest reserve of 60 that used 90 neither loses tokens to the
+    //    debt cap nor mints any.
     // Sized to the limits at once: a request's plan lives as long as its store call, and a
     // first push would reserve room for four.
     let counted = limits.iter().flatten().filter(|l| l.rate.is_some()).count();
     let mut planned: Vec<Planned> = Vec::with_capacity(counted);
     let mut ops: Vec<Op> = Vec::with_capacity(counted);
-    for (i, ((desc, m), desc_limits)) in req
-        .descriptors
-        .iter()
-        .zip(&matches)
-        .zip(&limits)
-        .enumerate()
-    {
-        // The descriptor's cost wins over the request's; a request cost of 0 means 1 (the
-        // proto default), while a descriptor cost of 0 means "check only".
-        let cost = desc.hits_addend.unwrap_or(if req.hits_addend == 0 {
-            1
-        } else {
-            req.hits_addend
-        });
-        let shared = m.as_ref().map_or(&[][..], |m| &m.shared[..]);
-        // A `charge_parent` node is counted on its parent's buckets: keyed by the entries
-        // down to the parent, and charged (never lost) rather than taken.
-        let charges_parent = desc.limit_override.is_none()
-            && m.as_ref().is_some_and(|m| m.node.charge_parent.is_some());
-        let depth = desc.entries.len() - usize::from(charges_parent);
-        // A node a `charge_parent` child settles: its takes are reservations.
-        let reserves = desc.limit_override.is_none() && m.as_ref().is_some_and(|m| m.node.reserved);
-        for limit in desc_limits {
-            let Some(rate) = limit.rate else { continue };
-            // Shared values are keyed by their pattern, so they all land in one bucket.
-            let entries = desc.entries[..depth]
-                .iter()
-                .enumerate()
-                .map(|(j, &(k, v))| {
-                    let pattern = shared.iter().find(|(at, _)| *at == j).map(|(_, p)| *p);
-                    (k, pattern.unwrap_or(v))
-                });
-            // A sharded limit: a random shard, holding its part of the limit.
-            let shard = (limit.shards > 1).then(|| shard::pick(limit.shards));
-            let key = keys::bucket_key(
-                &config.key_prefix,
-                req.domain,
-                entries,
-                &rate,
-                limit.index,
-                shard,
-            );
-            let kind = match shard {
-                Some(i) => crate::quota::share::shard_part(OpKind::from(rate), limit.shards, i),
-                None => OpKind::from(rate),
-            };
-            // A global limit: this region's share of it (its demand counted for the exchange).
-            let kind = match &config.regions {
-                Some(shares) if limit.global => {
-                    shares.scale(&key, kind, if desc.refund { 0 } else { cost })
-                }
-                _ => kind,
-            };
-            planned.push(Planned {
-                desc: i,
-                limit: limit.clone(),
-                shard,
-                cost,
-            });
-            ops.push(if desc.refund {
-                Op::give_back(key, kind, cost)
-            } else if limit.overdraft || charges_parent {
-                Op::charge(key, kind, cost)
-            } else if reserves
-                && matches!(
-                    kind,
-                    OpKind::FixedWindow { .. } | OpKind::CalendarWindow { .. }
-                )
-            {
-                // On a window a refused reservation must count nothing (never settled).
-                Op::reserve(key, kind, cost)
+    let mut receipts = Vec::new();
+    for refunds in [true, false] {
+        for (i, ((desc, m), desc_limits)) in req
+            .descriptors
+            .iter()
+            .zip(&matches)
+            .zip(&limits)
+            .enumerate()
+        {
+            if desc.refund != refunds {
+                continue;
+            }
+            // The descriptor's cost wins over the request's; a request cost of 0 means 1 (the
+            // proto default), while a descriptor cost of 0 means "check only".
+            let cost = desc.hits_addend.unwrap_or(if req.hits_addend == 0 {
+                1
             } else {
-                Op::take(key, kind, cost)
+                req.hits_addend
             });
+            let shared = m.as_ref().map_or(&[][..], |m| &m.shared[..]);
+            // A `charge_parent` node is counted on its parent's buckets: keyed by the entries
+            // down to the parent, and charged (never lost) rather than taken.
+            let charges_parent = desc.limit_override.is_none()
+                && m.as_ref().is_some_and(|m| m.node.charge_parent.is_some());
+            let depth = desc.entries.len() - usize::from(charges_parent);
+            // A node a `charge_parent` child settles: its takes are reservations, owed a receipt.
+            let settled_by = match m {
+                Some(m) if desc.limit_override.is_none() => m.node.settled_by.as_deref(),
+                _ => None,
+            };
+            let reserves = settled_by.is_some();
+            if let Some(key) = settled_by
+                && !desc.refund
+                && cost > 0
+            {
+                receipts.push((i, key.to_string()));
+            }
+            // A refund on a `charge_parent` node: its value is the reservation's receipt.
+            let settlement = (desc.refund && charges_parent)
+                .then(|| Settlement::read(desc.entries.last().map_or("", |e| e.1)));
+            let counted = desc_limits.iter().filter(|l| l.rate.is_some()).count();
+            for (nth, (limit, rate)) in desc_limits
+                .iter()
+                .filter_map(|l| l.rate.map(|r| (l, r)))
+                .enumerate()
+            {
+                // Shared values are keyed by their pattern, so they all land in one bucket.
+                let entries = desc.entries[..depth]
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &(k, v))| {
+                        let pattern = shared.iter().find(|(at, _)| *at == j).map(|(_, p)| *p);
+                        (k, pattern.unwrap_or(v))
+                    });
+                // A sharded limit: a random shard, holding its part of the limit.
+                let shard = (limit.shards > 1).then(|| shard::pick(limit.shards));
+                let key = keys::bucket_key(
+                    &config.key_prefix,
+                    req.domain,
+                    entries,
+                    &rate,
+                    limit.index,
+                    shard,
+                );
+                let kind = match shard {
+                    Some(i) => crate::quota::share::shard_part(OpKind::from(rate), limit.shards, i),
+                    None => OpKind::from(rate),
+                };
+                // A global limit: this region's share of it (its demand counted for the exchange).
+                let kind = match &config.regions {
+                    Some(shares) if limit.global => {
+                        shares.scale(&key, kind, if desc.refund { 0 } else { cost })
+                    }
+                    _ => kind,
+                };
+                let op = if let Some(settlement) = &settlement {
+                    settlement.give_back(key, kind, cost, nth, counted)
+                } else if desc.refund {
+                    Op::give_back(key, kind, cost)
+                } else if limit.overdraft || charges_parent {
+                    Op::charge(key, kind, cost)
+                } else if reserves
+                    && matches!(
+                        kind,
+                        OpKind::FixedWindow { .. } | OpKind::CalendarWindow { .. }
+                    )
+                {
+                    // On a window a refused reservation must count nothing (never settled).
+                    Op::reserve(key, kind, cost)
+                } else {
+                    Op::take(key, kind, cost)
+                };
+                planned.push(Planned {
+                    desc: i,
+                    limit: limit.clone(),
+                    shard,
+                    cost: op.cost,
+                });
+                ops.push(op);
+            }
         }
     }
     // Only where a limit names the request's values in its metrics (`detailed_metric`): nearly
@@ -247,6 +281,7 @@ pub(super) fn plan(
         ops,
         metric_values,
         shared,
+        receipts,
     }
 }
 
@@ -467,23 +502,34 @@ mod tests {
         assert_eq!(f.codes(&s), [Code::OverLimit]);
 
         // Beside a take over its limit, a refund does not change the request's answer.
+        let other = req("edge", &[&[("tenant", "rf-other")]]);
         let mixed = Request {
-            descriptors: vec![r.descriptors[0].clone(), back.descriptors[0].clone()],
+            descriptors: vec![other.descriptors[0].clone(), back.descriptors[0].clone()],
             ..r.clone()
         };
-        f.decide(&r);
-        f.decide(&r);
+        f.decide(&other);
+        f.decide(&other);
         let d = f.decide(&mixed);
         assert_eq!(d.overall, Code::OverLimit);
         assert_eq!(
             d.statuses.iter().map(|s| s.code).collect::<Vec<_>>(),
             [Code::OverLimit, Code::Ok]
         );
+        // On one bucket, a request's refunds go first, wherever they stand in it: the take
+        // after them finds the token given back.
+        let both = Request {
+            descriptors: vec![r.descriptors[0].clone(), back.descriptors[0].clone()],
+            ..r.clone()
+        };
+        f.decide(&r);
+        f.decide(&r);
+        assert_eq!(f.codes(&r), [Code::OverLimit]);
+        assert_eq!(f.decide(&both).overall, Code::Ok);
         // Refunds are their own outcome, never hits.
         let m = f.metrics.render();
         assert!(
             m.contains(
-                r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="refund"} 4"#
+                r#"tollgate_decisions_total{domain="edge",class="tenant",outcome="refund"} 5"#
             ),
             "{m}"
         );
@@ -513,7 +559,7 @@ mod tests {
         assert_eq!(taken.ops[0].action, crate::quota::Action::Take);
         assert_eq!(
             plan(domain, &settle(6, true), &f.config, &class).ops[0].action,
-            crate::quota::Action::Return
+            crate::quota::Action::RETURN
         );
 
         assert_eq!(f.decide(&reserve(6)).statuses[0].remaining, 4);

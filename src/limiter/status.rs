@@ -51,6 +51,7 @@ impl Status {
             shadow: false,
             quota_mode: false,
             metadata: None,
+            receipt: None,
         }
     }
 }
@@ -516,6 +517,7 @@ fn descriptor_status(
         shadow: over && !hard_over,
         quota_mode: hard_over && !rate_over,
         metadata: limit.metadata.clone(),
+        receipt: None,
     }
 }
 

@@ -29,13 +29,36 @@ pub enum Action {
     /// Claim a lease: all of `need` and up to `want` tokens, or nothing (`lease.lua`). Token
     /// bucket and fixed window only; on a sliding window it is a take of `cost`.
     Claim(ClaimAsk),
-    /// Give `cost` unspent leased tokens back (`lease.lua`), capped at the capacity.
-    Return,
+    /// Give `cost` tokens back (`lease.lua`; a calendar or sliding window's own script): a
+    /// lease's unspent tokens, an RLQS give-back or a refund. Capped at the capacity, and never
+    /// paying debt: a count past its limit stays past it by as much (`bucket/`).
+    Return {
+        /// A refund's receipt on a window (fixed, calendar or sliding): when the window its
+        /// tokens were taken in ends, as the replica that took them reckoned it (the time it
+        /// sent the take plus the store's `reset_ms`, so never later than the store's own end
+        /// while the clocks agree). The give-back applies only while the current window
+        /// started before this instant: a refund that arrives after its window ended gives
+        /// nothing to the next one. `None`: the current window's count (a lease's or an RLQS
+        /// give-back, whose tokens are of the current window, or a refund without a receipt).
+        window_end_ms: Option<u64>,
+    },
     /// Take `cost` as a reservation that a `charge_parent` child settles: like [`Action::Take`],
     /// but a fixed window (calendar or not) counts nothing for it when it does not fit, as a
     /// token bucket or sliding window never does (a refused reservation is never settled, so a
     /// count of it would stay). Never leased.
     Reserve,
+}
+
+impl Action {
+    /// A give-back to the current window ([`Action::Return`] without a receipt).
+    pub const RETURN: Action = Action::Return {
+        window_end_ms: None,
+    };
+
+    /// Whether this gives tokens back ([`Action::Return`], with or without a receipt).
+    pub fn is_return(self) -> bool {
+        matches!(self, Action::Return { .. })
+    }
 }
 
 impl Op {
@@ -53,7 +76,7 @@ impl Op {
     /// tokens, an RLQS give-back, or a refund (Envoy's `is_negative_hits`).
     pub fn give_back(key: String, kind: OpKind, cost: u64) -> Op {
         Op {
-            action: Action::Return,
+            action: Action::RETURN,
             ..Op::take(key, kind, cost)
         }
     }

@@ -202,7 +202,7 @@ fn settle(
             key: key.clone(),
             kind: *kind,
             cost: n,
-            action: OpAction::Return,
+            action: OpAction::RETURN,
         };
         Some((give_back, limit.fallback))
     } else if allowed > held {

@@ -401,14 +401,21 @@ pub struct Descriptor {
     /// stream-done call does (docs/usage-costs.md, "Reserve, then commit"). Such a node has
     /// no limits of its own.
     pub charge_parent: Option<Vec<Arc<Limit>>>,
-    /// A child has `charge_parent`: this node's takes are reservations that the child settles,
-    /// so on a fixed window (calendar or not) a refused one counts nothing (`Action::Reserve`).
-    pub reserved: bool,
+    /// The key of a child with `charge_parent`, which settles this node's takes: they are
+    /// reservations, so on a fixed window (calendar or not) a refused one counts nothing
+    /// (`Action::Reserve`), and one that passed is answered with a receipt under this key
+    /// (`limiter/receipt.rs`).
+    pub settled_by: Option<String>,
     pub children: Level,
     pub origin: Origin,
 }
 
 impl Descriptor {
+    /// Whether a `charge_parent` child settles this node's takes (see `settled_by`).
+    pub fn reserved(&self) -> bool {
+        self.settled_by.is_some()
+    }
+
     /// The limits a request matching this node is counted against: its own, or with
     /// `charge_parent` its parent's.
     pub fn counted_limits(&self) -> &[Arc<Limit>] {

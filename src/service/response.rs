@@ -31,7 +31,9 @@
 //! adds: the request (`domain`, `descriptors` as `entries: ["key=value"]` with their `limit`
 //! and `hitsAddend`, the request's `hitsAddend`) and, under `metadata`, the `metadata` of
 //! every descriptor that passed, merged (the first one's value wins for a key both have,
-//! maps merge key by key). Envoy puts it in the filter's dynamic metadata namespace
+//! maps merge key by key), except one that passed only because a shadow-mode limit over it
+//! reports OK (it took nothing there, and its metadata may gate a refund); beside them, a
+//! reservation's receipt under its settling child's key (`limiter/receipt.rs`). Envoy puts it in the filter's dynamic metadata namespace
 //! (`envoy.filters.http.ratelimit`) for access logs, Lua or later filters.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -172,6 +174,16 @@ pub fn dynamic_metadata(req: &RateLimitRequest, decision: &Decision) -> Struct {
     }
     let mut passed = Map::new();
     for s in decision.statuses.iter().filter(|s| s.code == Code::Ok) {
+        // A reservation's receipt says what it took (limiter/receipt.rs); it wins over a
+        // `metadata` value of the same key.
+        if let Some((key, receipt)) = &s.receipt {
+            passed.insert(key.clone(), json!(receipt));
+        }
+        // A descriptor passed only because a shadow limit over it reports OK took nothing
+        // there: its metadata, which may gate a refund, stays out.
+        if s.shadow {
+            continue;
+        }
         if let Some(Json::Object(m)) = s.metadata.as_deref() {
             merge(&mut passed, m);
         }
@@ -348,6 +360,7 @@ mod tests {
             shadow: false,
             quota_mode: false,
             metadata: None,
+            receipt: None,
         }
     }
 
@@ -663,6 +676,7 @@ mod tests {
         };
         let with = |code, meta: serde_json::Value| Status {
             metadata: Some(std::sync::Arc::new(meta)),
+            receipt: None,
             ..st(code, 1, 0, None)
         };
         let d = Decision {

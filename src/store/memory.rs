@@ -41,7 +41,7 @@ const SHARDS: usize = 64;
 /// take of its cost and a give-back a check.
 fn log_cost(op: &Op) -> u64 {
     match op.action {
-        Action::Return => 0,
+        Action::Return { .. } => 0,
         Action::Take | Action::Charge | Action::Claim(_) | Action::Reserve => op.cost,
     }
 }
@@ -190,7 +190,7 @@ impl MemoryStore {
                     }
                     Action::Charge => bucket::take_token(prev, mono, p, op.cost, true),
                     Action::Claim(ask) => bucket::claim_token(prev, mono, p, ask),
-                    Action::Return => bucket::return_token(prev, mono, p, op.cost),
+                    Action::Return { .. } => bucket::return_token(prev, mono, p, op.cost),
                 };
                 let idle_at_ms = mono.saturating_add(bucket::token_idle_after_ms(s, p));
                 (
@@ -223,7 +223,9 @@ impl MemoryStore {
                         bucket::take_window(prev, now, limit, window_ms, op.cost, true)
                     }
                     Action::Claim(ask) => bucket::claim_window(prev, now, limit, window_ms, ask),
-                    Action::Return => bucket::return_window(prev, now, limit, window_ms, op.cost),
+                    Action::Return { window_end_ms } => {
+                        bucket::return_window(prev, now, limit, window_ms, op.cost, window_end_ms)
+                    }
                 };
                 (
                     Entry {
@@ -253,7 +255,9 @@ impl MemoryStore {
                     Action::Charge => {
                         bucket::take_windows(prev, now, limit, windows, op.cost, true)
                     }
-                    Action::Return => bucket::return_windows(prev, now, limit, windows, op.cost),
+                    Action::Return { window_end_ms } => {
+                        bucket::return_windows(prev, now, limit, windows, op.cost, window_end_ms)
+                    }
                 };
                 (
                     Entry {
@@ -295,10 +299,16 @@ impl MemoryStore {
                 // its cost; a give-back is a refund.
                 let overdraft = op.action == Action::Charge;
                 let now = self.clock.wall_ms();
-                let (s, o) = if op.action == Action::Return {
-                    bucket::give_back_sliding(prev, now, limit, window_ms, op.cost)
-                } else {
-                    bucket::take_sliding(prev, now, limit, window_ms, op.cost, overdraft)
+                let (s, o) = match op.action {
+                    Action::Return { window_end_ms } => bucket::give_back_sliding(
+                        prev,
+                        now,
+                        limit,
+                        window_ms,
+                        op.cost,
+                        window_end_ms,
+                    ),
+                    _ => bucket::take_sliding(prev, now, limit, window_ms, op.cost, overdraft),
                 };
                 // reset_ms is when the estimate has decayed to 0 (0 for an empty state).
                 (

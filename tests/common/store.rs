@@ -107,8 +107,33 @@ pub fn charged(op: Op, overdraft: bool) -> Op {
 pub fn give_back(op: Op, n: u64) -> Op {
     Op {
         cost: n,
-        action: Action::Return,
+        action: Action::RETURN,
         ..op
+    }
+}
+
+/// `op` as a refund of `n` with a receipt naming the window ending at `window_end_ms`.
+pub fn refund_with(op: Op, n: u64, window_end_ms: Option<u64>) -> Op {
+    Op {
+        cost: n,
+        action: Action::Return { window_end_ms },
+        ..op
+    }
+}
+
+/// A refund's receipt for a mirror test, drawn from `seed` around `now` (windows of
+/// `window_ms`): none, an end a little after now (this window), one up to two windows back
+/// (often an earlier window: nothing given back), or one long past.
+pub fn receipt_near(now: u64, window_ms: u64, seed: u64) -> Option<u64> {
+    let r = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 8;
+    match r % 4 {
+        0 => None,
+        1 => Some(now + 1 + (r >> 2) % 1_000),
+        2 => Some(
+            now.saturating_sub((r >> 2) % window_ms.saturating_mul(2).max(1))
+                .max(1),
+        ),
+        _ => Some(1),
     }
 }
 

@@ -343,7 +343,7 @@ impl HotKeys {
         };
         // A charge (overdraft) always reaches the store: refusing it from memory would
         // drop usage that must be counted. A refund is never refused.
-        if (op.action == Action::Charge && op.cost > 0) || op.action == Action::Return {
+        if (op.action == Action::Charge && op.cost > 0) || op.action.is_return() {
             return false;
         }
         let Some(o) = cache.check(&op.key, op.kind, op.cost, now) else {
@@ -393,7 +393,10 @@ impl HotKeys {
         // demand, and leased tokens would outlast a share that shrinks.
         if limit.overdraft
             || limit.global
-            || matches!(op.action, Action::Return | Action::Charge | Action::Reserve)
+            || matches!(
+                op.action,
+                Action::Return { .. } | Action::Charge | Action::Reserve
+            )
         {
             return None;
         }

@@ -317,26 +317,42 @@ pub fn return_window(
     limit: u64,
     window_ms: u64,
     n: u64,
+    window_end_ms: Option<u64>,
 ) -> (WindowState, Outcome) {
-    return_windows(state, now_ms, limit, Windows::Every(window_ms), n)
+    return_windows(
+        state,
+        now_ms,
+        limit,
+        Windows::Every(window_ms),
+        n,
+        window_end_ms,
+    )
 }
 
 /// Gives `n` hits back to a fixed window (unspent leased hits, or a refund), if it is still
-/// the window they were counted in (a past window's tokens are gone with it). They come off
-/// the count, never below 0: a count past the limit is other holders' debt and stays past it
-/// by what they charged.
+/// the window they were counted in (a past window's tokens are gone with it): the stored
+/// window is the current one and, for a refund with a receipt, the window the receipt names
+/// ended after the current one started (`window_end_ms`, see
+/// [`Action::Return`](crate::quota::Action::Return)). They come off the count, never below its
+/// debt: [`give_back_count`].
 pub fn return_windows(
     state: Option<WindowState>,
     now_ms: u64,
     limit: u64,
     windows: Windows,
     n: u64,
+    window_end_ms: Option<u64>,
 ) -> (WindowState, Outcome) {
     let window = Window::at(windows, now_ms);
     let start_ms = window.start_ms;
+    let n = if receipt_is_current(window_end_ms, start_ms) {
+        n
+    } else {
+        0
+    };
     let (count, next) = match state {
         Some(s) if s.start_ms == start_ms => {
-            let count = s.count.saturating_sub(n);
+            let count = give_back_count(s.count, limit, n);
             (count, WindowState { start_ms, count })
         }
         // Another window's count is left as it is (`lease.lua` writes nothing either).
@@ -353,9 +369,50 @@ pub fn return_windows(
     (next, outcome)
 }
 
+/// A window's count after `n` hits are given back to it: `n` off, but never below the count's
+/// debt (what it holds past `limit`: usage charged beyond the limit by `overdraft`, a
+/// `charge_parent` settlement or RLQS), so a refund gives back what was taken within the limit
+/// and never pays debt, which only time pays (one limit per window).
+pub fn give_back_count(count: u64, limit: u64, n: u64) -> u64 {
+    count.saturating_sub(n).max(count.saturating_sub(limit))
+}
+
+/// Whether a give-back's receipt (`window_end_ms`) names the window starting at `start_ms`:
+/// the receipt's window ended after this one started (a receipt's end is never later than the
+/// true end, which is the next window's start). No receipt: the current window.
+pub fn receipt_is_current(window_end_ms: Option<u64>, start_ms: u64) -> bool {
+    window_end_ms.is_none_or(|end| start_ms < end)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refund_never_pays_debt_nor_reaches_a_window_after_its_own() {
+        // 10 an hour with overdraft: a charge of 25 leaves 20 (one limit of debt).
+        let (w, hour) = (Windows::Every(3_600_000), 3_600_000);
+        let (s, o) = take_windows(None, 1_000, 10, w, 25, true);
+        assert_eq!((s.count, o.remaining), (20, 0));
+        // A refund of 20: off what was within the limit, never the debt.
+        let (s, o) = return_windows(Some(s), 2_000, 10, w, 20, None);
+        assert_eq!((s.count, o.remaining), (10, 0), "nothing admitted");
+        // Reserve 60 of 100 just before an edge, 60 just after; the first's refund gives
+        // nothing to the second window (its receipt names the first).
+        let (s, _) = take_windows(None, hour - 2_000, 100, w, 60, false);
+        let (s, _) = take_windows(Some(s), hour + 10, 100, w, 60, false);
+        let (s, o) = return_windows(Some(s), hour + 20, 100, w, 60, Some(hour - 10));
+        assert_eq!((s.count, o.remaining), (60, 40));
+        // Its own window's refund (a receipt ending after the window started) is given back.
+        let (s, o) = return_windows(Some(s), hour + 30, 100, w, 60, Some(2 * hour - 50));
+        assert_eq!((s.count, o.remaining), (0, 100));
+        assert_eq!(
+            give_back_count(150, 100, 60),
+            90,
+            "an honest refund beside debt"
+        );
+        assert_eq!(give_back_count(7, 10, 9), 0);
+    }
 
     #[test]
     fn fixed_window_counts_like_the_reference() {

@@ -125,7 +125,8 @@ fn decayed_after(start_ms: u64, now_ms: u64, window_ms: u64, prev: u64, curr: u6
 }
 
 /// Gives `n` hits back to a sliding window (a refund: Envoy's `is_negative_hits`): off the
-/// current window's count, never below 0. Hits of the window before are already being weighed
+/// current window's count, never below its debt (`give_back_count`), and nothing when the
+/// refund's receipt names an earlier window (`window_end_ms`, as on a fixed window). Hits of the window before are already being weighed
 /// out as time passes; what is left of them stays (a window that has ended gets nothing back,
 /// as on a fixed window). Never refused.
 pub fn give_back_sliding(
@@ -134,9 +135,15 @@ pub fn give_back_sliding(
     limit: u64,
     window_ms: u64,
     n: u64,
+    window_end_ms: Option<u64>,
 ) -> (SlidingWindowState, Outcome) {
     let (start_ms, prev, curr) = counts_at(state, now_ms, window_ms);
-    let curr = curr.saturating_sub(n);
+    let n = if super::fixed_window::receipt_is_current(window_end_ms, start_ms) {
+        n
+    } else {
+        0
+    };
+    let curr = super::fixed_window::give_back_count(curr, limit, n);
     let w = window_ms as f64;
     let elapsed = (now_ms - start_ms) as f64;
     let estimate = prev as f64 * (w - elapsed) / w + curr as f64;
@@ -198,17 +205,17 @@ mod tests {
         };
         let (s, o) = take_sliding(Some(s), T0 + 500, 10, 1_000, 3, false);
         assert_eq!((s.prev, s.curr, o.remaining), (4, 3, 5));
-        let (s, o) = give_back_sliding(Some(s), T0 + 500, 10, 1_000, 2);
+        let (s, o) = give_back_sliding(Some(s), T0 + 500, 10, 1_000, 2, None);
         assert_eq!((s.prev, s.curr, o.remaining, o.allowed), (4, 1, 7, true));
         // More than the current count: 0, and the previous window keeps its weighed hits.
-        let (s, o) = give_back_sliding(Some(s), T0 + 500, 10, 1_000, 50);
+        let (s, o) = give_back_sliding(Some(s), T0 + 500, 10, 1_000, 50, None);
         assert_eq!((s.prev, s.curr, o.remaining), (4, 0, 8));
         assert_eq!(
             o.reset_ms, 500,
             "only the previous count is left, until this window ends"
         );
         // A window later, the old count is the previous one; a refund has nothing to take.
-        let (s, o) = give_back_sliding(Some(s), T0 + 1_250, 10, 1_000, 1);
+        let (s, o) = give_back_sliding(Some(s), T0 + 1_250, 10, 1_000, 1, None);
         assert_eq!((s.prev, s.curr, o.remaining), (0, 0, 10));
     }
 

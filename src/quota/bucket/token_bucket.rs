@@ -182,6 +182,14 @@ pub fn claim_token(
     )
 }
 
+/// A token bucket's balance after `n` tokens are given back: never above the capacity, and
+/// never paying debt (a balance below zero, from `overdraft` or a `charge_parent`
+/// settlement): at most `capacity + tokens` while in debt. The same rule as a window's
+/// [`give_back_count`](super::fixed_window::give_back_count) with count = capacity − tokens.
+pub fn give_back_tokens(tokens: f64, capacity: f64, n: f64) -> f64 {
+    (tokens + n).min(capacity + tokens.min(0.0))
+}
+
 /// Gives `n` unspent leased tokens back to a token bucket, capped at its capacity.
 pub fn return_token(
     state: Option<TokenBucketState>,
@@ -190,7 +198,7 @@ pub fn return_token(
     n: u64,
 ) -> (TokenBucketState, Outcome) {
     let (tokens, last_ms) = tokens_at(state, now_ms, p);
-    let tokens = (p.capacity as f64).min(tokens + n as f64);
+    let tokens = give_back_tokens(tokens, p.capacity as f64, n as f64);
     let outcome = Outcome {
         allowed: true,
         remaining: tokens.max(0.0).floor() as u64,
@@ -228,6 +236,30 @@ mod tests {
                 o
             })
             .collect()
+    }
+
+    #[test]
+    fn a_refund_never_pays_debt() {
+        // 10 an hour with overdraft: a charge of 25 leaves -10 (capped one limit deep).
+        let p = TokenBucketParams {
+            capacity: 10,
+            refill: 10,
+            window_ms: 3_600_000,
+        };
+        let (s, o) = take_token(None, 0, p, 25, true);
+        assert_eq!((s.tokens, o.allowed), (-10.0, false));
+        let (s, o) = return_token(Some(s), 0, p, 20);
+        assert_eq!(
+            (s.tokens, o.remaining),
+            (0.0, 0),
+            "the debt stays; nothing admitted"
+        );
+        assert_eq!(give_back_tokens(-3.0, 10.0, 5.0), 2.0);
+        assert_eq!(
+            give_back_tokens(4.0, 10.0, 50.0),
+            10.0,
+            "never above the capacity"
+        );
     }
 
     #[test]

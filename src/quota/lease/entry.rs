@@ -65,7 +65,7 @@ impl Lease {
             key: self.claim_key.clone().unwrap_or_else(|| id.to_string()),
             kind: self.kind,
             cost: tokens,
-            action: crate::quota::ops::Action::Return,
+            action: crate::quota::ops::Action::RETURN,
         }
     }
 

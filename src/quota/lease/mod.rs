@@ -640,7 +640,7 @@ mod tests {
             back.iter()
                 .map(|(o, _)| (o.cost, o.action))
                 .collect::<Vec<_>>(),
-            [(9, crate::quota::ops::Action::Return)]
+            [(9, crate::quota::ops::Action::RETURN)]
         );
         assert!(l.give_backs().is_empty(), "handed out once");
     }
@@ -729,7 +729,7 @@ mod tests {
         assert_eq!(back.len(), 1);
         assert_eq!(
             (back[0].0.key.as_str(), back[0].0.cost, back[0].0.action),
-            ("k-shard", 5, crate::quota::ops::Action::Return)
+            ("k-shard", 5, crate::quota::ops::Action::RETURN)
         );
         assert!(l.drain(10).is_empty());
     }

@@ -436,10 +436,11 @@ impl FileWalk<'_> {
             None => Some(Level::default()),
         };
         let children = children?;
-        let reserved = children
+        let settled_by = children
             .in_file_order()
             .iter()
-            .any(|c| c.charge_parent.is_some());
+            .find(|c| c.charge_parent.is_some())
+            .map(|c| c.key.clone());
         ok.then(|| Descriptor {
             key,
             value,
@@ -448,7 +449,7 @@ impl FileWalk<'_> {
             detailed_metric,
             value_to_metric,
             charge_parent,
-            reserved,
+            settled_by,
             children,
             origin: self.origin(node.pos),
         })
@@ -472,7 +473,7 @@ impl FileWalk<'_> {
             return Err("the parent's limit is sharded, and a charge must reach the bucket its reservation was taken from: drop `shards` there".into());
         }
         // A sliding log cannot be charged into debt or given back to. (A fixed window's
-        // reservations are made so that a refused one counts nothing: `Descriptor::reserved`.)
+        // reservations are made so that a refused one counts nothing: `Descriptor::settled_by`.)
         if parent_limits
             .iter()
             .filter_map(|l| l.rate)
@@ -587,7 +588,7 @@ mod tests {
         );
         assert!(t.charge_parent.is_none());
         assert!(
-            t.reserved && !settle.reserved,
+            t.reserved() && !settle.reserved(),
             "the parent's takes are reservations"
         );
 

@@ -249,13 +249,13 @@ mod tests {
     #[test]
     fn each_call_has_the_number_and_the_argument_count_the_dispatcher_expects() {
         // NARGS in lua/batch.lua, by script number: the token bucket's five numbers and the
-        // fixed window's six go packed in one argument.
-        let nargs = [1, 1, 4, 3, 8];
-        assert!(DISPATCH_LUA.contains("local NARGS = {1, 1, 4, 3, 8}"));
+        // fixed window's seven go packed in one argument.
+        let nargs = [1, 1, 5, 3, 8];
+        assert!(DISPATCH_LUA.contains("local NARGS = {1, 1, 5, 3, 8}"));
         let calls = [
             ScriptCall::TokenBucket([0; 5]),
-            ScriptCall::FixedWindow([0; 6]),
-            ScriptCall::SlidingWindow([0; 4]),
+            ScriptCall::FixedWindow([0; 7]),
+            ScriptCall::SlidingWindow([0; 5]),
             ScriptCall::SlidingLog([0; 3]),
             ScriptCall::Lease([0; 8]),
         ];

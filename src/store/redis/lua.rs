@@ -136,13 +136,13 @@ pub fn packed_token_bucket_args(args: &[u64; 5]) -> [u8; 33] {
     out
 }
 
-/// How a batch sends a fixed-window op's six numbers (`fixed_window.lua`'s ARGV): one argument,
-/// `struct.pack('<dddBBd')` of limit, window_ms and cost as doubles, the mode and the calendar
-/// as bytes (0–3 and 0–4) and the calendar's offset argument as a double, the same doubles
-/// `tonumber` makes of the decimals the single script is sent (see
-/// [`packed_token_bucket_args`]).
-pub fn packed_fixed_window_args(args: &[u64; 6]) -> [u8; 34] {
-    let mut out = [0u8; 34];
+/// How a batch sends a fixed-window op's seven numbers (`fixed_window.lua`'s ARGV): one
+/// argument, `struct.pack('<dddBBdd')` of limit, window_ms and cost as doubles, the mode and
+/// the calendar as bytes (0–3 and 0–4), the calendar's offset argument and a give-back's
+/// receipt (0: none) as doubles, the same doubles `tonumber` makes of the decimals the single
+/// script is sent (see [`packed_token_bucket_args`]).
+pub fn packed_fixed_window_args(args: &[u64; 7]) -> [u8; 42] {
+    let mut out = [0u8; 42];
     for (i, n) in args[..3].iter().enumerate() {
         out[i * 8..i * 8 + 8].copy_from_slice(&(*n as f64).to_le_bytes());
     }
@@ -150,6 +150,7 @@ pub fn packed_fixed_window_args(args: &[u64; 6]) -> [u8; 34] {
     out[24] = u8::try_from(args[3]).unwrap_or(u8::MAX);
     out[25] = u8::try_from(args[4]).unwrap_or(u8::MAX);
     out[26..34].copy_from_slice(&(args[5] as f64).to_le_bytes());
+    out[34..42].copy_from_slice(&(args[6] as f64).to_le_bytes());
     out
 }
 
@@ -204,9 +205,10 @@ pub fn batch_lua(scripts: [&str; 5], time: &str) -> String {
     lua.push_str(functions_of(scripts[1], "fixed_window.lua"));
     lua.push_str(concat!(
         "\nSCRIPTS[2] = function(KEY, B)\n",
-        "  local limit, window_ms, cost, mode, calendar, offset = struct.unpack('<dddBBd', ARGV[B + 1])\n",
+        "  local limit, window_ms, cost, mode, calendar, offset, receipt =\n",
+        "    struct.unpack('<dddBBdd', ARGV[B + 1])\n",
         "  return take_window(KEY, batch_now_ms, limit, window_ms, cost, mode, calendar,\n",
-        "    (offset - 1080) * 60000)\n",
+        "    (offset - 1080) * 60000, receipt)\n",
         "end\nend\n",
     ));
     for (i, script) in scripts.iter().enumerate().skip(2) {

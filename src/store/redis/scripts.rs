@@ -40,16 +40,18 @@ pub enum ScriptCall {
     /// overdraft: same answers, exact numbers; see the script's header; a give-back's
     /// unclamped), mode (0 take, 1 overdraft, 2 give back, 3 reserve: a refused take counts
     /// nothing), calendar (0: epoch-aligned windows), the calendar's UTC offset in minutes +
-    /// 1080.
-    FixedWindow([u64; 6]),
+    /// 1080, a give-back's receipt: the end of the window it names (0: none).
+    FixedWindow([u64; 7]),
     /// `sliding_window.lua`: limit, window_ms, cost (unclamped, as for the token bucket:
-    /// a count is capped before it is stored), mode (0 take, 1 overdraft, 2 give back).
-    SlidingWindow([u64; 4]),
+    /// a count is capped before it is stored), mode (0 take, 1 overdraft, 2 give back), a
+    /// give-back's receipt (0: none).
+    SlidingWindow([u64; 5]),
     /// `sliding_log.lua`: limit, window_ms, cost (unclamped: only a cost within the limit is
     /// recorded).
     SlidingLog([u64; 3]),
     /// `lease.lua`: algorithm (1 token bucket, 2 fixed window), action (1 claim, 2 give
-    /// back), capacity or limit, refill, window_ms, need, want, share.
+    /// back), capacity or limit, refill, window_ms, need, want (a give-back: its receipt's
+    /// window end, 0 for none), share.
     Lease([u64; 8]),
 }
 
@@ -57,24 +59,39 @@ pub enum ScriptCall {
 const UTC_ARG: u64 = crate::quota::calendar::MAX_OFFSET_MIN as u64;
 
 /// `fixed_window.lua`'s ARGV for `op` (see [`ScriptCall::FixedWindow`]).
-fn window_args(op: &Op, limit: u64, window_ms: u64, calendar: u64, offset: u64) -> [u64; 6] {
+fn window_args(op: &Op, limit: u64, window_ms: u64, calendar: u64, offset: u64) -> [u64; 7] {
     let (mode, most) = match op.action {
         Action::Charge => (1, bucket::overdraft_cap(limit)),
-        Action::Return => (2, u64::MAX - 1),
+        Action::Return { .. } => (2, u64::MAX - 1),
         Action::Reserve => (3, limit),
         Action::Take | Action::Claim(_) => (0, limit),
     };
     let cost = op.cost.min(most.saturating_add(1));
-    [limit, window_ms, cost, mode, calendar, offset]
+    [
+        limit,
+        window_ms,
+        cost,
+        mode,
+        calendar,
+        offset,
+        receipt_arg(op),
+    ]
+}
+
+/// A give-back's receipt as the scripts read it: the end of the window it names, 0 for none
+/// (an instant of 0 names no window a store is in).
+fn receipt_arg(op: &Op) -> u64 {
+    match op.action {
+        Action::Return {
+            window_end_ms: Some(end),
+        } => end.max(1),
+        _ => 0,
+    }
 }
 
 /// The cost a take script is sent: 0 (a check) for a give-back.
 fn take_cost(op: &Op) -> u64 {
-    if op.action == Action::Return {
-        0
-    } else {
-        op.cost
-    }
+    if op.action.is_return() { 0 } else { op.cost }
 }
 
 impl ScriptCall {
@@ -83,8 +100,15 @@ impl ScriptCall {
             Action::Claim(ask) => Some(ScriptCall::Lease([
                 algorithm, 1, capacity, refill, window_ms, ask.need, ask.want, ask.share,
             ])),
-            Action::Return => Some(ScriptCall::Lease([
-                algorithm, 2, capacity, refill, window_ms, op.cost, 0, 1,
+            Action::Return { .. } => Some(ScriptCall::Lease([
+                algorithm,
+                2,
+                capacity,
+                refill,
+                window_ms,
+                op.cost,
+                receipt_arg(op),
+                1,
             ])),
             // A reservation is never leased: it goes to the window's own script (mode 3).
             Action::Take | Action::Charge | Action::Reserve => None,
@@ -132,8 +156,8 @@ impl ScriptCall {
             // A give-back (a refund: no leases on these) is mode 2 of the sliding window's
             // script, and a check of a log (which takes no refunds), as on the memory store.
             OpKind::SlidingWindow { limit, window_ms } => {
-                let mode = if op.action == Action::Return { 2 } else { flag };
-                ScriptCall::SlidingWindow([limit, window_ms, op.cost, mode])
+                let mode = if op.action.is_return() { 2 } else { flag };
+                ScriptCall::SlidingWindow([limit, window_ms, op.cost, mode, receipt_arg(op)])
             }
             OpKind::SlidingLog { limit, window_ms } => {
                 ScriptCall::SlidingLog([limit, window_ms, take_cost(op)])
@@ -423,7 +447,7 @@ pub(super) fn parse_outcome(reply: Value, op: &Op) -> Result<Outcome, CallError>
 pub(super) fn outcome_of([first, remaining, reset, retry]: [i64; 4], op: &Op) -> Outcome {
     let first = u64::try_from(first).unwrap_or(0);
     let (allowed, granted) = match (ScriptCall::for_op(op), op.action) {
-        (_, Action::Return) => (true, 0),
+        (_, Action::Return { .. }) => (true, 0),
         (ScriptCall::Lease(_), _) => (first > 0, first),
         _ => (first == 1, if first == 1 { op.cost } else { 0 }),
     };
@@ -473,7 +497,7 @@ mod tests {
         };
         assert_eq!(
             ScriptCall::for_op(&fw).argv(),
-            [3, 60_000, 4, 0, 0, 1080],
+            [3, 60_000, 4, 0, 0, 1080, 0],
             "clamped to limit + 1; epoch-aligned windows (calendar 0, UTC)"
         );
         let charge = Op {
@@ -482,7 +506,7 @@ mod tests {
         };
         assert_eq!(
             ScriptCall::for_op(&charge).argv(),
-            [3, 60_000, 7, 1, 0, 1080],
+            [3, 60_000, 7, 1, 0, 1080, 0],
             "with overdraft the debt counts: clamped to 2 × limit + 1"
         );
         // A calendar window: its unit's code and offset; a refund is mode 2, unclamped.
@@ -495,14 +519,22 @@ mod tests {
                 },
                 window_ms: 2_592_000_000,
             },
-            action: Action::Return,
+            action: Action::RETURN,
             cost: 9,
             ..fw.clone()
         };
         assert_eq!(
             ScriptCall::for_op(&month).argv(),
-            [3, 2_592_000_000, 9, 2, 3, 780]
+            [3, 2_592_000_000, 9, 2, 3, 780, 0]
         );
+        // With a receipt, the end of the window it names.
+        let receipted = Op {
+            action: Action::Return {
+                window_end_ms: Some(1_765_000_000_000),
+            },
+            ..month.clone()
+        };
+        assert_eq!(ScriptCall::for_op(&receipted).argv()[6], 1_765_000_000_000);
         let huge = Op {
             kind: OpKind::FixedWindow {
                 limit: u64::MAX,
@@ -521,7 +553,7 @@ mod tests {
             action: Default::default(),
         };
         let call = ScriptCall::for_op(&sw);
-        assert_eq!(call.argv(), [3, 60_000, u64::MAX, 0], "sent unclamped");
+        assert_eq!(call.argv(), [3, 60_000, u64::MAX, 0, 0], "sent unclamped");
         assert_eq!(call.source(StateFormat::Packed), SLIDING_WINDOW_LUA);
         let sl = Op {
             kind: OpKind::SlidingLog {
