@@ -303,3 +303,89 @@ fn a_response_without_its_usage_is_charged_the_estimate() {
     let t = balance(&redis, &prefix, "initech").expect("the budget is stored");
     assert!((750.0..752.0).contains(&t), "balance {t}, want 1000 - 250");
 }
+
+/// The client controls its estimate, not whether it is counted: `x-max-tokens` that is not a
+/// positive integer of at most 9 digits (from which Envoy would build no descriptor, or a
+/// reservation of nothing) is replaced by the example's default 4,096 before the ratelimit
+/// filter reads it. Each such request reaches tollgate (one call each), does not fit the
+/// 1,000 budget and is refused, and leaves the budget as it was; a valid estimate still passes.
+#[test]
+fn an_estimate_that_is_not_a_positive_integer_reserves_the_default() {
+    const BAD: [&str; 8] = [
+        "abc",
+        "-1",
+        "",
+        "18446744073709551616",
+        "lots",
+        "0",
+        "1.5",
+        "0x10",
+    ];
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("llm-reserve-bad");
+    let tollgate = reserve_server(&redis, &prefix);
+    let envoy = reserve_envoy(&tollgate, &[]);
+    // Every ShouldRateLimit call tollgate answered, and those it refused.
+    let calls = || metric_sum(tollgate.admin, "tollgate_requests_total", &[]);
+    let refused = || {
+        metric_sum(
+            tollgate.admin,
+            "tollgate_decisions_total",
+            &[r#"outcome="over_limit""#],
+        )
+    };
+
+    let statuses: Vec<(&str, u16)> = BAD
+        .iter()
+        .map(|&estimate| {
+            let r = common::get_with_timeout(
+                envoy.front,
+                "/v1/chat/completions",
+                &[("x-tenant", "hooli"), ("x-max-tokens", estimate)],
+                Duration::from_secs(30),
+            );
+            (estimate, r.map_or(0, |r| r.status))
+        })
+        .collect();
+    let n = BAD.len() as f64;
+    // A refusal comes from tollgate, so its call is counted by the time Envoy answers; the poll
+    // only covers the metric being recorded after the answer is sent.
+    poll(Duration::from_secs(5), || {
+        (calls() >= n && refused() >= n).then_some(())
+    });
+    let admitted = statuses.iter().filter(|(_, s)| *s != 429).count();
+    eprintln!(
+        "bad estimates: {admitted} of {} admitted; tollgate saw {} calls, {} over_limit; {statuses:?}",
+        BAD.len(),
+        calls(),
+        refused()
+    );
+    assert!(
+        statuses.iter().all(|(_, s)| *s == 429),
+        "every bad estimate must reserve 4,096 and be refused: {statuses:?}"
+    );
+    assert_eq!(
+        (calls(), refused()),
+        (n, n),
+        "one RLS call, refused, per request; envoy:\n{}",
+        envoy.log()
+    );
+    // A refused reservation takes nothing: the budget is as full as it was (or not stored).
+    let untouched = balance(&redis, &prefix, "hooli");
+    assert!(
+        untouched.is_none_or(|t| t >= 1000.0),
+        "balance {untouched:?} after refused reservations, want 1,000"
+    );
+
+    // A valid estimate is reserved as sent, and settles on the 40 used.
+    let r = get_with(
+        envoy.front,
+        "/v1/chat/completions",
+        &[("x-tenant", "hooli"), ("x-max-tokens", "300")],
+    )
+    .expect("envoy answered");
+    assert_eq!(r.status, 200, "{}", tollgate.log());
+    wait_settled(&tollgate, &envoy, 1.0);
+    let t = balance(&redis, &prefix, "hooli").expect("the budget is stored");
+    assert!((960.0..962.0).contains(&t), "balance {t}, want 1000 - 40");
+}
