@@ -10,7 +10,10 @@
 //!    (`keys::bucket_key`), its [`OpKind`] (from the limit's [`Rate`]) and the descriptor's
 //!    cost. A descriptor with Envoy's `is_negative_hits` (a refund) gives its cost back
 //!    instead ([`Action::Return`](crate::quota::Action::Return): a token bucket refilled, a
-//!    window's count lowered, capped as a lease's give-back is; see docs/usage-costs.md).
+//!    window's count lowered, capped as a lease's give-back is and never paying debt; see
+//!    docs/usage-costs.md); on a `charge_parent` node its value is the reservation's receipt,
+//!    which bounds what and where it gives back (`receipt.rs`). A request's refunds are
+//!    planned before its takes and charges, so a settlement gives back before it charges.
 //!
 //! The [`Plan`] keeps, next to the ops, which descriptor and limit each op counts, so the
 //! store's outcomes (one per op, same order) can be folded back per descriptor (`status.rs`).
