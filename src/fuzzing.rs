@@ -537,20 +537,26 @@ async fn override_stream(data: &[u8]) -> u64 {
             Ok(d) => d,
             Err(e) => panic!("a memory store failed: {e}"),
         };
-        for (i, (bucket, cap)) in buckets.into_iter().enumerate() {
+        // A request's refunds are applied before its takes (limiter/plan.rs), wherever they
+        // stand in it: credit them first.
+        let cost_of = |i: usize| {
             let d = &req.descriptors[i];
-            let cost = d.hits_addend.unwrap_or(req.hits_addend.max(1));
-            if d.refund {
+            d.hits_addend.unwrap_or(req.hits_addend.max(1))
+        };
+        for (i, (bucket, cap)) in buckets.iter().enumerate() {
+            if req.descriptors[i].refund {
                 assert_eq!(
                     decision.statuses[i].code,
                     Code::Ok,
                     "a refund is never refused"
                 );
-                let (_, held) = admitted.entry(bucket).or_insert((0, cap));
-                *held = held.saturating_add(cost);
-                continue;
+                let (_, held) = admitted.entry(*bucket).or_insert((0, *cap));
+                *held = held.saturating_add(cost_of(i));
             }
-            if decision.statuses[i].code != Code::Ok {
+        }
+        for (i, (bucket, cap)) in buckets.into_iter().enumerate() {
+            let cost = cost_of(i);
+            if req.descriptors[i].refund || decision.statuses[i].code != Code::Ok {
                 continue;
             }
             let (sum, held) = admitted.entry(bucket).or_insert((0, cap));
