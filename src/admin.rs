@@ -273,7 +273,7 @@ async fn json_decide(
         }
     };
     let parent = || RemoteParent::from_headers(|name| headers.get(name)?.to_str().ok());
-    match s.handler.should_rate_limit(&req, parent).await {
+    match s.handler.should_rate_limit(&req, parent, None).await {
         Ok(resp) => {
             let out = JsonResponse::from_proto(&resp);
             let code = if out.is_over_limit() {

@@ -18,7 +18,7 @@ use crate::configs;
 use crate::rlqs::Rlqs;
 use crate::service::rlqs::RlqsService;
 use crate::service::rls::Rls;
-use crate::service::{Handler, decode_errors, inflight, listener, tls};
+use crate::service::{Handler, deadline, decode_errors, inflight, listener, tls};
 use crate::settings::Settings;
 use crate::telemetry::RefusedLabels;
 
@@ -119,6 +119,8 @@ pub(super) async fn server(
             .clone(),
     );
     let grpc = server
+        // First: each request's deadline is stamped when its headers arrive.
+        .layer(deadline::DeadlineLayer)
         .layer(decode_errors::DecodeErrorsLayer)
         .layer(inflight::InFlightLayer::new(budget))
         .add_service(health_service)

@@ -387,6 +387,7 @@ async fn decision_side(
         },
         response_dynamic_metadata: settings.response_dynamic_metadata,
         admission: tokio::sync::Semaphore::new(settings.max_concurrent_requests),
+        decision_margin: std::time::Duration::from_millis(settings.decision_margin_ms),
     });
     Ok((handler, replicas, regional))
 }

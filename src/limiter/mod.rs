@@ -48,7 +48,7 @@ use crate::clock::Clock;
 use crate::fleet::Replicas;
 use crate::quota::{Op, OpKind, Outcome};
 use crate::rules::{Algorithm, Domain, Limit, RuleSet, Unit};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, StoreErrorKind};
 use crate::telemetry::Metrics;
 
 pub use plan::OVERRIDE_CLASS;
@@ -231,7 +231,13 @@ pub struct Limiter {
     override_class: Arc<str>,
     tally: status::Tally,
     fallback: fallback::Fallback,
-    hot: hot::HotKeys,
+    /// Shared with a settlement's store call, which outlives its request when the decision
+    /// budget runs out (see [`Limiter::decide_within`]).
+    hot: Arc<hot::HotKeys>,
+    /// `tollgate_late_decisions_total`'s series: a request past its budget when read, and one
+    /// the store did not answer within it.
+    late_at_arrival: prometheus_client::metrics::counter::Counter,
+    late_in_store: prometheus_client::metrics::counter::Counter,
 }
 
 impl Limiter {
@@ -253,7 +259,18 @@ impl Limiter {
             config.closed_retry_ms,
             config.fallback_max_keys,
         );
-        let hot = hot::HotKeys::new(config.hot, config.clock.clone(), metrics.hot.clone());
+        let hot = Arc::new(hot::HotKeys::new(
+            config.hot,
+            config.clock.clone(),
+            metrics.hot.clone(),
+        ));
+        let late = |stage| {
+            metrics
+                .late_decisions
+                .get_or_create(&crate::telemetry::StageLabels { stage })
+                .clone()
+        };
+        let (late_at_arrival, late_in_store) = (late("arrival"), late("store"));
         let tally = status::Tally::new(
             metrics,
             config.near_limit_ratio,
@@ -266,6 +283,8 @@ impl Limiter {
             tally,
             fallback,
             hot,
+            late_at_arrival,
+            late_in_store,
         }
     }
 
@@ -328,10 +347,42 @@ impl Limiter {
         self.store.clone()
     }
 
-    /// Decides `req` against `rules`. What the store cannot answer goes to the fallback; only
-    /// a failed op whose mode is `error` fails the whole request (the caller maps it to gRPC
-    /// UNAVAILABLE so Envoy's failure mode applies).
+    /// Decides `req` against `rules`, with no deadline. What the store cannot answer goes to
+    /// the fallback; only a failed op whose mode is `error` fails the whole request (the
+    /// caller maps it to gRPC UNAVAILABLE so Envoy's failure mode applies).
     pub async fn decide(&self, rules: &RuleSet, req: &Request<'_>) -> Result<Decision, StoreError> {
+        self.decide_within(rules, req, None).await
+    }
+
+    /// Decides `req` against `rules` within `budget`: the caller's deadline less the margin
+    /// its answer needs to reach it (`service/deadline.rs`); `None`, no bound (as
+    /// [`Limiter::decide`]).
+    ///
+    /// What the store has not answered when the budget runs out is decided by each limit's
+    /// fallback, so the answer leaves before the caller gives up; a request already past its
+    /// budget is not sent to the store at all. The rule for such a late op, by mode (the store
+    /// may still run it: see docs/accuracy.md, "Late decisions"):
+    /// - `local`: taken from this replica's local share, as in an outage. Refusing it (the
+    ///   rule for a call that timed out while the store answers others) would fail closed for
+    ///   as long as the store is slow; the share admits at most one share per replica per
+    ///   refill period beyond the store's own count, the bound an outage has.
+    /// - `open`, `closed`: admitted, refused.
+    /// - `error`: the request fails (gRPC UNAVAILABLE) now, before the deadline, so Envoy's
+    ///   failure mode decides, as it does for the reference.
+    /// - A give-back (a refund) or a charge is not dropped: a request carrying one runs its
+    ///   store call in a task of its own, which applies it when the store answers; the answer
+    ///   meanwhile gives nothing back locally (the store will) and counts nothing twice but
+    ///   a charge (into the local share: the safe side).
+    ///
+    /// A late request whose store part had at least `store_timeout_ms` counts a missed
+    /// deadline against its ops' nodes ([`Store::missed_deadline`]), so a node that keeps
+    /// answering late opens its breaker.
+    pub async fn decide_within(
+        &self,
+        rules: &RuleSet,
+        req: &Request<'_>,
+        budget: Option<Duration>,
+    ) -> Result<Decision, StoreError> {
         let Some(domain) = rules.domains.get(req.domain) else {
             self.tally.unknown_domain(req.domain, req.descriptors.len());
             return Ok(Decision::without_limits(req.descriptors.len()));
@@ -349,10 +400,14 @@ impl Limiter {
         // 2. What this replica can answer from memory (leases, the over-limit cache), then one
         //    store call for the rest (none when nothing is counted), and a second for shard
         //    retries. The store counts its own failures (tollgate_store_errors_total{kind}).
-        let results = self
-            .hot
-            .apply(&self.store, &plan, self.config.replicas.count())
-            .await;
+        let results = match budget {
+            Some(budget) if !plan.ops.is_empty() => self.apply_within(&plan, budget).await,
+            _ => {
+                self.hot
+                    .apply(&self.store, &plan, self.config.replicas.count())
+                    .await
+            }
+        };
 
         // 3. What the store could not answer, the fallback decides.
         let (mut outcomes, from_fallback) = self.resolve(&plan, results)?;
@@ -487,6 +542,59 @@ impl Limiter {
     /// global one); also which outcomes came from the fallback. A failed op whose mode is
     /// `error` fails the request with the store's error.
     #[allow(clippy::type_complexity)]
+    /// The store's part of a decision within `budget` (see [`Limiter::decide_within`]): the
+    /// outcomes, or a [`StoreErrorKind::Deadline`] error for every op when the budget ran out.
+    async fn apply_within(
+        &self,
+        plan: &plan::Plan,
+        budget: Duration,
+    ) -> Vec<Result<Outcome, StoreError>> {
+        let late = || {
+            let e = StoreError::new(
+                StoreErrorKind::Deadline,
+                "the decision budget (the caller's deadline less decision_margin_ms) ran out",
+            );
+            plan.ops.iter().map(|_| Err(e.clone())).collect()
+        };
+        if budget.is_zero() {
+            // Already past it when read (queued in this process, or a tiny grpc-timeout):
+            // nothing is sent; the store has no part in the answer.
+            self.late_at_arrival.inc();
+            return late();
+        }
+        let share = self.config.replicas.count();
+        let settles = plan
+            .ops
+            .iter()
+            .any(|op| op.action.is_return() || op.action == crate::quota::Action::Charge);
+        let answered = if settles {
+            // Its own task: dropped at the deadline, it would leave unknown whether the store
+            // took the refund or charge; let to run, the store applies it whenever it answers.
+            let (hot, store, owned) = (self.hot.clone(), self.store.clone(), plan.clone());
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.config.clock.spawn(async move {
+                let _ = tx.send(hot.apply(&store, &owned, share).await);
+            });
+            match self.config.clock.timeout(budget, rx).await {
+                Ok(Ok(results)) => Some(results),
+                _ => None,
+            }
+        } else {
+            // Dropped at the deadline: an op still queued for a batch goes unsent, one sent
+            // is an unknown outcome (the fallback's rule for late ops covers it).
+            self.config
+                .clock
+                .timeout(budget, self.hot.apply(&self.store, plan, share))
+                .await
+                .ok()
+        };
+        answered.unwrap_or_else(|| {
+            self.late_in_store.inc();
+            self.store.missed_deadline(&plan.ops, budget);
+            late()
+        })
+    }
+
     fn resolve(
         &self,
         plan: &plan::Plan,
@@ -512,11 +620,14 @@ impl Limiter {
                         }
                         None => op,
                     };
-                    outcomes.push(
-                        self.fallback
-                            .decide(op, mode, e.outcome_unknown())
-                            .ok_or(e)?,
-                    );
+                    // A late op (the decision budget ran out) is decided as in an outage, not
+                    // refused as a timed-out one is, but a late give-back gives nothing here:
+                    // the store still gets it (see `apply_within`).
+                    let unknown = match e.kind {
+                        StoreErrorKind::Deadline => op.action.is_return(),
+                        _ => e.outcome_unknown(),
+                    };
+                    outcomes.push(self.fallback.decide(op, mode, unknown).ok_or(e)?);
                     from_fallback.push(true);
                 }
             }

@@ -32,6 +32,7 @@ use crate::rules::{Algorithm, Domain, Limit, Rate};
 pub const OVERRIDE_CLASS: &str = "envoy_override";
 
 /// What a request will do to the store, and to which descriptor each part belongs.
+#[derive(Clone)]
 pub(super) struct Plan {
     /// The limits of each descriptor, in request order (empty: no rule matched, or all of
     /// its limits were replaced). Unlimited limits are here but have no op.
@@ -54,6 +55,7 @@ pub(super) struct Plan {
 }
 
 /// A counted limit of descriptor `desc` (an `Arc` clone: the rules' own, or an override).
+#[derive(Clone)]
 pub(super) struct Planned {
     pub(super) desc: usize,
     pub(super) limit: Arc<Limit>,

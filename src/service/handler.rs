@@ -4,7 +4,7 @@
 //! proto response ([`response`](super::response)); the request's metrics are recorded here.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use super::deadline::Deadline;
 use super::{Bounds, RemoteParent, request, response};
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
@@ -35,17 +36,22 @@ pub struct Handler {
     /// Requests being decided now, capped at `max_concurrent_requests`: past the cap a request
     /// is refused at once, so an overload is answered fast instead of queueing without bound.
     pub admission: Semaphore,
+    /// `decision_margin_ms`: kept back from a caller's deadline for the answer's way back.
+    pub decision_margin: Duration,
 }
 
 impl Handler {
     /// Validates, decides and builds the response; records the request's metrics.
     /// `parent` reads the caller's span from Envoy's trace headers, when it sent one: called
     /// only when the request span is exported (`otlp_endpoint`), so a request pays no header
-    /// look-ups for a trace nobody records.
+    /// look-ups for a trace nobody records. `deadline`: when the caller gives up (gRPC's
+    /// `grpc-timeout`, stamped on arrival); the decision answers before it (see
+    /// [`Limiter::decide_within`]).
     pub async fn should_rate_limit(
         &self,
         req: &RateLimitRequest,
         parent: impl FnOnce() -> Option<RemoteParent>,
+        deadline: Option<Deadline>,
     ) -> Result<RateLimitResponse, tonic::Status> {
         let started = Instant::now();
         let Ok(_admitted) = self.admission.try_acquire() else {
@@ -68,7 +74,8 @@ impl Handler {
             // Fails only when no OpenTelemetry layer is installed, i.e. the span is not exported.
             let _ = span.set_parent(parent.context());
         }
-        let result = self.decide(req).instrument(span.clone()).await;
+        let budget = deadline.map(|d| d.budget(started, self.decision_margin));
+        let result = self.decide(req, budget).instrument(span.clone()).await;
         let code = match &result {
             Ok(r) if r.overall_code == PbCode::OverLimit as i32 => "over_limit",
             Ok(_) => "ok",
@@ -88,14 +95,18 @@ impl Handler {
         result
     }
 
-    async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+    async fn decide(
+        &self,
+        req: &RateLimitRequest,
+        budget: Option<Duration>,
+    ) -> Result<RateLimitResponse, tonic::Status> {
         let request = request::to_request(req, &self.bounds)?;
         let rules = self.rules.load();
         // The store logs outages (once per state change, not per request); the caller only
         // learns that the store could not answer, never its error text.
         let decision = self
             .limiter
-            .decide(&rules, &request)
+            .decide_within(&rules, &request, budget)
             .await
             .map_err(|_| tonic::Status::unavailable("store unavailable"))?;
         let mut response = response::to_proto(&decision, self.headers);

@@ -6,9 +6,10 @@
 //! `limiter::Request` within [`Bounds`], else INVALID_ARGUMENT) → `Limiter::decide` against
 //! the rules in force → [`response`] (statuses, headers). Around the gRPC server: [`listener`]
 //! (connection cap, handshake deadline), [`inflight`] (the request-bytes budget),
-//! [`decode_errors`] (undecodable input is INVALID_ARGUMENT), [`tls`]; [`json`] is `/json`'s
-//! shapes.
+//! [`decode_errors`] (undecodable input is INVALID_ARGUMENT), [`deadline`] (each request's
+//! `grpc-timeout`, stamped on arrival), [`tls`]; [`json`] is `/json`'s shapes.
 
+pub mod deadline;
 pub mod decode_errors;
 pub mod handler;
 pub mod inflight;

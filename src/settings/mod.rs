@@ -182,6 +182,8 @@ settings! {
         "HTTP/2 PING to each gRPC client after this long without a frame from it (0: off)";
     grpc_keepalive_timeout_ms: u64 = 20_000,
         "a client that does not answer that PING within this long is disconnected (a silent peer, or one that stopped reading)";
+    decision_margin_ms: u64 = 5,
+        "time kept back from the caller's deadline (Envoy's grpc-timeout, its `timeout`: 20 ms by default) for the answer to reach it: the store's part of a decision gets the rest, and past it the limit's fallback decides, before the deadline, so Envoy's failure mode never does; a request without a deadline is not bounded by it (docs/accuracy.md, \"Late decisions\")";
     grpc_request_timeout_ms: u64 = 5_000,
         "a gRPC request not answered within this long (its body included) ends with CANCELLED and frees its stream; a client's shorter grpc-timeout (Envoy sends its own) applies instead (0: none)";
     fallback: FallbackMode = FallbackMode::Local,

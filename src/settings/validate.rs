@@ -141,12 +141,19 @@ impl Settings {
         Ok(())
     }
 
-    /// gRPC's keepalive and request timeout, the latter above the store's.
+    /// gRPC's keepalive and request timeout, the latter above the store's; the decision margin
+    /// within reason.
     fn check_grpc_timeouts(&self) -> Result<(), SettingsError> {
         if self.grpc_keepalive_interval_ms > 0 && self.grpc_keepalive_timeout_ms == 0 {
             return bad(
                 "grpc_keepalive_timeout_ms",
                 "must be at least 1 while grpc_keepalive_interval_ms is on (0 turns the PINGs off)",
+            );
+        }
+        if self.decision_margin_ms > 1_000 {
+            return bad(
+                "decision_margin_ms",
+                "must be at most 1000: it is kept back from every caller's deadline (Envoy's 20 ms by default), so a margin larger than the deadline would send every decision to the fallback",
             );
         }
         if self.grpc_request_timeout_ms > 0 && self.grpc_request_timeout_ms <= self.store_timeout_ms

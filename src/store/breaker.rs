@@ -12,7 +12,9 @@
 //!   silence; before giving up it pauses once more, a quarter of the timeout, in case the
 //!   replies are already waiting unread.
 //! - **Opening** ([`Breakers::settle`]): after `failures_to_open` consecutive failed calls, or
-//!   at once when the node refused or dropped the connection. While open, no call is made: the
+//!   at once when the node refused or dropped the connection; or ([`Breakers::missed`]) when
+//!   its callers' deadlines keep passing while it answers late: `failures_to_open` misses in
+//!   a row, or more than one decision in four missed for a while. While open, no call is made: the
 //!   client fails the node's ops at once with [`StoreErrorKind::CircuitOpen`] and the limiter
 //!   answers them from its fallback, so no request waits for the timeout during an outage.
 //! - **Closing** ([`probe_until_closed`]): from the moment it opened, every `probe_every`, the
@@ -70,6 +72,9 @@ impl Policy {
 #[derive(Debug)]
 struct Breaker {
     failures: AtomicU32,
+    /// Missed deadlines, as a score: +[`MISS_WEIGHT`] a miss, −1 a call answered (see
+    /// [`Breakers::missed`]).
+    late: AtomicU32,
     open: AtomicBool,
     /// When the node last replied to a call, in µs on the client's clock, plus one (0: never).
     replied_us: AtomicU64,
@@ -130,6 +135,7 @@ impl Breakers {
         }
         let b = Arc::new(Breaker {
             failures: AtomicU32::new(0),
+            late: AtomicU32::new(0),
             open: AtomicBool::new(false),
             replied_us: AtomicU64::new(0),
         });
@@ -184,6 +190,10 @@ impl Breakers {
         let b = self.breaker(node);
         let Some(kind) = failed else {
             b.failures.store(0, Ordering::Release);
+            // An answered call pays off one third of a missed deadline (see `missed`).
+            let _ = b
+                .late
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1));
             return false;
         };
         let failures = b.failures.fetch_add(1, Ordering::AcqRel) + 1;
@@ -203,10 +213,38 @@ impl Breakers {
         true
     }
 
+    /// A request's decision budget ran out while `node` had not answered it (the caller
+    /// answered from its fallback): a node that keeps answering, but late, fails its callers as
+    /// a silent one does. Misses are scored apart from failed calls, because the calls that
+    /// do come back in time, interleaved with them, would reset a count of consecutive
+    /// failures every time: a miss adds [`MISS_WEIGHT`], an answered call takes 1 off, and the
+    /// breaker opens at `failures_to_open` × [`MISS_WEIGHT`]. So `failures_to_open` misses in a
+    /// row open it, as failed calls do, and so does a node that misses more than one decision
+    /// in four for a while (each miss outweighs three answers), while a rare miss beside
+    /// answers in time never adds up. True when this miss opened the breaker: the caller then
+    /// starts [`probe_until_closed`].
+    pub fn missed(&self, node: &Arc<str>) -> bool {
+        let b = self.breaker(node);
+        let late = b.late.fetch_add(MISS_WEIGHT, Ordering::AcqRel) + MISS_WEIGHT;
+        if late < self.policy.failures_to_open.saturating_mul(MISS_WEIGHT) {
+            return false;
+        }
+        if b.open.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.transition(node, "open", 1);
+        tracing::warn!(
+            %node,
+            "store circuit open: this node keeps answering after its callers' deadlines; its requests go to the fallback until a probe's script runs on it"
+        );
+        true
+    }
+
     /// Closes `node`'s breaker after its probe's script ran.
     pub fn close(&self, node: &Arc<str>) {
         let b = self.breaker(node);
         b.failures.store(0, Ordering::Release);
+        b.late.store(0, Ordering::Release);
         if b.open.swap(false, Ordering::AcqRel) {
             self.transition(node, "closed", 0);
             tracing::info!(%node, "store circuit closed: a script ran again; back to the shared quota");
@@ -355,6 +393,9 @@ where
     }
 }
 
+/// What one missed deadline weighs against one answered call ([`Breakers::missed`]).
+pub const MISS_WEIGHT: u32 = 3;
+
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
@@ -416,6 +457,38 @@ mod tests {
         ] {
             assert!(text.contains(expected), "{expected} in {text}");
         }
+    }
+
+    #[test]
+    fn misses_open_a_node_that_keeps_answering_late_but_not_one_that_misses_rarely() {
+        let metrics = Metrics::new();
+        let b = breakers(Clock::manual(0), &metrics);
+        let node: Arc<str> = "store".into();
+        // One decision in five missed, the others answered: never opens.
+        for _ in 0..50 {
+            assert!(!b.missed(&node));
+            for _ in 0..4 {
+                b.settle(&node, None);
+            }
+        }
+        assert!(!b.is_open(&node));
+        // One in three: opens, once.
+        let opened = (0..20)
+            .map(|_| {
+                let opened = b.missed(&node);
+                b.settle(&node, None);
+                b.settle(&node, None);
+                opened
+            })
+            .filter(|&o| o)
+            .count();
+        assert_eq!(opened, 1);
+        assert!(b.is_open(&node));
+        b.close(&node);
+        // `failures_to_open` (3) in a row open it.
+        assert!(!b.missed(&node));
+        assert!(!b.missed(&node));
+        assert!(b.missed(&node));
     }
 
     #[test]

@@ -55,6 +55,10 @@ pub enum StoreErrorKind {
     /// Not tried: the circuit breaker of the op's node is open after repeated failures, so
     /// the request goes to the fallback at once instead of waiting for the timeout.
     CircuitOpen,
+    /// Not answered within the request's decision budget (the caller's deadline less
+    /// `decision_margin_ms`): the caller answered from the fallback instead. The store may
+    /// still run it (a call already sent), or never (a request already late when read).
+    Deadline,
 }
 
 impl StoreErrorKind {
@@ -70,6 +74,7 @@ impl StoreErrorKind {
             StoreErrorKind::Protocol => "protocol",
             StoreErrorKind::Config => "config",
             StoreErrorKind::CircuitOpen => "circuit_open",
+            StoreErrorKind::Deadline => "deadline",
         }
     }
 
@@ -83,6 +88,7 @@ impl StoreErrorKind {
                 | StoreErrorKind::Connection
                 | StoreErrorKind::Unavailable
                 | StoreErrorKind::CircuitOpen
+                | StoreErrorKind::Deadline
         )
     }
 }
@@ -264,6 +270,17 @@ impl Store {
                 }
                 results
             }
+        }
+    }
+
+    /// The caller's decision budget ran out before `ops` were answered, after `waited` on
+    /// the store: the Redis client counts a missed deadline against each of their nodes'
+    /// breakers ([`RedisStore::missed_deadline`]). The memory store never keeps a caller
+    /// waiting.
+    pub fn missed_deadline(&self, ops: &[Op], waited: std::time::Duration) {
+        match self {
+            Store::Redis(r) => r.missed_deadline(ops, waited),
+            Store::Memory(_) | Store::Custom(_) => {}
         }
     }
 

@@ -42,6 +42,8 @@ pub const STORE_CONNECTIONS: &str = "tollgate_store_connections";
 pub const FALLBACK_ACTIVE: &str = "tollgate_fallback_active";
 pub const BREAKER_TRANSITIONS: &str = "tollgate_breaker_transitions";
 pub const STORE_WAIT_SHORT: &str = "tollgate_store_wait_short";
+pub const STORE_DEADLINE_MISSES: &str = "tollgate_store_deadline_misses";
+pub const LATE_DECISIONS: &str = "tollgate_late_decisions";
 pub const STORE_BATCH_OPS: &str = "tollgate_store_batch_ops";
 pub const REFUSED: &str = "tollgate_refused";
 pub const UNKNOWN_DOMAINS: &str = "tollgate_unknown_domain_requests";
@@ -187,6 +189,14 @@ pub struct NodeLabels {
     pub node: String,
 }
 
+/// Where a request's decision budget ran out (`tollgate_late_decisions_total`): `arrival` (past
+/// it when its headers were read: never sent to the store) or `store` (the store had not
+/// answered within it).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: &'static str,
+}
+
 /// A circuit breaker transition of one node, `to` `open` or `closed`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TransitionLabels {
@@ -278,6 +288,9 @@ pub struct Metrics {
     pub request_counts: RequestCounts,
     pub request_duration: Histogram,
     pub global_shadow: Counter,
+    /// Requests whose decision budget (the caller's deadline less `decision_margin_ms`) ran
+    /// out: their unanswered ops were decided by the fallback, before the deadline.
+    pub late_decisions: Family<StageLabels, Counter>,
     pub rules_reloads: Family<ResultLabels, Counter>,
     pub rules_loaded: Gauge,
     /// The admin port's counter API calls (`counter_api.rs`).
@@ -323,6 +336,9 @@ pub struct StoreMetrics {
     pub breaker_transitions: Family<TransitionLabels, Counter>,
     /// Store calls whose `WAIT` (`store_wait_replicas`) came back short.
     pub wait_short: Counter,
+    /// Requests whose decision budget ran out while a node had not answered them, by node:
+    /// each is a failed call for the node's circuit breaker.
+    pub deadline_misses: Family<NodeLabels, Counter>,
     /// Ops per batch call (decisions that queued for a busy node and went as one call).
     pub batch_ops: Histogram,
 }
@@ -368,6 +384,12 @@ impl Metrics {
             REQUEST_DURATION,
             "Time to decide one ShouldRateLimit call, store round trip included",
             request_duration.clone(),
+        );
+        let late_decisions = Family::<StageLabels, Counter>::default();
+        registry.register(
+            LATE_DECISIONS,
+            "Requests whose decision budget (the caller's grpc-timeout less decision_margin_ms) ran out, by stage (arrival: already past it when read, never sent to the store; store: the store had not answered): their unanswered ops were decided by the fallback, answered before the caller's deadline",
+            late_decisions.clone(),
         );
         let global_shadow = Counter::default();
         registry.register(
@@ -436,6 +458,12 @@ impl Metrics {
             REFUSED,
             "What peers were refused to keep the process bounded, by what (request_bytes: a gRPC stream failed with RESOURCE_EXHAUSTED past max_request_bytes_in_flight; connections: a gRPC connection closed past grpc_max_connections)",
             refused.clone(),
+        );
+        let deadline_misses = Family::<NodeLabels, Counter>::default();
+        registry.register(
+            STORE_DEADLINE_MISSES,
+            "Requests whose decision budget (the caller's grpc-timeout less decision_margin_ms) ran out while this store node had not answered them; each counts as a failed call for the node's circuit breaker",
+            deadline_misses.clone(),
         );
         let wait_short = Counter::default();
         registry.register(
@@ -555,6 +583,7 @@ impl Metrics {
             requests,
             request_duration,
             global_shadow,
+            late_decisions,
             rules_reloads,
             counter_api,
             rules_loaded,
@@ -565,6 +594,7 @@ impl Metrics {
                 fallback_active,
                 breaker_transitions,
                 wait_short,
+                deadline_misses,
                 batch_ops,
             },
             replicas,

@@ -195,6 +195,16 @@ impl RedisStore {
             );
         }
         pool.start_keeper(connected);
+        if pool.slots().is_none() {
+            // Exported from the start, at 0 (a cluster's nodes get theirs at their first miss),
+            // so `rate()` and the alert see the series before its first miss.
+            let _ = metrics
+                .store
+                .deadline_misses
+                .get_or_create(&crate::telemetry::NodeLabels {
+                    node: probe::STANDALONE.to_string(),
+                });
+        }
         Ok(RedisStore {
             pool,
             probe_prefix: cfg.key_prefix.as_str().into(),
@@ -242,6 +252,39 @@ impl RedisStore {
         self.outage
             .record::<()>(&first_error.map_or(Ok(()), |e| Err(e.clone())));
         out
+    }
+
+    /// A request's decision budget ran out before its `ops` were answered (the limiter
+    /// answered them from the fallback and dropped the call; `limiter/mod.rs`), after the
+    /// store's part had `waited`. When that was at least `store_timeout_ms` (the silence a
+    /// node is allowed), each node the ops are on missed a deadline: counted in
+    /// `tollgate_store_deadline_misses_total{node}` and as a failed call for its breaker, so a
+    /// node whose calls keep missing budgets opens like a silent one (`breaker_failures` in a
+    /// row), an overloaded primary stops receiving the load that overloads it, and its probe
+    /// closes it again. A shorter wait is this process's own lateness (the request queued
+    /// here, its budget mostly spent on arrival), not the node's.
+    pub fn missed_deadline(&self, ops: &[Op], waited: Duration) {
+        if waited < self.breakers.policy().timeout {
+            return;
+        }
+        let mut nodes: Vec<Arc<str>> = Vec::new();
+        for op in ops {
+            let node = self.node_of(&op.key);
+            if !nodes.contains(&node) {
+                nodes.push(node);
+            }
+        }
+        for node in nodes {
+            self.metrics
+                .deadline_misses
+                .get_or_create(&crate::telemetry::NodeLabels {
+                    node: node.to_string(),
+                })
+                .inc();
+            if self.breakers.missed(&node) {
+                self.start_probe(node);
+            }
+        }
     }
 
     /// The node that holds `key`: `store` for a standalone Redis, else its primary.
