@@ -301,7 +301,7 @@ pub async fn run(cfg: BenchConfig) -> Result<BenchReport, BenchError> {
             let mut rng = SmallRng::seed_from_u64(0x9E37_79B9_7F4A_7C15 ^ ((i as u64 + 1) << 17));
             let mut latencies = histogram();
             while !stop.load(Ordering::Relaxed) {
-                let req = build_request(&cfg, &keys, &mut rng);
+                let req = cfg.request(build_request(&cfg, &keys, &mut rng));
                 let started = Instant::now();
                 let result = client.should_rate_limit(req).await;
                 let took = started.elapsed();

@@ -99,6 +99,11 @@ pub struct BenchArgs {
     /// No per-second progress lines.
     #[arg(long)]
     pub quiet: bool,
+    /// Send each request with this `grpc-timeout`, as Envoy sends its `timeout` (20 ms by
+    /// default): the server then decides within it (its `decision_margin_ms` kept back). The
+    /// client does not give up itself at it (a late answer still counts, as an answer).
+    #[arg(long)]
+    pub grpc_timeout_ms: Option<u64>,
 }
 
 impl BenchArgs {
@@ -124,6 +129,7 @@ impl BenchArgs {
             label: self.label.clone(),
             // Short runs (tests, `make bench` smoke runs) stay quiet without being told.
             progress: !self.quiet && self.duration > 5.0,
+            grpc_timeout: self.grpc_timeout_ms.map(Duration::from_millis),
         })
     }
 }
@@ -178,6 +184,25 @@ pub struct BenchConfig {
     pub label: String,
     /// Print a progress line every second.
     pub progress: bool,
+    /// The `grpc-timeout` each request carries (`--grpc-timeout-ms`), if any.
+    pub grpc_timeout: Option<Duration>,
+}
+
+impl BenchConfig {
+    /// `req` as sent: with the run's `grpc-timeout` header, when it has one. Set as a header
+    /// rather than with tonic's `set_timeout`, which would also make the client give up at it.
+    pub fn request(
+        &self,
+        req: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest,
+    ) -> tonic::Request<envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest> {
+        let mut req = tonic::Request::new(req);
+        if let Some(t) = self.grpc_timeout
+            && let Ok(v) = format!("{}u", t.as_micros().min(99_999_999)).parse()
+        {
+            req.metadata_mut().insert("grpc-timeout", v);
+        }
+        req
+    }
 }
 
 /// Why a bench run or the baseline server stopped. Each variant keeps its cause as

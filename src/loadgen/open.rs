@@ -343,7 +343,7 @@ impl Pacer<'_> {
                     due,
                     measured,
                     window: window_start..window_end,
-                    req: build_request(cfg, keys, &mut rng),
+                    req: cfg.request(build_request(cfg, keys, &mut rng)),
                     connection: connection / senders.len(),
                 });
             }
@@ -374,7 +374,7 @@ struct Send {
     measured: bool,
     /// The measured window: answers inside it count toward the achieved rate.
     window: Range<Instant>,
-    req: RateLimitRequest,
+    req: tonic::Request<RateLimitRequest>,
     /// Which of its sender's connections to use.
     connection: usize,
 }

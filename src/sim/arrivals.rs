@@ -2,9 +2,11 @@
 //!
 //! Flow of an arrival ([`Sim::arrive`]): its values from the stream's templates (`{zipf}`,
 //! `{uniform}`) → its replica from the stream's routing → the ideal's answer at once (one
-//! exact bucket per limit, counted per bucket) → the replica's `Limiter::decide`, polled once:
-//! most end there (a lease or the over-limit cache answered), the rest become tasks that end
-//! when their store call does, or when Envoy's timeout (the scenario's `envoy:`) passes first →
+//! exact bucket per limit, counted per bucket) → the replica's `Limiter::decide_within`, with
+//! the budget `serve` gives a request carrying Envoy's timeout (the scenario's `envoy:` less
+//! `decision_margin_ms`), polled once: most end there (a lease or the over-limit cache
+//! answered), the rest become tasks that end when their decision does (past the budget, by
+//! the fallback), or when Envoy's timeout passes first →
 //! [`record`] counts the decision as Envoy applies it.
 
 use std::future::Future;
@@ -117,9 +119,10 @@ impl Sim<'_> {
 
         let limiter = self.regions[region].fleet[replica].limiter.clone();
         let rules = self.rules.clone();
+        let budget = self.decision_budget;
         let mut decide: Deciding = Box::pin(async move {
             let request = one_descriptor(&domain, &keys, &values, cost);
-            limiter.decide(&rules, &request).await
+            limiter.decide_within(&rules, &request, budget).await
         });
         let envoy = self.scenario.envoy;
         // Most decisions end here (a lease or the over-limit cache answered): no task.

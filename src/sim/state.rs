@@ -70,6 +70,9 @@ pub(super) struct Sim<'s> {
     pub(super) rng: SmallRng,
     pub(super) streams: Vec<Stream>,
     pub(super) value_buf: String,
+    /// Each decision's budget, as `serve` gives one carrying Envoy's `grpc-timeout`: the
+    /// scenario's `envoy.timeout_ms` less `decision_margin_ms` (none when Envoy never gives up).
+    pub(super) decision_budget: Option<Duration>,
 }
 
 impl<'s> Sim<'s> {
@@ -143,6 +146,9 @@ impl<'s> Sim<'s> {
             rng,
             streams,
             value_buf: String::new(),
+            decision_budget: scenario.envoy.timeout_ms.map(|ms| {
+                Duration::from_millis(ms.saturating_sub(scenario.settings.decision_margin_ms))
+            }),
         }
     }
 

@@ -223,7 +223,15 @@ impl Breakers {
     /// in four for a while (each miss outweighs three answers), while a rare miss beside
     /// answers in time never adds up. True when this miss opened the breaker: the caller then
     /// starts [`probe_until_closed`].
-    pub fn missed(&self, node: &Arc<str>) -> bool {
+    ///
+    /// `waited`: how long the caller's store part had. A miss counts only when that was at
+    /// least `timeout` (the silence a node is allowed): a shorter wait is the caller's own
+    /// lateness (the request queued in its process, its budget mostly spent on arrival), not
+    /// the node's.
+    pub fn missed(&self, node: &Arc<str>, waited: Duration) -> bool {
+        if waited < self.policy.timeout {
+            return false;
+        }
         let b = self.breaker(node);
         let late = b.late.fetch_add(MISS_WEIGHT, Ordering::AcqRel) + MISS_WEIGHT;
         if late < self.policy.failures_to_open.saturating_mul(MISS_WEIGHT) {
@@ -464,9 +472,14 @@ mod tests {
         let metrics = Metrics::new();
         let b = breakers(Clock::manual(0), &metrics);
         let node: Arc<str> = "store".into();
+        let waited = Duration::from_millis(15);
+        // A miss after less than the timeout is the caller's own lateness: never counted.
+        for _ in 0..10 {
+            assert!(!b.missed(&node, Duration::from_millis(9)));
+        }
         // One decision in five missed, the others answered: never opens.
         for _ in 0..50 {
-            assert!(!b.missed(&node));
+            assert!(!b.missed(&node, waited));
             for _ in 0..4 {
                 b.settle(&node, None);
             }
@@ -475,7 +488,7 @@ mod tests {
         // One in three: opens, once.
         let opened = (0..20)
             .map(|_| {
-                let opened = b.missed(&node);
+                let opened = b.missed(&node, waited);
                 b.settle(&node, None);
                 b.settle(&node, None);
                 opened
@@ -486,9 +499,9 @@ mod tests {
         assert!(b.is_open(&node));
         b.close(&node);
         // `failures_to_open` (3) in a row open it.
-        assert!(!b.missed(&node));
-        assert!(!b.missed(&node));
-        assert!(b.missed(&node));
+        assert!(!b.missed(&node, waited));
+        assert!(!b.missed(&node, waited));
+        assert!(b.missed(&node, waited));
     }
 
     #[test]

@@ -170,6 +170,11 @@ pub trait Backend: std::fmt::Debug + Send + Sync {
         ops: &'a [Op],
     ) -> futures_util::future::BoxFuture<'a, Vec<Result<Outcome, StoreError>>>;
 
+    /// The caller's decision budget ran out before `ops` were answered, after `waited` (see
+    /// [`Store::missed_deadline`]): a store with breakers counts it (the simulator's does, by
+    /// the Redis client's rule, `Breakers::missed`). Nothing by default.
+    fn missed_deadline(&self, _ops: &[Op], _waited: std::time::Duration) {}
+
     /// Registers `replica` as live for `ttl` in the membership set `key`; how many are live.
     fn heartbeat<'a>(
         &'a self,
@@ -280,7 +285,8 @@ impl Store {
     pub fn missed_deadline(&self, ops: &[Op], waited: std::time::Duration) {
         match self {
             Store::Redis(r) => r.missed_deadline(ops, waited),
-            Store::Memory(_) | Store::Custom(_) => {}
+            Store::Custom(b) => b.missed_deadline(ops, waited),
+            Store::Memory(_) => {}
         }
     }
 

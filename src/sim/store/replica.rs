@@ -105,9 +105,14 @@ impl ReplicaStore {
     /// by the Redis client's own task, on the virtual clock.
     fn settle(&self, node: usize, failed: Option<StoreErrorKind>) {
         let name = &self.store.names[node];
-        if !self.breakers.settle(name, failed) {
-            return;
+        if self.breakers.settle(name, failed) {
+            self.start_probe(node);
         }
+    }
+
+    /// Probes `node`, whose breaker just opened, until it closes (as `RedisStore` does).
+    fn start_probe(&self, node: usize) {
+        let name = &self.store.names[node];
         let (store, replica) = (self.store.clone(), self.index);
         let probe = move || {
             let store = store.clone();
@@ -328,6 +333,19 @@ fn per_op(reply: Result<Reply, StoreError>, n: usize) -> Vec<Result<Outcome, Sto
 }
 
 impl Backend for ReplicaStore {
+    /// A decision's budget ran out on these ops: each node they are on missed a deadline, by
+    /// the Redis client's rule (`Breakers::missed`, `RedisStore::missed_deadline`).
+    fn missed_deadline(&self, ops: &[Op], waited: Duration) {
+        let mut nodes: Vec<usize> = ops.iter().map(|op| self.store.node_of(&op.key)).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        for node in nodes {
+            if self.breakers.missed(&self.store.names[node], waited) {
+                self.start_probe(node);
+            }
+        }
+    }
+
     fn apply_each<'a>(&'a self, ops: &'a [Op]) -> BoxFuture<'a, Vec<Result<Outcome, StoreError>>> {
         Box::pin(async move {
             // Every op on one node (always so on one primary): one call, nothing to regroup.

@@ -265,6 +265,7 @@ impl RedisStore {
     /// here, its budget mostly spent on arrival), not the node's.
     pub fn missed_deadline(&self, ops: &[Op], waited: Duration) {
         if waited < self.breakers.policy().timeout {
+            // The caller's own lateness (`Breakers::missed` says why): not the node's.
             return;
         }
         let mut nodes: Vec<Arc<str>> = Vec::new();
@@ -281,7 +282,7 @@ impl RedisStore {
                     node: node.to_string(),
                 })
                 .inc();
-            if self.breakers.missed(&node) {
+            if self.breakers.missed(&node, waited) {
                 self.start_probe(node);
             }
         }
