@@ -264,7 +264,10 @@ fn a_decision_that_would_outlast_envoys_timeout_is_the_fallbacks_before_envoy_gi
     let late: Vec<u64> = open.series[5..7].iter().map(|s| s.fallback).collect();
     eprintln!(
         "slow seconds: admitted {:?}, by the fallback {late:?}, Envoy timeouts {}",
-        open.series[5..7].iter().map(|s| s.admitted).collect::<Vec<_>>(),
+        open.series[5..7]
+            .iter()
+            .map(|s| s.admitted)
+            .collect::<Vec<_>>(),
         open.total.envoy_timeouts
     );
     assert_eq!(open.total.envoy_timeouts, 0, "Envoy never decides");
