@@ -27,10 +27,11 @@
 -- ARGV[4]  refill: tokens added per window (token bucket; 0 for a fixed window)
 -- ARGV[5]  window_ms, >= 1
 -- ARGV[6]  need: claim: tokens that must all be granted (>= 1); give back: tokens returned
--- ARGV[7]  want: most tokens a claim takes (>= need). A give-back: its receipt, when the
---          window its tokens were taken in ends as the replica that took them reckoned it (a
---          fixed window gives nothing back once the current window started at or after it;
---          0: no receipt, the current window; a token bucket ignores it)
+-- ARGV[7]  want: most tokens a claim takes (>= need). A give-back: its receipt (0: none). On
+--          a fixed window, when the window its tokens were taken in ends as the replica that
+--          took them reckoned it (nothing is given back once the current window started at
+--          or after it); on a token bucket, when they were taken (what the refill gave since
+--          is taken off the give-back: refund_after_refill in token_bucket.rs)
 -- ARGV[8]  share: the extra beyond `need` is split this many ways (>= 1; live replicas)
 --
 -- Returns {granted (0 = refused or a give-back), remaining (whole tokens left in the shared
@@ -173,8 +174,14 @@ if algorithm == 1 then
       retry_ms = wait_ms(tokens, need) or -1
     end
   else
-    -- give_back_tokens: never above the capacity, never paying debt.
-    tokens = math.min(tokens + need, capacity + math.min(tokens, 0))
+    -- refund_after_refill: a refund's receipt (ARGV[7], when its tokens were taken) takes off
+    -- what the refill gave since; then give_back_tokens: never above the capacity, never
+    -- paying debt.
+    local give = need
+    if want > 0 then
+      give = math.max(need - math.max(now_ms - want, 0) * refill / window_ms, 0)
+    end
+    tokens = math.min(tokens + give, capacity + math.min(tokens, 0))
   end
 
   local reset_ms = wait_ms(tokens, capacity) or window_ms

@@ -587,7 +587,7 @@ fn lua_calendar_window_mirrors_rust() {
                 let action = match what {
                     1 => Action::Charge,
                     2 => Action::Return {
-                        window_end_ms: receipt,
+                        receipt_ms: receipt,
                     },
                     3 => Action::Reserve,
                     _ => Action::Take,
@@ -995,7 +995,13 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                             op.action == Action::Charge,
                         ),
                         Action::Claim(ask) => bucket::claim_token(tb_state, now, p, ask),
-                        Action::Return { .. } => bucket::return_token(tb_state, now, p, op.cost),
+                        Action::Return { receipt_ms } => bucket::return_token(
+                            tb_state,
+                            now,
+                            p,
+                            op.cost,
+                            receipt_ms.map(|at| now.saturating_sub(at)),
+                        ),
                         Action::Reserve => unreachable!("no reservations in this test"),
                     };
                     tb_state = (next.tokens < cap as f64).then_some(next);
@@ -1013,13 +1019,8 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                         Action::Claim(ask) => {
                             bucket::claim_window(fw_state, now, cap, window_ms, ask)
                         }
-                        Action::Return { window_end_ms } => bucket::return_window(
-                            fw_state,
-                            now,
-                            cap,
-                            window_ms,
-                            op.cost,
-                            window_end_ms,
+                        Action::Return { receipt_ms } => bucket::return_window(
+                            fw_state, now, cap, window_ms, op.cost, receipt_ms,
                         ),
                         Action::Reserve => unreachable!("no reservations in this test"),
                     };
@@ -1197,7 +1198,13 @@ fn lua_lease_claim_on_a_bucket_in_debt_waits_as_the_rust_says() {
                     bucket::take_token(state, now, p, op.cost, op.action == Action::Charge)
                 }
                 Action::Claim(ask) => bucket::claim_token(state, now, p, ask),
-                Action::Return { .. } => bucket::return_token(state, now, p, op.cost),
+                Action::Return { receipt_ms } => bucket::return_token(
+                    state,
+                    now,
+                    p,
+                    op.cost,
+                    receipt_ms.map(|at| now.saturating_sub(at)),
+                ),
                 Action::Reserve => unreachable!("no reservations in this test"),
             };
             state = (next.tokens < cap as f64).then_some(next);

@@ -259,7 +259,12 @@ async fn bounds_on(store: &str) {
     );
     call(&s, back).await;
     let left = call(&s, one(&[("bucket", "b")], 0, false)).await.remaining;
-    assert_eq!(left, 70, "{store}: a give-back of 90 on a receipt of 30");
+    // 40 + 30, less nothing but rounding: the refill since the take (a few ms at 100 an hour)
+    // is taken off the give-back and comes back as refill.
+    assert!(
+        (69..=70).contains(&left),
+        "{store}: a give-back of 90 on a receipt of 30 left {left}"
+    );
 
     // Debt from overdraft is never given back: 10 an hour, a charge of 25 (debt capped one
     // limit deep), a refund of 20: nothing is left, and nothing more is admitted.

@@ -370,9 +370,10 @@ impl Limiter {
     /// - `error`: the request fails (gRPC UNAVAILABLE) now, before the deadline, so Envoy's
     ///   failure mode decides, as it does for the reference.
     /// - A give-back (a refund) or a charge is not dropped: a request carrying one runs its
-    ///   store call in a task of its own, which applies it when the store answers; the answer
-    ///   meanwhile gives nothing back locally (the store will) and counts nothing twice but
-    ///   a charge (into the local share: the safe side).
+    ///   store call in a task of its own, even when it arrived past its budget, which applies
+    ///   it when the store answers; the answer meanwhile gives nothing back locally (the store
+    ///   will). What the store may also count (a late take or charge it ran, and the local
+    ///   share took too) is counted twice: the safe side.
     ///
     /// A late request whose store part had at least `store_timeout_ms` counts a missed
     /// deadline against its ops' nodes ([`Store::missed_deadline`]), so a node that keeps
@@ -538,10 +539,6 @@ impl Limiter {
             .collect()
     }
 
-    /// The store's answers, with each failed op decided by its limit's fallback mode (else the
-    /// global one); also which outcomes came from the fallback. A failed op whose mode is
-    /// `error` fails the request with the store's error.
-    #[allow(clippy::type_complexity)]
     /// The store's part of a decision within `budget` (see [`Limiter::decide_within`]): the
     /// outcomes, or a [`StoreErrorKind::Deadline`] error for every op when the budget ran out.
     async fn apply_within(
@@ -556,45 +553,51 @@ impl Limiter {
             );
             plan.ops.iter().map(|_| Err(e.clone())).collect()
         };
-        if budget.is_zero() {
-            // Already past it when read (queued in this process, or a tiny grpc-timeout):
-            // nothing is sent; the store has no part in the answer.
-            self.late_at_arrival.inc();
-            return late();
-        }
         let share = self.config.replicas.count();
         let settles = plan
             .ops
             .iter()
             .any(|op| op.action.is_return() || op.action == crate::quota::Action::Charge);
-        let answered = if settles {
-            // Its own task: dropped at the deadline, it would leave unknown whether the store
-            // took the refund or charge; let to run, the store applies it whenever it answers.
+        if settles {
+            // Its own task, even with no budget left: dropped, it would leave unknown whether
+            // the store took the refund or charge (or never send it); let to run, the store
+            // applies it whenever it answers, and the answer meanwhile is the fallback's.
             let (hot, store, owned) = (self.hot.clone(), self.store.clone(), plan.clone());
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.config.clock.spawn(async move {
                 let _ = tx.send(hot.apply(&store, &owned, share).await);
             });
-            match self.config.clock.timeout(budget, rx).await {
-                Ok(Ok(results)) => Some(results),
-                _ => None,
+            if budget.is_zero() {
+                self.late_at_arrival.inc();
+                return late();
             }
-        } else {
-            // Dropped at the deadline: an op still queued for a batch goes unsent, one sent
-            // is an unknown outcome (the fallback's rule for late ops covers it).
-            self.config
-                .clock
-                .timeout(budget, self.hot.apply(&self.store, plan, share))
-                .await
-                .ok()
-        };
-        answered.unwrap_or_else(|| {
-            self.late_in_store.inc();
-            self.store.missed_deadline(&plan.ops, budget);
-            late()
-        })
+            if let Ok(Ok(results)) = self.config.clock.timeout(budget, rx).await {
+                return results;
+            }
+        } else if budget.is_zero() {
+            // Already past it when read (queued in this process, or a tiny grpc-timeout):
+            // nothing is sent; the store has no part in the answer.
+            self.late_at_arrival.inc();
+            return late();
+        } else if let Ok(results) = self
+            .config
+            .clock
+            .timeout(budget, self.hot.apply(&self.store, plan, share))
+            .await
+        {
+            // Dropped at the deadline otherwise: an op still queued for a batch goes unsent,
+            // one sent is an unknown outcome (the fallback's rule for late ops covers it).
+            return results;
+        }
+        self.late_in_store.inc();
+        self.store.missed_deadline(&plan.ops, budget);
+        late()
     }
 
+    /// The store's answers, with each failed op decided by its limit's fallback mode (else the
+    /// global one); also which outcomes came from the fallback. A failed op whose mode is
+    /// `error` fails the request with the store's error.
+    #[allow(clippy::type_complexity)]
     fn resolve(
         &self,
         plan: &plan::Plan,
@@ -641,11 +644,15 @@ impl Limiter {
 /// `tollgate simulate`'s ideal. `None` for an op that is not a shard's.
 fn whole_limit(planned: &plan::Planned, op: &Op) -> Option<Op> {
     match (planned.shard, planned.limit.rate) {
-        (Some(_), Some(rate)) => Some(Op::take(
-            crate::keys::bucket_id(&op.key).to_string(),
-            OpKind::from(rate),
-            op.cost,
-        )),
+        // The op's own action: a sharded refund stays a give-back.
+        (Some(_), Some(rate)) => Some(Op {
+            action: op.action,
+            ..Op::take(
+                crate::keys::bucket_id(&op.key).to_string(),
+                OpKind::from(rate),
+                op.cost,
+            )
+        }),
         _ => None,
     }
 }

@@ -8,7 +8,7 @@
 //! action), so the receipt comes back as the settlement descriptor's last value, and a refund
 //! there (`is_negative_hits`) is read through it ([`Settlement`]): at most the receipt's
 //! tokens, nothing to a limit that took nothing, and, on a window, the window's end travels
-//! with the give-back (`Action::Return::window_end_ms`) so the store gives nothing once that
+//! with the give-back (`Action::Return::receipt_ms`) so the store gives nothing once that
 //! window has ended. A charge on the same descriptor ignores the value: usage is charged now.
 //!
 //! Data flow: `plan.rs` notes which descriptors are owed a receipt (`Plan::receipts`) and turns
@@ -17,10 +17,11 @@
 //!
 //! The text is `r:<tokens>:<limit 1>:<limit 2>…`, one field per counted limit of the node in
 //! its rules order: `-` (that limit took nothing: a shadow limit that was over, or the
-//! fallback's local share decided, whose tokens the shared bucket never gave), `0` (no window:
-//! a token bucket, whose give-back is capped at its capacity whenever it comes) or the end of
-//! the window the tokens came from, in ms since the epoch: the time this replica sent the take
-//! plus the store's `reset_ms`. After a take that fits, `reset_ms` runs to the window's end from
+//! fallback's local share decided, whose tokens the shared bucket never gave), `t<ms>` (a token
+//! bucket: when the take was sent; the give-back is less what the refill gave since, so a late
+//! refund does not hand back refill a full bucket would have spilled), `0` (a sliding log,
+//! which takes no refunds) or the end of the window the tokens came from, in ms since the
+//! epoch: the time this replica sent the take plus the store's `reset_ms`. After a take that fits, `reset_ms` runs to the window's end from
 //! the store's clock, read after the call left this replica, so the sum is never later than the
 //! store's own end while the clocks agree (a replica whose clock runs ahead of Redis's by `d`
 //! ms lets a refund sent in the first `d` ms of the next window through: docs/usage-costs.md).
@@ -44,8 +45,10 @@ pub(super) enum Settlement {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Taken {
     Nothing,
-    /// From a bucket without windows (a token bucket).
+    /// From a sliding log (which takes no refunds: a refund there is a check).
     NoWindow,
+    /// From a token bucket, by a take sent at this instant (ms since the epoch).
+    At(u64),
     /// From the window ending at this instant (ms since the epoch; see the module doc).
     WindowEnding(u64),
 }
@@ -67,9 +70,15 @@ impl Settlement {
             limits.push(match f {
                 "-" => Taken::Nothing,
                 "0" => Taken::NoWindow,
-                _ => match f.parse::<u64>() {
-                    Ok(end) => Taken::WindowEnding(end),
-                    Err(_) => return Settlement::Unreadable,
+                _ => match f.strip_prefix('t') {
+                    Some(at) => match at.parse::<u64>() {
+                        Ok(at) => Taken::At(at),
+                        Err(_) => return Settlement::Unreadable,
+                    },
+                    None => match f.parse::<u64>() {
+                        Ok(end) => Taken::WindowEnding(end),
+                        Err(_) => return Settlement::Unreadable,
+                    },
                 },
             });
         }
@@ -89,7 +98,7 @@ impl Settlement {
         nth: usize,
         counted: usize,
     ) -> Op {
-        let (cost, window_end_ms) = match self {
+        let (cost, receipt_ms) = match self {
             Settlement::Unreceipted => (cost, None),
             Settlement::Unreadable => (0, None),
             // A receipt for another set of limits (the rules changed since the take): which
@@ -98,11 +107,11 @@ impl Settlement {
             Settlement::Receipt { tokens, limits } => match limits[nth] {
                 Taken::Nothing => (0, None),
                 Taken::NoWindow => (cost.min(*tokens), None),
-                Taken::WindowEnding(end) => (cost.min(*tokens), Some(end)),
+                Taken::At(at) | Taken::WindowEnding(at) => (cost.min(*tokens), Some(at)),
             },
         };
         Op {
-            action: Action::Return { window_end_ms },
+            action: Action::Return { receipt_ms },
             ..Op::give_back(key, kind, cost)
         }
     }
@@ -124,7 +133,11 @@ pub(super) fn issue<'a>(
             continue;
         }
         let end = match op.kind {
-            OpKind::TokenBucket { .. } | OpKind::SlidingLog { .. } => None,
+            OpKind::TokenBucket { .. } => {
+                out.push_str(&format!("t{}", sent_ms.max(1)));
+                continue;
+            }
+            OpKind::SlidingLog { .. } => None,
             OpKind::FixedWindow { .. } | OpKind::CalendarWindow { .. } => {
                 Some(sent_ms.saturating_add(outcome.reset_ms))
             }
@@ -197,14 +210,14 @@ mod tests {
                 .zip(fallback)
                 .map(|((o, r), f)| (o, r, f)),
         );
-        assert_eq!(text, "r:60:1002000:0:1000300:-:-");
+        assert_eq!(text, "r:60:1002000:t1000000:1000300:-:-");
         assert_eq!(
             Settlement::read(&text),
             Settlement::Receipt {
                 tokens: 60,
                 limits: vec![
                     Taken::WindowEnding(1_002_000),
-                    Taken::NoWindow,
+                    Taken::At(1_000_000),
                     Taken::WindowEnding(1_000_300),
                     Taken::Nothing,
                     Taken::Nothing,
@@ -222,7 +235,7 @@ mod tests {
             (
                 60,
                 Action::Return {
-                    window_end_ms: Some(1_002_000)
+                    receipt_ms: Some(1_002_000)
                 }
             )
         );
@@ -231,7 +244,7 @@ mod tests {
         assert_eq!(receipt.give_back("k".into(), fw(), 90, 0, 3).cost, 0);
         // Smaller than the receipt: the refund's own cost.
         assert_eq!(receipt.give_back("k".into(), fw(), 20, 0, 2).cost, 20);
-        for bad in ["r:", "r:x:1", "r:5", "r:5:1:x", "r:-1:0"] {
+        for bad in ["r:", "r:x:1", "r:5", "r:5:1:x", "r:-1:0", "r:5:t", "r:5:tx"] {
             assert_eq!(Settlement::read(bad), Settlement::Unreadable, "{bad}");
             assert_eq!(
                 Settlement::read(bad)

@@ -101,7 +101,8 @@ pub struct BenchArgs {
     pub quiet: bool,
     /// Send each request with this `grpc-timeout`, as Envoy sends its `timeout` (20 ms by
     /// default): the server then decides within it (its `decision_margin_ms` kept back). The
-    /// client does not give up itself at it (a late answer still counts, as an answer).
+    /// client does not give up itself at it (a late answer still counts, as an answer). At
+    /// most 99,999,999 µs are sent (gRPC's eight digits).
     #[arg(long)]
     pub grpc_timeout_ms: Option<u64>,
 }

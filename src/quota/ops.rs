@@ -33,14 +33,20 @@ pub enum Action {
     /// lease's unspent tokens, an RLQS give-back or a refund. Capped at the capacity, and never
     /// paying debt: a count past its limit stays past it by as much (`bucket/`).
     Return {
-        /// A refund's receipt on a window (fixed, calendar or sliding): when the window its
-        /// tokens were taken in ends, as the replica that took them reckoned it (the time it
-        /// sent the take plus the store's `reset_ms`, so never later than the store's own end
-        /// while the clocks agree). The give-back applies only while the current window
-        /// started before this instant: a refund that arrives after its window ended gives
-        /// nothing to the next one. `None`: the current window's count (a lease's or an RLQS
-        /// give-back, whose tokens are of the current window, or a refund without a receipt).
-        window_end_ms: Option<u64>,
+        /// A refund's receipt (`limiter/receipt.rs`), ms since the epoch.
+        /// - On a window (fixed, calendar or sliding): when the window its tokens were taken
+        ///   in ends, as the replica that took them reckoned it (the time it sent the take
+        ///   plus the store's `reset_ms`, so never later than the store's own end while the
+        ///   clocks agree). The give-back applies only while the current window started
+        ///   before this instant: a refund that arrives after its window ended gives nothing
+        ///   to the next one.
+        /// - On a token bucket: when the tokens were taken. What the refill has given since
+        ///   (refill × elapsed) is taken off the give-back: tokens held by a reservation that
+        ///   a full bucket's refill would have spilled are not handed back a second time.
+        ///
+        /// `None`: no receipt (a lease's or an RLQS give-back, whose tokens are of now, or a
+        /// refund without one): the current window, the whole give-back.
+        receipt_ms: Option<u64>,
     },
     /// Take `cost` as a reservation that a `charge_parent` child settles: like [`Action::Take`],
     /// but a fixed window (calendar or not) counts nothing for it when it does not fit, as a
@@ -51,9 +57,7 @@ pub enum Action {
 
 impl Action {
     /// A give-back to the current window ([`Action::Return`] without a receipt).
-    pub const RETURN: Action = Action::Return {
-        window_end_ms: None,
-    };
+    pub const RETURN: Action = Action::Return { receipt_ms: None };
 
     /// Whether this gives tokens back ([`Action::Return`], with or without a receipt).
     pub fn is_return(self) -> bool {

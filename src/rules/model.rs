@@ -401,7 +401,8 @@ pub struct Descriptor {
     /// stream-done call does (docs/usage-costs.md, "Reserve, then commit"). Such a node has
     /// no limits of its own.
     pub charge_parent: Option<Vec<Arc<Limit>>>,
-    /// The key of a child with `charge_parent`, which settles this node's takes: they are
+    /// The key of a child with `charge_parent` (the first in the file, if several), which
+    /// settles this node's takes: they are
     /// reservations, so on a fixed window (calendar or not) a refused one counts nothing
     /// (`Action::Reserve`), and one that passed is answered with a receipt under this key
     /// (`limiter/receipt.rs`).

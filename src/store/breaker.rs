@@ -190,10 +190,6 @@ impl Breakers {
         let b = self.breaker(node);
         let Some(kind) = failed else {
             b.failures.store(0, Ordering::Release);
-            // An answered call pays off one third of a missed deadline (see `missed`).
-            let _ = b
-                .late
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| l.checked_sub(1));
             return false;
         };
         let failures = b.failures.fetch_add(1, Ordering::AcqRel) + 1;
@@ -213,16 +209,28 @@ impl Breakers {
         true
     }
 
+    /// `node` answered a call carrying `ops` ops (a batch carries many requests' ops): each
+    /// pays off one third of a missed deadline (see [`Breakers::missed`]).
+    pub fn answered(&self, node: &Arc<str>, ops: usize) {
+        let n = u32::try_from(ops).unwrap_or(u32::MAX);
+        let _ = self
+            .breaker(node)
+            .late
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+                (l > 0).then(|| l.saturating_sub(n))
+            });
+    }
+
     /// A request's decision budget ran out while `node` had not answered it (the caller
     /// answered from its fallback): a node that keeps answering, but late, fails its callers as
     /// a silent one does. Misses are scored apart from failed calls, because the calls that
     /// do come back in time, interleaved with them, would reset a count of consecutive
-    /// failures every time: a miss adds [`MISS_WEIGHT`], an answered call takes 1 off, and the
-    /// breaker opens at `failures_to_open` × [`MISS_WEIGHT`]. So `failures_to_open` misses in a
-    /// row open it, as failed calls do, and so does a node that misses more than one decision
-    /// in four for a while (each miss outweighs three answers), while a rare miss beside
-    /// answers in time never adds up. True when this miss opened the breaker: the caller then
-    /// starts [`probe_until_closed`].
+    /// failures every time: a miss adds [`MISS_WEIGHT`], each op an answered call carried
+    /// takes 1 off ([`Breakers::answered`]), and the breaker opens at `failures_to_open` ×
+    /// [`MISS_WEIGHT`]. So `failures_to_open` misses in a row open it, as failed calls do, and
+    /// so does a node that misses more than one decision in four for a while (each miss
+    /// outweighs three answers), while a rare miss beside answers in time never adds up. True
+    /// when this miss opened the breaker: the caller then starts [`probe_until_closed`].
     ///
     /// `waited`: how long the caller's store part had. A miss counts only when that was at
     /// least `timeout` (the silence a node is allowed): a shorter wait is the caller's own
@@ -481,7 +489,7 @@ mod tests {
         for _ in 0..50 {
             assert!(!b.missed(&node, waited));
             for _ in 0..4 {
-                b.settle(&node, None);
+                b.answered(&node, 1);
             }
         }
         assert!(!b.is_open(&node));
@@ -489,8 +497,7 @@ mod tests {
         let opened = (0..20)
             .map(|_| {
                 let opened = b.missed(&node, waited);
-                b.settle(&node, None);
-                b.settle(&node, None);
+                b.answered(&node, 2);
                 opened
             })
             .filter(|&o| o)

@@ -190,7 +190,14 @@ impl MemoryStore {
                     }
                     Action::Charge => bucket::take_token(prev, mono, p, op.cost, true),
                     Action::Claim(ask) => bucket::claim_token(prev, mono, p, ask),
-                    Action::Return { .. } => bucket::return_token(prev, mono, p, op.cost),
+                    // A receipt's take time is on the wall clock; the bucket's own, monotonic.
+                    Action::Return { receipt_ms } => bucket::return_token(
+                        prev,
+                        mono,
+                        p,
+                        op.cost,
+                        receipt_ms.map(|at| self.clock.wall_ms().saturating_sub(at)),
+                    ),
                 };
                 let idle_at_ms = mono.saturating_add(bucket::token_idle_after_ms(s, p));
                 (
@@ -223,8 +230,8 @@ impl MemoryStore {
                         bucket::take_window(prev, now, limit, window_ms, op.cost, true)
                     }
                     Action::Claim(ask) => bucket::claim_window(prev, now, limit, window_ms, ask),
-                    Action::Return { window_end_ms } => {
-                        bucket::return_window(prev, now, limit, window_ms, op.cost, window_end_ms)
+                    Action::Return { receipt_ms } => {
+                        bucket::return_window(prev, now, limit, window_ms, op.cost, receipt_ms)
                     }
                 };
                 (
@@ -255,8 +262,8 @@ impl MemoryStore {
                     Action::Charge => {
                         bucket::take_windows(prev, now, limit, windows, op.cost, true)
                     }
-                    Action::Return { window_end_ms } => {
-                        bucket::return_windows(prev, now, limit, windows, op.cost, window_end_ms)
+                    Action::Return { receipt_ms } => {
+                        bucket::return_windows(prev, now, limit, windows, op.cost, receipt_ms)
                     }
                 };
                 (
@@ -300,14 +307,9 @@ impl MemoryStore {
                 let overdraft = op.action == Action::Charge;
                 let now = self.clock.wall_ms();
                 let (s, o) = match op.action {
-                    Action::Return { window_end_ms } => bucket::give_back_sliding(
-                        prev,
-                        now,
-                        limit,
-                        window_ms,
-                        op.cost,
-                        window_end_ms,
-                    ),
+                    Action::Return { receipt_ms } => {
+                        bucket::give_back_sliding(prev, now, limit, window_ms, op.cost, receipt_ms)
+                    }
                     _ => bucket::take_sliding(prev, now, limit, window_ms, op.cost, overdraft),
                 };
                 // reset_ms is when the estimate has decayed to 0 (0 for an empty state).

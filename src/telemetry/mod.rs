@@ -336,8 +336,8 @@ pub struct StoreMetrics {
     pub breaker_transitions: Family<TransitionLabels, Counter>,
     /// Store calls whose `WAIT` (`store_wait_replicas`) came back short.
     pub wait_short: Counter,
-    /// Requests whose decision budget ran out while a node had not answered them, by node:
-    /// each is a failed call for the node's circuit breaker.
+    /// Requests on one node whose decision budget ran out while it had not answered them, by
+    /// node: each is scored against the node's circuit breaker (`Breakers::missed`).
     pub deadline_misses: Family<NodeLabels, Counter>,
     /// Ops per batch call (decisions that queued for a busy node and went as one call).
     pub batch_ops: Histogram,
@@ -462,7 +462,7 @@ impl Metrics {
         let deadline_misses = Family::<NodeLabels, Counter>::default();
         registry.register(
             STORE_DEADLINE_MISSES,
-            "Requests whose decision budget (the caller's grpc-timeout less decision_margin_ms) ran out while this store node had not answered them; each counts as a failed call for the node's circuit breaker",
+            "Requests on this store node alone whose decision budget (the caller's grpc-timeout less decision_margin_ms) ran out after the node had at least store_timeout_ms to answer; each is scored against the node's circuit breaker (misses in a row, or more than one decision in four, open it)",
             deadline_misses.clone(),
         );
         let wait_short = Counter::default();

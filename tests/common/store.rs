@@ -112,11 +112,11 @@ pub fn give_back(op: Op, n: u64) -> Op {
     }
 }
 
-/// `op` as a refund of `n` with a receipt naming the window ending at `window_end_ms`.
-pub fn refund_with(op: Op, n: u64, window_end_ms: Option<u64>) -> Op {
+/// `op` as a refund of `n` with a receipt naming the window ending at `receipt_ms`.
+pub fn refund_with(op: Op, n: u64, receipt_ms: Option<u64>) -> Op {
     Op {
         cost: n,
-        action: Action::Return { window_end_ms },
+        action: Action::Return { receipt_ms },
         ..op
     }
 }

@@ -182,6 +182,18 @@ pub fn claim_token(
     )
 }
 
+/// What a give-back of `n` returns when its tokens were taken `since_take_ms` ago (a refund's
+/// receipt; `None`: all of it): less what the refill gave meanwhile, never below 0. A
+/// reservation's tokens were out of the bucket while it refilled; had they stayed, a bucket
+/// that filled up would have spilled that refill, so it is not handed back a second time.
+/// (`lease.lua`'s give-back computes the same, in the same order.)
+pub fn refund_after_refill(n: u64, since_take_ms: Option<u64>, p: TokenBucketParams) -> f64 {
+    match since_take_ms {
+        Some(ms) => (n as f64 - ms as f64 * p.refill as f64 / p.window_ms as f64).max(0.0),
+        None => n as f64,
+    }
+}
+
 /// A token bucket's balance after `n` tokens are given back: never above the capacity, and
 /// never paying debt (a balance below zero, from `overdraft` or a `charge_parent`
 /// settlement): at most `capacity + tokens` while in debt. The same rule as a window's
@@ -196,9 +208,11 @@ pub fn return_token(
     now_ms: u64,
     p: TokenBucketParams,
     n: u64,
+    since_take_ms: Option<u64>,
 ) -> (TokenBucketState, Outcome) {
     let (tokens, last_ms) = tokens_at(state, now_ms, p);
-    let tokens = give_back_tokens(tokens, p.capacity as f64, n as f64);
+    let n = refund_after_refill(n, since_take_ms, p);
+    let tokens = give_back_tokens(tokens, p.capacity as f64, n);
     let outcome = Outcome {
         allowed: true,
         remaining: tokens.max(0.0).floor() as u64,
@@ -248,7 +262,7 @@ mod tests {
         };
         let (s, o) = take_token(None, 0, p, 25, true);
         assert_eq!((s.tokens, o.allowed), (-10.0, false));
-        let (s, o) = return_token(Some(s), 0, p, 20);
+        let (s, o) = return_token(Some(s), 0, p, 20, None);
         assert_eq!(
             (s.tokens, o.remaining),
             (0.0, 0),
@@ -260,6 +274,11 @@ mod tests {
             10.0,
             "never above the capacity"
         );
+        // A refund of 6 taken 30 minutes ago on 10 an hour: the 5 refilled since are not
+        // given back again.
+        assert_eq!(refund_after_refill(6, Some(1_800_000), p), 1.0);
+        assert_eq!(refund_after_refill(6, Some(7_200_000), p), 0.0);
+        assert_eq!(refund_after_refill(6, None, p), 6.0);
     }
 
     #[test]

@@ -141,6 +141,9 @@ impl ReplicaStore {
             Ok(reply) => self.wait(node, reply).await,
             Err(e) => Err(e),
         };
+        if result.is_ok() {
+            self.breakers.answered(&s.names[node], scripts as usize);
+        }
         self.settle(node, result.as_ref().err().map(|e| e.kind));
         result
     }
@@ -336,13 +339,18 @@ impl Backend for ReplicaStore {
     /// A decision's budget ran out on these ops: each node they are on missed a deadline, by
     /// the Redis client's rule (`Breakers::missed`, `RedisStore::missed_deadline`).
     fn missed_deadline(&self, ops: &[Op], waited: Duration) {
-        let mut nodes: Vec<usize> = ops.iter().map(|op| self.store.node_of(&op.key)).collect();
-        nodes.sort_unstable();
-        nodes.dedup();
-        for node in nodes {
-            if self.breakers.missed(&self.store.names[node], waited) {
-                self.start_probe(node);
-            }
+        // Only a request on one node says which node kept it waiting.
+        let Some(node) = ops.first().map(|op| self.store.node_of(&op.key)) else {
+            return;
+        };
+        if ops[1..]
+            .iter()
+            .any(|op| self.store.node_of(&op.key) != node)
+        {
+            return;
+        }
+        if self.breakers.missed(&self.store.names[node], waited) {
+            self.start_probe(node);
         }
     }
 

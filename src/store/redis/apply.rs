@@ -182,6 +182,9 @@ impl RedisStore {
                 .for_each(count),
             Err(e) => count(e),
         }
+        if let Ok(results) = result {
+            self.breakers.answered(node, results.len());
+        }
         if self
             .breakers
             .settle(node, call_error(result).map(|e| e.kind))

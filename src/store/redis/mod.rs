@@ -257,34 +257,34 @@ impl RedisStore {
     /// A request's decision budget ran out before its `ops` were answered (the limiter
     /// answered them from the fallback and dropped the call; `limiter/mod.rs`), after the
     /// store's part had `waited`. When that was at least `store_timeout_ms` (the silence a
-    /// node is allowed), each node the ops are on missed a deadline: counted in
-    /// `tollgate_store_deadline_misses_total{node}` and as a failed call for its breaker, so a
-    /// node whose calls keep missing budgets opens like a silent one (`breaker_failures` in a
-    /// row), an overloaded primary stops receiving the load that overloads it, and its probe
-    /// closes it again. A shorter wait is this process's own lateness (the request queued
-    /// here, its budget mostly spent on arrival), not the node's.
+    /// node is allowed) and the ops are all on one node, that node missed a deadline:
+    /// counted in `tollgate_store_deadline_misses_total{node}` and scored against its breaker
+    /// (`Breakers::missed`), so a node that keeps missing budgets opens like a silent one, an
+    /// overloaded primary stops receiving the load that overloads it, and its probe closes it
+    /// again. A shorter wait is this process's own lateness (the request queued here, its
+    /// budget mostly spent on arrival), not the node's; a request on several cluster nodes
+    /// does not say which of them kept it waiting (the others may have answered in time), so
+    /// it blames none: its node's single-node requests do.
     pub fn missed_deadline(&self, ops: &[Op], waited: Duration) {
         if waited < self.breakers.policy().timeout {
             // The caller's own lateness (`Breakers::missed` says why): not the node's.
             return;
         }
-        let mut nodes: Vec<Arc<str>> = Vec::new();
-        for op in ops {
-            let node = self.node_of(&op.key);
-            if !nodes.contains(&node) {
-                nodes.push(node);
-            }
+        let Some(first) = ops.first() else {
+            return;
+        };
+        let node = self.node_of(&first.key);
+        if ops[1..].iter().any(|op| self.node_of(&op.key) != node) {
+            return;
         }
-        for node in nodes {
-            self.metrics
-                .deadline_misses
-                .get_or_create(&crate::telemetry::NodeLabels {
-                    node: node.to_string(),
-                })
-                .inc();
-            if self.breakers.missed(&node, waited) {
-                self.start_probe(node);
-            }
+        self.metrics
+            .deadline_misses
+            .get_or_create(&crate::telemetry::NodeLabels {
+                node: node.to_string(),
+            })
+            .inc();
+        if self.breakers.missed(&node, waited) {
+            self.start_probe(node);
         }
     }
 

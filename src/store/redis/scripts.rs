@@ -83,7 +83,7 @@ fn window_args(op: &Op, limit: u64, window_ms: u64, calendar: u64, offset: u64) 
 fn receipt_arg(op: &Op) -> u64 {
     match op.action {
         Action::Return {
-            window_end_ms: Some(end),
+            receipt_ms: Some(end),
         } => end.max(1),
         _ => 0,
     }
@@ -530,7 +530,7 @@ mod tests {
         // With a receipt, the end of the window it names.
         let receipted = Op {
             action: Action::Return {
-                window_end_ms: Some(1_765_000_000_000),
+                receipt_ms: Some(1_765_000_000_000),
             },
             ..month.clone()
         };
