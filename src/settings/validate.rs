@@ -778,6 +778,29 @@ mod tests {
     }
 
     #[test]
+    fn the_decision_margin_has_a_default_and_a_ceiling() {
+        let with = |margin: Option<&str>| {
+            let flags = margin
+                .map(|m| vec![("decision_margin_ms", m.to_string())])
+                .unwrap_or_default();
+            Settings::load(&Sources {
+                flags,
+                ..Sources::default()
+            })
+            .map(|s| s.decision_margin_ms)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(with(None), Ok(5));
+        assert_eq!(with(Some("0")), Ok(0));
+        assert_eq!(with(Some("1000")), Ok(1_000));
+        let e = with(Some("1001")).unwrap_err();
+        assert!(
+            e.contains("decision_margin_ms") && e.contains("at most 1000"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn credentials_in_one_place_only() {
         let with = |store: &str, user: &str, pw: &str, file: &str| Settings {
             store: store.into(),
