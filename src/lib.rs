@@ -67,6 +67,7 @@ pub mod keys;
 pub mod limiter;
 pub mod loadgen;
 pub mod quota;
+pub mod random;
 pub mod redact;
 pub mod regions;
 pub mod rlqs;
@@ -77,3 +78,5 @@ pub mod sim;
 pub mod store;
 pub mod structpb;
 pub mod telemetry;
+#[cfg(test)]
+mod testing;

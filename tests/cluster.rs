@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use common::redis::{TestCluster, unique_prefix};
 use common::store::{DAY, contract_store, fw, sw, tb};
 use proptest::prelude::*;
-use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+use proptest::test_runner::TestRunner;
 use tollgate::keys;
 use tollgate::quota::Op;
 use tollgate::rules::{Algorithm, Rate, Unit};
@@ -65,11 +65,7 @@ async fn cluster_routes_every_op_of_any_request() {
     let handle = tokio::runtime::Handle::current();
     let slots = RefCell::new(HashSet::new());
     let requests = Cell::new(0u64);
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: 100,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(common::proptest_config(100, "cluster"));
     // The property runs synchronously (proptest is not async): each case blocks on the store
     // call from a blocking section of this multi-threaded runtime.
     let result = tokio::task::block_in_place(|| {

@@ -20,7 +20,7 @@ use ::redis::Value;
 use common::redis::TestRedis;
 use common::store::{charged, claim, fw, give_back, receipt_near, refund_with, sw, tb};
 use proptest::prelude::*;
-use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+use proptest::test_runner::TestRunner;
 use tollgate::quota::{Op, OpKind};
 use tollgate::store::redis::{
     BATCHED_LUA, PACKED_REPLY_BYTES, ScriptCall, StateFormat, batch_lua, packed_replies,
@@ -181,11 +181,7 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
         prop_oneof![Just(0i64), 1..400i64, Just(1_000), Just(2_500), -300..0i64],
         prop::collection::vec((0usize..5, cost, 0u8..4), 1..8),
     );
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: 48,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(common::proptest_config(48, "lua_batch"));
     let case = std::cell::Cell::new(0u32);
     let result = runner.run(&prop::collection::vec(step, 1..12), |steps| {
         case.set(case.get() + 1);

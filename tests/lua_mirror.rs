@@ -24,7 +24,7 @@ use common::store::{
     DAY, HOUR, MAX_WAIT, charged, claim, fw, give_back, receipt_near, refund_with, sw, tb,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config as ProptestConfig, TestCaseResult, TestRunner};
+use proptest::test_runner::{TestCaseResult, TestRunner};
 use tollgate::quota::bucket::{
     self, SlidingLog, SlidingWindowState, TokenBucketParams, TokenBucketState, WindowState,
 };
@@ -41,13 +41,10 @@ const MAX_TAKES: usize = 40;
 const BASE_MS: u64 = 1_700_000_000_123;
 
 /// Runs `test` on `CASES` values of `strategy`; on a failure, panics with the smallest
-/// failing input proptest found. No failure file is written: the message has the input.
+/// failing input proptest found. The cases come from the committed seed
+/// (`common::proptest_config`); a failure `make explore` finds is saved as a regression.
 fn check<S: Strategy>(strategy: S, test: impl Fn(S::Value) -> TestCaseResult) {
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: CASES,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = TestRunner::new(common::proptest_config(CASES, "lua_mirror"));
     if let Err(e) = runner.run(&strategy, test) {
         panic!("{e}");
     }

@@ -14,9 +14,10 @@
 //! at the capacity) as the estimate of the whole bucket: random picks drain the shards evenly
 //! (`quota::share::shard_remaining`). This file picks the shards.
 //!
-//! The picks come from the thread's random generator, unless [`seed_picks`] gave this thread
-//! a seeded one: `tollgate simulate` runs a whole fleet on one thread, and the same seed must
-//! pick the same shards.
+//! The picks come from the thread's random generator: seeded from the process's seed when it
+//! has one (`random.rs`: the test harness sets one), or by [`seed_picks`] (`tollgate simulate`
+//! runs a whole fleet on one thread, and the same seed must pick the same shards); otherwise
+//! the OS's.
 
 use std::cell::RefCell;
 
@@ -24,12 +25,14 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 thread_local! {
-    static SEEDED: RefCell<Option<SmallRng>> = const { RefCell::new(None) };
+    static SEEDED: RefCell<Option<SmallRng>> =
+        RefCell::new(crate::random::next_seed().map(SmallRng::seed_from_u64));
 }
 
 /// From now on, shards picked on this thread come from a generator seeded with `seed`
-/// (`None`: the thread's random generator again).
+/// (`None`: the thread's generator again, seeded from the process's seed if it has one).
 pub fn seed_picks(seed: Option<u64>) {
+    let seed = seed.or_else(crate::random::next_seed);
     SEEDED.with(|s| *s.borrow_mut() = seed.map(SmallRng::seed_from_u64));
 }
 

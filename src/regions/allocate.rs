@@ -196,6 +196,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::testing::proptest_config(256))]
         #[test]
         fn shares_never_add_up_past_the_limit_and_keep_their_guarantees(
             regions in prop::collection::vec((any::<bool>(), 0u64..3_000_000, 1u32..=8), 1..8),

@@ -14,7 +14,9 @@ pub fn unknown_env_warnings(names: impl IntoIterator<Item = String>) -> Vec<Stri
     let known: Vec<String> = KEYS.iter().map(Key::env).collect();
     let mut out: Vec<String> = names
         .into_iter()
-        .filter(|n| n.starts_with("TOLLGATE_") && n != "TOLLGATE_CONFIG")
+        // Not settings, but read: the settings file, and the seed of the service's own random
+        // draws (`random.rs`).
+        .filter(|n| n.starts_with("TOLLGATE_") && n != "TOLLGATE_CONFIG" && n != "TOLLGATE_SEED")
         .filter(|n| !known.contains(n) && !is_kubernetes_service_variable(n))
         .map(|n| {
             let closest = known

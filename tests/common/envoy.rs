@@ -99,10 +99,19 @@ impl TestEnvoy {
                 exited = true;
                 return Some(false);
             }
-            (get(envoy.admin, "/ready").0 == 200).then_some(true)
+            if get(envoy.admin, "/ready").0 != 200 {
+                return None;
+            }
+            // The admin port must be this Envoy's (another test process may have taken the
+            // port first; this Envoy then exits and the other one answers).
+            let (_, info) = get(envoy.admin, "/server_info");
+            Some(info.contains(&*file.to_string_lossy()))
         });
-        if exited {
-            return Err(envoy.log());
+        if exited || ready == Some(false) {
+            return Err(format!(
+                "{}\n(admin port {admin} in use by another Envoy)",
+                envoy.log()
+            ));
         }
         assert!(
             ready == Some(true),

@@ -141,6 +141,8 @@ impl InProcessBuilder {
     /// Binds both listeners, spawns the server and waits until `/readyz` answers 200; panics
     /// with what the server logged if it stops or is not ready within the deadline.
     pub fn start(self) -> InProcess {
+        // Replayable replica ids and shard picks (src/random.rs).
+        tollgate::random::set_seed(super::test_seed());
         let dir = temp_dir("inproc");
         let rules = dir.path().join("rules");
         std::fs::create_dir_all(&rules).expect("rules dir");

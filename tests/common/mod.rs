@@ -80,6 +80,44 @@ pub fn free_port() -> u16 {
         .expect("no free loopback port")
 }
 
+/// The seed every property test of `make test` draws its cases from (src/testing.rs holds the
+/// same seed and rule for the unit tests).
+pub const PROPTEST_SEED: u64 = 0x7011_6a7e_2026_1207;
+
+/// A property test's configuration: `cases` cases from [`PROPTEST_SEED`], after every failure
+/// saved in `proptest-regressions/tests/<name>.txt` (replayed first); under
+/// `TOLLGATE_EXPLORE=1` (`make explore`) ten times the cases from a random seed, and a failure
+/// found is saved to that file, so that once committed it reaches `make test`.
+pub fn proptest_config(cases: u32, name: &str) -> proptest::test_runner::Config {
+    use proptest::test_runner::{Config, FileFailurePersistence, RngSeed};
+    let explore = std::env::var_os("TOLLGATE_EXPLORE").is_some_and(|v| v == "1");
+    let file = format!(
+        "{}/proptest-regressions/tests/{name}.txt",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    Config {
+        cases: if explore { cases * 10 } else { cases },
+        rng_seed: if explore {
+            RngSeed::Random
+        } else {
+            RngSeed::Fixed(PROPTEST_SEED)
+        },
+        // A test config lives as long as the test binary: leaking the path is how proptest's
+        // `&'static str` takes a path built at run time.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(file.leak()))),
+        ..Config::default()
+    }
+}
+
+/// The seed of the service's own random draws (replica ids, shard picks: src/random.rs) in
+/// every server the harness starts: [`PROPTEST_SEED`], or `TOLLGATE_TEST_SEED` to try another.
+pub fn test_seed() -> u64 {
+    std::env::var("TOLLGATE_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(PROPTEST_SEED)
+}
+
 /// A fresh temp directory, removed on drop.
 pub fn temp_dir(tag: &str) -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -411,6 +449,7 @@ impl TestServerBuilder {
             .env_remove("RUST_LOG")
             // Plain log lines: the addresses are read from the log.
             .env("NO_COLOR", "1")
+            .env("TOLLGATE_SEED", test_seed().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"));

@@ -280,10 +280,22 @@ impl TestRedis {
             {
                 return Some(Err(format!("exited with {status}")));
             }
-            command::<String>(port, &["PING"])
-                .ok()
-                .filter(|p| p == "PONG")
-                .map(|_| Ok(()))
+            // The server answering must be the one just started: with test binaries running
+            // side by side, another process may have taken the port between `free_port` and
+            // this bind (this server then exits), and its server would answer instead.
+            let info = command::<String>(port, &["INFO", "server"]).ok()?;
+            let pid = info
+                .lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .and_then(|p| p.trim().parse::<u32>().ok());
+            let ours = self.child.as_ref().map(Child::id);
+            Some(if pid == ours {
+                Ok(())
+            } else {
+                Err(format!(
+                    "port {port} answers for another server (pid {pid:?})"
+                ))
+            })
         });
         match ready {
             Some(Ok(())) => Ok(()),

@@ -931,7 +931,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig::with_cases(64))]
+            #![proptest_config(crate::testing::proptest_config(64))]
 
             #[test]
             fn leased_admissions_stay_within_the_bound(steps in prop::collection::vec(step(), 1..300)) {

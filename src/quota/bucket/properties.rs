@@ -128,7 +128,7 @@ impl Admitted {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(crate::testing::proptest_config(512))]
 
     /// Never more than `capacity` tokens, never below 0; a check or a refused take
     /// takes nothing; over a run, admitted ≤ capacity + what refilled in the time
