@@ -126,6 +126,22 @@ pub fn temp_dir(tag: &str) -> tempfile::TempDir {
         .expect("create temp dir")
 }
 
+/// How late this machine wakes a sleeping thread right now: the 99th percentile of how far a
+/// 1 ms sleep overshoots, over 200 sleeps (about a quarter of a second). A test that holds the
+/// product to a deadline states the lag it tolerates and prints this beside its result, so a
+/// failure says whether the machine, not the product, was slower than that.
+pub fn scheduling_lag() -> Duration {
+    let mut over: Vec<Duration> = (0..200)
+        .map(|_| {
+            let start = Instant::now();
+            std::thread::sleep(Duration::from_millis(1));
+            start.elapsed().saturating_sub(Duration::from_millis(1))
+        })
+        .collect();
+    over.sort_unstable();
+    over[over.len() * 99 / 100]
+}
+
 /// Polls `f` until it returns `Some` or `timeout` passes.
 pub fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
