@@ -126,11 +126,7 @@ def run_one(name, exe, run, timeout):
     cpu = usage.ru_utime + usage.ru_stime
     with open(log_path) as f:
         text = f.read()
-    failing = [
-        line[len("test ") : -len(" ... FAILED")]
-        for line in text.splitlines()
-        if line.startswith("test ") and line.endswith(" ... FAILED")
-    ]
+    failing = failed_tests(text)
     results = [line for line in text.splitlines() if line.startswith("test result:")]
     summary = results[-1] if results else "(no test result line)"
     ok = child.returncode == 0 and not hung
@@ -149,6 +145,21 @@ def run_phase(names, width, binaries, run, timeout):
         futures = [pool.submit(run_one, n, binaries[n], run, timeout) for n in names]
         for fut in as_completed(futures):
             yield fut.result()
+
+
+def failed_tests(text):
+    """The failing tests' names from libtest's closing list (`failures:` then one indented name a
+    line): a test's own output can break its `test … FAILED` line in two."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == "failures:"]
+    if not starts:
+        return []
+    names = []
+    for line in lines[starts[-1] + 1 :]:
+        if not line.startswith("    "):
+            break
+        names.append(line.strip())
+    return names
 
 
 def start_hog():

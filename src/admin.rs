@@ -47,11 +47,21 @@ pub struct AdminState {
     pub reload: Arc<crate::rules::reload::ReloadStatus>,
     /// The counter API, when `counter_api_token_file` is set.
     pub counter_api: Option<crate::counter_api::CounterApi>,
+    /// Told when `ready` changes, so the gRPC health service follows at once (a drain's first
+    /// moment included) rather than at its next look (`app/grpc.rs`).
+    pub ready_changed: tokio::sync::Notify,
 }
 
 impl AdminState {
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
+        self.ready_changed.notify_one();
+    }
+
+    /// Whether this replica is ready, and the status word `/readyz` shows: what `/readyz`,
+    /// `/healthcheck` and the gRPC health service all answer from.
+    pub fn readiness(&self) -> (bool, &'static str) {
+        readiness(self)
     }
 }
 

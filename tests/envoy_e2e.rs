@@ -410,3 +410,74 @@ fn through_envoy_over_mutual_tls_the_limits_apply() {
     assert_eq!(limited.status, 429, "{limited:?}");
     assert!(limited.header("retry-after").is_some(), "{limited:?}");
 }
+
+/// Envoy's active gRPC health checks on a rate-limit cluster of two replicas, one on a Redis it
+/// cannot reach (`/readyz` 503: its store never answered) and one healthy: the broken replica
+/// answers NOT_SERVING on `grpc.health.v1`, Envoy takes it out of the cluster, and every
+/// decision goes to the healthy one. (Two hosts, one healthy, is at Envoy's default panic
+/// threshold of 50 %, not under it: with a single unhealthy host Envoy would send it traffic
+/// anyway.)
+#[test]
+fn envoy_health_checks_keep_decisions_off_a_replica_whose_store_never_answered() {
+    let healthy = tollgate();
+    let broken = TestServer::builder(&example_rules())
+        .arg(
+            "store",
+            &format!("redis://127.0.0.1:{}", common::free_port()),
+        )
+        .ready_status(503)
+        .start();
+    let endpoint = format!(
+        "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
+        healthy.grpc.port()
+    );
+    let two_endpoints = format!(
+        "{endpoint}\n              - endpoint:\n                  address:\n                    socket_address: {{ address: 127.0.0.1, port_value: {} }}",
+        broken.grpc.port()
+    );
+    let health_checks = "connect_timeout: 0.25s\n      health_checks:\n        - timeout: 1s\n          interval: 0.2s\n          unhealthy_threshold: 1\n          healthy_threshold: 1\n          grpc_health_check: { service_name: envoy.service.ratelimit.v3.RateLimitService }\n      # gRPC needs HTTP/2";
+    let envoy = TestEnvoy::start(
+        healthy.grpc,
+        &[
+            (endpoint.as_str(), two_endpoints.as_str()),
+            (
+                "connect_timeout: 0.25s\n      # gRPC needs HTTP/2",
+                health_checks,
+            ),
+        ],
+    );
+    // Envoy's view of the cluster: the broken replica marked by its failed health check.
+    let broken_addr = format!("127.0.0.1:{}", broken.grpc.port());
+    let marked = common::poll(std::time::Duration::from_secs(10), || {
+        let (_, clusters) = get(envoy.admin, "/clusters");
+        clusters
+            .lines()
+            .any(|l| {
+                l.starts_with(&format!("tollgate::{broken_addr}::health_flags::"))
+                    && l.contains("failed_active_hc")
+            })
+            .then_some(())
+    });
+    assert!(
+        marked.is_some(),
+        "Envoy never marked {broken_addr} unhealthy:\n{}",
+        get(envoy.admin, "/clusters").1
+    );
+    let decided = |s: &TestServer| common::metric_sum(s.admin, "tollgate_requests_total", &[]);
+    let (healthy_before, broken_before) = (decided(&healthy), decided(&broken));
+    for i in 0..20 {
+        assert_eq!(send(&envoy, "/", &format!("hc-{i}")).status, 200);
+    }
+    let (to_healthy, to_broken) = (
+        decided(&healthy) - healthy_before,
+        decided(&broken) - broken_before,
+    );
+    assert_eq!(
+        to_broken, 0.0,
+        "the replica whose store never answered got decisions"
+    );
+    assert_eq!(
+        to_healthy, 20.0,
+        "every decision went to the healthy replica"
+    );
+}

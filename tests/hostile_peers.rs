@@ -717,14 +717,24 @@ async fn peers_that_send_requests_and_never_read_are_bounded() {
     // Legitimate requests and /healthz keep answering meanwhile. The goal is a p99 under
     // 100 ms for what ships; `make bench` holds the release binary to it (measured there: under
     // 10 ms). This debug binary (its dependencies optimized, its own code not) measured p99
-    // 60–86 ms with the server at ~115 % CPU, so the suite allows it 250 ms. (When the attack
-    // ran on the legitimate client's own runtime, this timed that runtime's queue: p99 0.5 s
-    // here, 85 ms even on the release binary.)
-    let bound = std::env::var("TOLLGATE_ATTACK_P99_MS")
+    // 60–86 ms with the server at ~115 % CPU. (When the attack ran on the legitimate client's
+    // own runtime, this timed that runtime's queue: p99 0.5 s here, 85 ms even on the release
+    // binary.) The suite holds it to `attack_p99_bound`.
+    let bound = attack_p99_bound();
+    assert!(p99 < bound, "p99 {p99:?}, bound {bound:?}");
+}
+
+/// What the suite holds a legitimate p99 under attack to: `TOLLGATE_ATTACK_P99_MS` (`make bench`
+/// sets the goal, 100 ms, for the release binary), else 1 s. A starved server answers in
+/// seconds or never; the speed goal is the bench's, because here a debug build shares two cores
+/// with the attackers, the client, other test binaries and whatever else the machine runs
+/// (beside a busy loop per core at nice 10, `make test-soak`, the window-update flood's p99 was
+/// 367 ms).
+fn attack_p99_bound() -> Duration {
+    std::env::var("TOLLGATE_ATTACK_P99_MS")
         .ok()
         .and_then(|ms| ms.parse().ok())
-        .map_or(Duration::from_millis(250), Duration::from_millis);
-    assert!(p99 < bound, "p99 {p99:?}, bound {bound:?}");
+        .map_or(Duration::from_secs(1), Duration::from_millis)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -775,5 +785,6 @@ async fn a_window_update_flood_does_not_starve_legitimate_requests() {
         "WINDOW_UPDATE flood on 2 connections: {frames} frames in {elapsed:?}, server CPU {:.0} %; legitimate p99 {p99:?}, slowest {slowest:?}",
         spent.as_secs_f64() * 100.0 / elapsed.as_secs_f64()
     );
-    assert!(p99 < Duration::from_millis(100), "p99 {p99:?}");
+    let bound = attack_p99_bound();
+    assert!(p99 < bound, "p99 {p99:?}, bound {bound:?}");
 }

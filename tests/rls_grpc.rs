@@ -166,25 +166,112 @@ async fn admin_port_health_readiness_and_metrics() {
     assert_eq!(get(server.admin, "/nope").0, 404);
 }
 
-#[tokio::test]
-async fn grpc_health_service_reports_serving() {
+/// `grpc.health.v1` as Envoy's gRPC health checks and Kubernetes' `grpc:` probes read it, for
+/// the server (`""`) and each service: `(service, status)`, 1 SERVING, 2 NOT_SERVING.
+async fn health(grpc: std::net::SocketAddr) -> Vec<(&'static str, i32)> {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
-    let server = InProcess::start(RULES, |_| {});
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
         .unwrap()
         .connect()
         .await
         .unwrap();
-    let mut health = HealthClient::new(channel);
-    let resp = health
-        .check(HealthCheckRequest {
-            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+    let mut client = HealthClient::new(channel);
+    let mut out = Vec::new();
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+    ] {
+        let status = client
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        out.push((service, status));
+    }
+    out
+}
+
+fn all(status: i32) -> Vec<(&'static str, i32)> {
+    [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+    ]
+    .into_iter()
+    .map(|s| (s, status))
+    .collect()
+}
+
+const SERVING: i32 = 1;
+const NOT_SERVING: i32 = 2;
+
+#[tokio::test]
+async fn grpc_health_service_reports_serving() {
+    let server = InProcess::start(RULES, |_| {});
+    assert_eq!(health(server.grpc).await, all(SERVING));
+}
+
+/// The gRPC health status says what `/readyz` says: NOT_SERVING while the store has never
+/// answered (a replica on a Redis it cannot reach must not roll out green through a `grpc:`
+/// probe), SERVING once it has, and NOT_SERVING from the first moment of a drain, while the
+/// replica still answers decisions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_follows_readiness_and_the_drain() {
+    let mut redis = common::redis::TestRedis::start();
+    let url = redis.url();
+    redis.kill();
+    let server = InProcess::builder(RULES)
+        .settings(|s| {
+            s.store = url;
+            s.drain_ms = 3_000;
         })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(resp.status, 1, "SERVING");
+        .ready_status(503)
+        .start();
+    assert_eq!(readyz(server.admin).0, 503);
+    assert_eq!(
+        health(server.grpc).await,
+        all(NOT_SERVING),
+        "store never answered"
+    );
+
+    redis.restart();
+    let serving = common::poll_async(Duration::from_secs(10), || async {
+        (health(server.grpc).await == all(SERVING)).then_some(())
+    })
+    .await;
+    assert!(
+        serving.is_some(),
+        "SERVING once the store answered: {:?}",
+        health(server.grpc).await
+    );
+    assert_eq!(readyz(server.admin).0, 200);
+
+    let mut client = server.client().await;
+    let grpc = server.grpc;
+    let admin = server.admin;
+    let drained = std::thread::spawn(move || server.shutdown());
+    let unready = poll(Duration::from_secs(2), || {
+        (readyz(admin).0 == 503).then_some(())
+    });
+    assert!(unready.is_some(), "the drain began");
+    // Within the drain's first moments (it lasts 3 s), the health service already says so...
+    assert_eq!(health(grpc).await, all(NOT_SERVING), "draining");
+    // ...while decisions are still answered.
+    let r = client
+        .should_rate_limit(request("edge", &[&[("tenant", "drain")]]))
+        .await;
+    assert!(r.is_ok(), "still serving while draining: {r:?}");
+    assert_eq!(
+        tokio::task::spawn_blocking(move || drained.join().unwrap())
+            .await
+            .unwrap(),
+        Ok(())
+    );
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! The gRPC server: Envoy's `RateLimitService`, its `RateLimitQuotaService` (RLQS) and
-//! `grpc.health.v1` on the gRPC listener,
+//! `grpc.health.v1` on the gRPC listener (its status follows the replica's readiness, as
+//! `/readyz` does: [`follow_readiness`]),
 //! with every bound of the settings on its connections and requests (the connection cap and
 //! the handshake deadline in `service/listener.rs`, the request-bytes budget in
 //! `service/inflight.rs`, HTTP/2 stream caps, keepalive and the request deadline here).
@@ -13,7 +14,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use tonic::server::NamedService;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
 use super::AppError;
+use crate::admin::AdminState;
 use crate::configs;
 use crate::rlqs::Rlqs;
 use crate::service::rlqs::RlqsService;
@@ -27,6 +33,50 @@ use crate::telemetry::RefusedLabels;
 /// default, which tonic does not pass on (see `serve`).
 const MAX_LOCAL_ERROR_RESETS: usize = 1_024;
 
+/// How often the gRPC health status looks at readiness besides when `ready` changes: the rules
+/// loaded and the store's first answer change it too (`admin::readiness`).
+const HEALTH_LOOK: Duration = Duration::from_millis(100);
+
+/// The gRPC health status of the server (`""`) and of each service, as `/readyz` answers:
+/// NOT_SERVING until the replica is ready (a store never reached keeps it so, with
+/// `unready_until_store_answers`) and from the first moment of a drain, so Envoy's gRPC health
+/// checks and Kubernetes' `grpc:` probes see what `/readyz` shows.
+async fn follow_readiness(
+    reporter: HealthReporter,
+    state: Arc<AdminState>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut serving = false;
+    loop {
+        let (ready, _) = state.readiness();
+        if ready != serving {
+            set_health(&reporter, ready).await;
+            serving = ready;
+        }
+        tokio::select! {
+            _ = state.ready_changed.notified() => {}
+            _ = tokio::time::sleep(HEALTH_LOOK) => {}
+            // Stopping: the drain already made it NOT_SERVING.
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+async fn set_health(reporter: &HealthReporter, serving: bool) {
+    let status = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    for name in [
+        "",
+        <RateLimitServiceServer<Rls> as NamedService>::NAME,
+        <RateLimitQuotaServiceServer<RlqsService> as NamedService>::NAME,
+    ] {
+        reporter.set_service_status(name, status).await;
+    }
+}
+
 /// The gRPC server on `grpc_listener`, configured from `settings`, serving `handler` until
 /// `stop` resolves (then it drains the requests in flight). Fails on a TLS setting tonic
 /// refuses.
@@ -35,6 +85,7 @@ pub(super) async fn server(
     handler: Arc<Handler>,
     rlqs: Arc<Rlqs>,
     grpc_listener: TcpListener,
+    admin_state: Arc<AdminState>,
     stop_rx: watch::Receiver<bool>,
 ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send + use<>, AppError> {
     let stop = super::stopped(stop_rx.clone());
@@ -51,12 +102,12 @@ pub(super) async fn server(
         );
     }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<RateLimitServiceServer<Rls>>()
-        .await;
-    health_reporter
-        .set_serving::<RateLimitQuotaServiceServer<RlqsService>>()
-        .await;
+    set_health(&health_reporter, false).await;
+    tokio::spawn(follow_readiness(
+        health_reporter,
+        admin_state,
+        stop_rx.clone(),
+    ));
     let rls = RateLimitServiceServer::new(Rls(handler.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
     // Each RLQS stream ends at shutdown (after telling its Envoy to fall back), so the drain

@@ -250,6 +250,7 @@ async fn serve_loaded(
         settings: settings.redacted(),
         reload: reload_status.clone(),
         counter_api: counter_api.clone(),
+        ready_changed: tokio::sync::Notify::new(),
     });
     background::drain_on(
         shutdown,
@@ -277,6 +278,7 @@ async fn serve_loaded(
         handler.clone(),
         rlqs,
         listeners.grpc,
+        admin_state.clone(),
         stop_rx.clone(),
     )
     .await?;
