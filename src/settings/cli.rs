@@ -24,12 +24,13 @@ impl ServeArgs {
     /// envoyproxy/ratelimit's variables too, under the `TOLLGATE_*` ones (which win).
     pub fn sources(self, get: impl Fn(&str) -> Option<String>) -> Sources {
         let (mut reference_ignored, mut reference_refused) = (Vec::new(), None);
-        let (mut env, mut defaults) = (Vec::new(), Vec::new());
+        let (mut env, mut defaults, mut origins) = (Vec::new(), Vec::new(), Vec::new());
         if self.reference_env {
             match from_reference_env(&get) {
                 Ok(mapped) => {
                     env = mapped.env;
                     defaults = mapped.defaults;
+                    origins = mapped.origins;
                     reference_ignored = mapped.ignored;
                 }
                 Err(refused) => {
@@ -42,8 +43,16 @@ impl ServeArgs {
             }
         }
         let (env_file, tollgate_env) = from_env(get);
+        // A setting a flag or a `TOLLGATE_*` variable sets comes from there, not the reference.
+        origins.retain(|(key, _)| {
+            !tollgate_env
+                .iter()
+                .chain(&self.flags)
+                .any(|(k, _)| k == key)
+        });
         env.extend(tollgate_env);
         Sources {
+            reference_origins: origins,
             file: self.config.or(env_file),
             env,
             flags: self.flags,

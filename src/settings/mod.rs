@@ -313,6 +313,9 @@ pub struct Sources {
     pub reference_ignored: Vec<String>,
     /// …or the reason its environment cannot be served, which stops startup.
     pub reference_refused: Option<String>,
+    /// `(setting, variables)` for the settings only the reference's variables set (no flag or
+    /// `TOLLGATE_*` variable overrides them): a refusal of such a setting names the variables.
+    pub reference_origins: Vec<(&'static str, String)>,
     /// Started as envoyproxy/ratelimit: say at startup where it decides otherwise.
     pub as_reference: bool,
 }
@@ -355,6 +358,37 @@ fn unknown_value(e: config::ConfigError) -> SettingsError {
     }
 }
 
+/// A refusal of a setting that one of the reference's variables set (`origins`), reworded to
+/// lead with the variable the user wrote: `STATS_FLUSH_INTERVAL (statsd_flush_interval_ms):
+/// must be …`, not the setting alone, which a migrating user never wrote.
+fn name_reference_origin(e: SettingsError, origins: &[(&'static str, String)]) -> SettingsError {
+    let text = e.to_string();
+    let key = match &e {
+        SettingsError::Invalid { key, .. } => Some(*key),
+        SettingsError::UnknownValue { key, .. } => {
+            origins.iter().map(|(k, _)| *k).find(|k| k == key)
+        }
+        // The config crate's own errors name the key in their text (`for key `x``).
+        SettingsError::Read(_) => origins
+            .iter()
+            .map(|(k, _)| *k)
+            .find(|k| text.contains(&format!("`{k}`")) || text.contains(&format!("{k}:"))),
+        SettingsError::Reference(_) => None,
+    };
+    match key.and_then(|k| origins.iter().find(|(o, _)| *o == k)) {
+        Some((key, vars)) => {
+            let why = match &e {
+                SettingsError::Invalid { message, .. } => message.clone(),
+                _ => text.trim_start_matches("settings: ").to_string(),
+            };
+            SettingsError::Reference(format!(
+                "envoyproxy/ratelimit environment: {vars} (tollgate's {key}): {why}"
+            ))
+        }
+        None => e,
+    }
+}
+
 impl Settings {
     /// Layers the sources (file < env < flags) over the defaults and validates the result.
     pub fn load(sources: &Sources) -> Result<Settings, SettingsError> {
@@ -376,8 +410,14 @@ impl Settings {
         for (key, value) in sources.env.iter().chain(&sources.flags) {
             b = b.set_override(*key, value.as_str())?;
         }
-        let settings: Settings = b.build()?.try_deserialize().map_err(unknown_value)?;
-        settings.validate()
+        let settings: Settings = b
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(unknown_value)
+            .map_err(|e| name_reference_origin(e, &sources.reference_origins))?;
+        settings
+            .validate()
+            .map_err(|e| name_reference_origin(e, &sources.reference_origins))
     }
 
     /// A copy safe to log or show on `/config`: the store URL's password is replaced.

@@ -42,7 +42,7 @@ pub(super) fn name_ignored(r: &mut Reader, from_xds: bool) {
 
 /// Variables that are read but change nothing here, with why (named in the startup warning
 /// when set). Those that tollgate covers another way say how.
-const IGNORED: &[(&str, &str)] = &[
+pub(super) const IGNORED: &[(&str, &str)] = &[
     ("PROTO", "tollgate listens on TCP"),
     (
         "GRPC_SERVER_TLS_CA_CERT",

@@ -37,6 +37,9 @@ use table::{Group, apply};
 pub struct Mapped {
     /// `(setting, value)`, in the schema's names.
     pub env: Vec<(&'static str, String)>,
+    /// `(setting, variables)`: which of the reference's variables each setting of `env` came
+    /// from, so the settings' own refusal of a value names the variable the user set.
+    pub origins: Vec<(&'static str, String)>,
     /// `NAME (why)` for each reference variable that is set and has no effect here.
     pub ignored: Vec<String>,
     /// The reference variables that were set and went into `env`.
@@ -210,8 +213,27 @@ fn go_duration(v: &str) -> Option<Duration> {
         total += number * seconds;
         rest = &rest[unit_len..];
     }
-    Some(Duration::from_secs_f64(total))
+    // Go's durations are int64 nanoseconds: past about 292 years it refuses them too
+    // (`go_duration_too_long` says so).
+    if total > GO_MAX_DURATION_S {
+        return None;
+    }
+    Duration::try_from_secs_f64(total).ok()
 }
+
+/// Whether `v` is refused by [`go_duration`] only for being longer than Go's durations go.
+fn go_duration_too_long(v: &str) -> bool {
+    go_duration(v).is_none()
+        && v.trim_end_matches(|c: char| c.is_ascii_alphabetic() || c == 'µ')
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == '.')
+        && v.chars().next().is_some_and(|c| c.is_ascii_digit())
+        && v.ends_with(['h', 'm', 's'])
+}
+
+/// The longest duration Go's `time.ParseDuration` takes (2^63 − 1 ns, about 292 years, or
+/// 2562047h47m16.854775807s), in seconds.
+const GO_MAX_DURATION_S: f64 = 9_223_372_036.854_775;
 
 #[cfg(test)]
 mod tests {
@@ -598,6 +620,15 @@ mod tests {
         assert_eq!(go_duration("1.5s"), Some(Duration::from_millis(1_500)));
         assert_eq!(go_duration("10"), None);
         assert_eq!(go_duration("5x"), None);
+        // Past Go's range (2^63 ns) Go refuses it; so does this, and without a panic.
+        assert_eq!(
+            go_duration("2562047h"),
+            Some(Duration::from_secs(2_562_047 * 3600))
+        );
+        assert_eq!(go_duration("2562048h"), None);
+        assert_eq!(go_duration("99999999999999999999h"), None);
+        assert!(go_duration_too_long("99999999999999999999h"));
+        assert!(!go_duration_too_long("5x"));
     }
 
     #[test]
@@ -707,5 +738,144 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("STATS_FLUSH_INTERVAL"), "{e}");
+    }
+
+    /// Every variable of the reference's environment, with any value a user could write (huge
+    /// and negative numbers, durations past Go's range, typos of booleans and log levels, any
+    /// text): the mapping and the settings' load never panic, and a refusal names the variable
+    /// the user set (the issue: `99999999999999999999h` panicked, `LOG_LEVEL=warnings`
+    /// silenced every line, a large `STATS_FLUSH_INTERVAL` named only tollgate's setting).
+    mod any_value {
+        use super::*;
+        use crate::settings::ServeArgs;
+        use proptest::prelude::*;
+
+        /// The table's variables, the ignored ones and those the hand-written steps read.
+        fn names() -> Vec<&'static str> {
+            let mut names: Vec<&'static str> = table::TABLE.iter().map(|e| e.name).collect();
+            names.extend(ignored::IGNORED.iter().map(|(n, _)| *n));
+            names.extend([
+                "BACKEND_TYPE",
+                "CONFIG_TYPE",
+                "DISABLE_STATS",
+                "GRPC_CLIENT_TLS_SAN",
+                "GRPC_HOST",
+                "GRPC_PORT",
+                "GRPC_UDS",
+                "HOST",
+                "PORT",
+                "REDIS_AUTH",
+                "REDIS_TYPE",
+                "REDIS_URL",
+                "RUNTIME_APPDIRECTORY",
+                "RUNTIME_ROOT",
+                "RUNTIME_SUBDIRECTORY",
+                "STATSD_PORT",
+                "REDIS_SOCKET_TYPE",
+                "USE_STATSD",
+                "USE_PROMETHEUS",
+                "LOG_LEVEL",
+            ]);
+            names.sort_unstable();
+            names.dedup();
+            names
+        }
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[0-9]{1,25}(\\.[0-9]{1,3})?(h|m|s|ms|us|ns|µs|d|x)?",
+                "-?[0-9]{1,22}",
+                "(1h30m|0|0s|-1s|1e9s|.5s|5m5|h|)",
+                "(true|false|TRUE|True|t|f|1|0|yes|no|on)",
+                "(trace|debug|info|warn|warning|error|fatal|panic|warnings|WARN|Info|verbose)",
+                "(tcp|unix|single|sentinel|cluster|FILE|GRPC_XDS_SOTW|json|text)",
+                "[a-z0-9:/.@_-]{0,30}",
+                ".{0,40}",
+            ]
+        }
+
+        /// The issue's cases, every time: each duration variable past Go's range, a large
+        /// flush interval, a mistyped log level.
+        #[test]
+        fn the_reported_values_are_refused_by_name() {
+            for (name, value, says) in [
+                (
+                    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+                    "99999999999999999999h",
+                    "longer than a Go duration",
+                ),
+                (
+                    "GRPC_MAX_CONNECTION_AGE",
+                    "99999999999999999999h",
+                    "longer than a Go duration",
+                ),
+                (
+                    "GRPC_MAX_CONNECTION_AGE_GRACE",
+                    "99999999999999999999h",
+                    "longer than a Go duration",
+                ),
+                (
+                    "STATS_FLUSH_INTERVAL",
+                    "99999999999999999999h",
+                    "longer than a Go duration",
+                ),
+                ("STATS_FLUSH_INTERVAL", "2h", "must be from 1 to 3600000"),
+                ("LOG_LEVEL", "warnings", "not a log level"),
+                ("PORT", "99999", "admin_addr"),
+            ] {
+                let vars = [
+                    ("REDIS_SOCKET_TYPE", "tcp"),
+                    ("REDIS_URL", "127.0.0.1:6379"),
+                    (name, value),
+                ];
+                let get = |k: &str| {
+                    vars.iter()
+                        .find(|(n, _)| *n == k)
+                        .map(|(_, v)| v.to_string())
+                };
+                let sources = ServeArgs {
+                    reference_env: true,
+                    ..ServeArgs::default()
+                }
+                .sources(get);
+                let e = Settings::load(&sources).unwrap_err().to_string();
+                assert!(e.contains(name) && e.contains(says), "{name}={value}: {e}");
+            }
+        }
+
+        proptest! {
+            #![proptest_config(crate::testing::proptest_config(1_024))]
+            #[test]
+            fn any_value_of_any_variable_is_mapped_or_refused_by_its_name(
+                which in any::<prop::sample::Index>(),
+                value in value(),
+            ) {
+                let names = names();
+                let name = names[which.index(names.len())];
+                let mut vars = vec![("REDIS_SOCKET_TYPE", "tcp".to_string()), ("REDIS_URL", "127.0.0.1:6379".to_string())];
+                vars.retain(|(k, _)| *k != name);
+                vars.push((name, value.clone()));
+                let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+                // A refusal names a variable the user set: this one, or the one it is combined
+                // with (`REDIS_TYPE=sentinel` refuses the `REDIS_URL` that is not a Sentinel
+                // list; `make explore` found that one).
+                let names_a_set_variable = |text: &str| vars.iter().any(|(n, _)| text.contains(n));
+                match from_reference_env(get) {
+                    Err(refused) => prop_assert!(
+                        names_a_set_variable(&refused.to_string()),
+                        "{name}={value:?}: refused without naming it: {refused}"
+                    ),
+                    Ok(_) => {
+                        let sources = ServeArgs { reference_env: true, ..ServeArgs::default() }.sources(get);
+                        if let Err(e) = Settings::load(&sources) {
+                            prop_assert!(
+                                names_a_set_variable(&e.to_string()),
+                                "{name}={value:?}: the settings refused it without naming it: {e}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }

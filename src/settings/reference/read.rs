@@ -15,7 +15,11 @@ pub(super) struct Reader<'a> {
     /// Every variable read for a setting, for `Mapped::read` (and so that the naming of the
     /// ignored ones skips it).
     read: Vec<String>,
+    /// The variables read since the last `set`: where that setting's value comes from.
+    pending: Vec<String>,
     env: Vec<(&'static str, String)>,
+    /// `(setting, variables)` for each setting set from variables, for `Mapped::origins`.
+    origins: Vec<(&'static str, String)>,
     ignored: Vec<String>,
 }
 
@@ -24,7 +28,9 @@ impl<'a> Reader<'a> {
         Reader {
             get,
             read: Vec::new(),
+            pending: Vec::new(),
             env: Vec::new(),
+            origins: Vec::new(),
             ignored: Vec::new(),
         }
     }
@@ -41,6 +47,7 @@ impl<'a> Reader<'a> {
         let value = self.peek(name);
         if value.is_some() {
             self.read.push(name.to_string());
+            self.pending.push(name.to_string());
         }
         value
     }
@@ -65,7 +72,13 @@ impl<'a> Reader<'a> {
     }
 
     /// One `(setting, value)` pair, in the schema's names.
+    /// The variables read since the previous `set` are recorded as where it comes from, so
+    /// a value the settings refuse later names the variable, not only the setting.
     pub(super) fn set(&mut self, key: &'static str, value: String) {
+        if !self.pending.is_empty() {
+            self.origins.push((key, self.pending.join(" and ")));
+            self.pending.clear();
+        }
         self.env.push((key, value));
     }
 
@@ -85,6 +98,7 @@ impl<'a> Reader<'a> {
             .collect();
         Mapped {
             env: self.env,
+            origins: self.origins,
             ignored: self.ignored,
             read,
             defaults,

@@ -12,7 +12,7 @@
 //! hand-written in the steps.
 
 use super::read::{Reader, bool_value, refuse};
-use super::{Refused, go_duration};
+use super::{Refused, go_duration, go_duration_too_long};
 
 /// Where a table entry is read. Each group is applied at one place of the reading, and the
 /// first value refused is the one reported: so a group's place, not only its condition,
@@ -239,6 +239,13 @@ impl Parse {
     /// `value` of the variable `name`, as its setting takes it.
     fn value(self, name: &'static str, value: String) -> Result<String, Refused> {
         let millis = |why: &str, above_zero: bool| {
+            if go_duration_too_long(&value) {
+                return Err(refuse(
+                    name,
+                    &value,
+                    "longer than a Go duration can be (2562047h, about 292 years)",
+                ));
+            }
             go_duration(&value)
                 .filter(|d| !(above_zero && d.is_zero()))
                 .map(|d| d.as_millis().to_string())
@@ -247,9 +254,19 @@ impl Parse {
         Ok(match self {
             Text => value,
             Lowercase => value.to_ascii_lowercase(),
-            LogLevel => match value.to_ascii_lowercase() {
-                level if level == "warning" => "warn".to_string(),
-                level => level,
+            // logrus's levels, as the reference's `logger.ParseLevel` takes them (it stops on
+            // anything else; as a tollgate filter, `warnings` would silence every line).
+            LogLevel => match value.to_ascii_lowercase().as_str() {
+                "warning" | "warn" => "warn".to_string(),
+                "panic" | "fatal" | "error" => "error".to_string(),
+                level @ ("info" | "debug" | "trace") => level.to_string(),
+                _ => {
+                    return Err(refuse(
+                        name,
+                        &value,
+                        "not a log level: trace, debug, info, warn (or warning), error, fatal or panic",
+                    ));
+                }
             },
             Bool => bool_value(name, &value)?.to_string(),
             Millis(why) => millis(why, false)?,
