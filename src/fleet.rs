@@ -112,7 +112,7 @@ pub async fn membership(
                     error = %e,
                     replicas = replicas.count(),
                     source = replicas.source(),
-                    "membership heartbeat failed; the local fallback keeps the last replica count"
+                    "membership heartbeat failed; the last live replica count is kept (what a local fallback divides a quota by)"
                 );
             }
             Err(_) => {}

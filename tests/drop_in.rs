@@ -183,6 +183,16 @@ fn started_as_ratelimit_a_wrong_redis_keeps_it_unready_until_redis_answers() {
     let child = start_clean(&link, &vars, &log);
     let admin: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
     assert_unready_for_want_of_the_store(admin, &log, "a wrong REDIS_AUTH");
+    // What the log tells a migrating user: in reference mode a decision without Redis is
+    // UNAVAILABLE (`fallback: error`), not a local fallback's.
+    let text = read(&log);
+    assert!(
+        text.contains("store unreachable at startup")
+            && text
+                .contains("fallback: error, the default started as ratelimit, answers UNAVAILABLE")
+            && !text.contains("go to the fallback"),
+        "log:\n{text}"
+    );
     // Redis now takes that password: the replica reconnects and becomes ready.
     let mut admin_conn = ::redis::Client::open(format!(
         "redis://:right-password@127.0.0.1:{}",

@@ -204,7 +204,7 @@ impl Breakers {
             %node,
             failures,
             error_kind = %kind,
-            "store circuit open: this node's requests go to the fallback until a probe's script runs on it"
+            "store circuit open: no request is sent to this node until a probe's script runs on it; meanwhile each rule's fallback decides its requests (fallback: error, the default started as ratelimit, answers UNAVAILABLE)"
         );
         true
     }
@@ -251,7 +251,7 @@ impl Breakers {
         self.transition(node, "open", 1);
         tracing::warn!(
             %node,
-            "store circuit open: this node keeps answering after its callers' deadlines; its requests go to the fallback until a probe's script runs on it"
+            "store circuit open: this node keeps answering after its callers' deadlines; no request is sent to it until a probe's script runs on it; meanwhile each rule's fallback decides its requests (fallback: error, the default started as ratelimit, answers UNAVAILABLE)"
         );
         true
     }

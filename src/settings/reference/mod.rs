@@ -822,12 +822,25 @@ mod tests {
                 ("STATS_FLUSH_INTERVAL", "2h", "must be from 1 to 3600000"),
                 ("LOG_LEVEL", "warnings", "not a log level"),
                 ("PORT", "99999", "admin_addr"),
+                // A URL where the reference takes host:port, and host:port with the socket type
+                // left at the reference's default, unix: each says what to write instead.
+                (
+                    "REDIS_URL",
+                    "redis://127.0.0.1:16379",
+                    "with no redis:// in front",
+                ),
+                (
+                    "REDIS_SOCKET_TYPE",
+                    "",
+                    "unix is the reference's default when REDIS_SOCKET_TYPE is unset): for host:port set REDIS_SOCKET_TYPE=tcp",
+                ),
             ] {
-                let vars = [
+                let mut vars = vec![
                     ("REDIS_SOCKET_TYPE", "tcp"),
                     ("REDIS_URL", "127.0.0.1:6379"),
-                    (name, value),
                 ];
+                vars.retain(|(k, _)| *k != name);
+                vars.push((name, value));
                 let get = |k: &str| {
                     vars.iter()
                         .find(|(n, _)| *n == k)

@@ -107,11 +107,20 @@ fn store_url(
             "a unix socket reaches one Redis without TLS: with REDIS_TYPE=CLUSTER, SENTINEL or REDIS_TLS=true set REDIS_SOCKET_TYPE=tcp",
         ));
     }
+    if let Some((given, _)) = url.split_once("://") {
+        return Err(refuse(
+            "REDIS_URL",
+            &url,
+            &format!(
+                "the reference's REDIS_URL is host:port (or a unix socket's path), with no {given}:// in front: REDIS_TYPE and REDIS_TLS choose the scheme"
+            ),
+        ));
+    }
     if unix && !url.starts_with('/') {
         return Err(refuse(
             "REDIS_URL",
             &url,
-            "with REDIS_SOCKET_TYPE=unix, the socket's absolute path",
+            "not a unix socket's absolute path, which REDIS_SOCKET_TYPE=unix asks for (unix is the reference's default when REDIS_SOCKET_TYPE is unset): for host:port set REDIS_SOCKET_TYPE=tcp",
         ));
     }
     let scheme = if tls {

@@ -191,7 +191,7 @@ impl RedisStore {
             tracing::warn!(
                 url = %pool.display_url,
                 error = %pool.last_connect_error(),
-                "store unreachable at startup; retrying in the background (until it answers the replica is unready, with unready_until_store_answers, and calls go to the fallback)"
+                "store unreachable at startup; retrying in the background (until it answers the replica is unready, with unready_until_store_answers, and each rule's fallback decides: fallback: error, the default started as ratelimit, answers UNAVAILABLE)"
             );
         }
         pool.start_keeper(connected);
