@@ -17,7 +17,7 @@ run: ## run tollgate on the embedded memory store with examples/rules (gRPC :808
 		--grpc-addr $(RUN_GRPC) --admin-addr $(RUN_ADMIN)
 
 test: deps ## install what the tests need if missing, then run the whole suite, JOBS (3) binaries at a time, and print the slowest (+ chart lint, image, alerts and workflow checks)
-	python3 scripts/test_run.py
+	CARGO=$(CARGO) python3 scripts/test_run.py
 	python3 scripts/chart_lint.py
 	python3 scripts/image_check.py
 	bash scripts/alerts_check.sh

@@ -64,7 +64,7 @@ ALONE = ["deadlines"]
 def build(selection):
     """Builds the test binaries and returns {name: executable}. `tollgate` is the library's unit
     tests (the binary target's tests are named `tollgate-bin`)."""
-    args = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"]
+    args = [os.environ.get("CARGO", "cargo"), "test", "--no-run", "--message-format=json-render-diagnostics"]
     if selection:
         for name in selection:
             args += ["--lib"] if name == "tollgate" else ["--test", name]
@@ -84,7 +84,12 @@ def build(selection):
         name = target["name"]
         if "bin" in target["kind"]:
             name += "-bin"
+        if name in found:
+            sys.exit(f"test-run: two test binaries are named {name}")
         found[name] = msg["executable"]
+    missing = [n for n in selection if n not in found]
+    if not found or missing:
+        sys.exit(f"test-run: cargo built no test binary named {missing or 'anything'}")
     return found
 
 
@@ -106,6 +111,7 @@ def run_one(name, exe, run, timeout):
         child = subprocess.Popen(
             [exe], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        LIVE.add(child.pid)
         hung = False
         while True:
             pid, status, usage = os.wait4(child.pid, os.WNOHANG)
@@ -118,13 +124,14 @@ def run_one(name, exe, run, timeout):
                 break
             time.sleep(0.05)
         child.returncode = os.waitstatus_to_exitcode(status)
+        LIVE.discard(child.pid)
         try:
             os.killpg(child.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     wall = time.monotonic() - start
     cpu = usage.ru_utime + usage.ru_stime
-    with open(log_path) as f:
+    with open(log_path, errors="replace") as f:
         text = f.read()
     failing = failed_tests(text)
     results = [line for line in text.splitlines() if line.startswith("test result:")]
@@ -137,6 +144,24 @@ def run_one(name, exe, run, timeout):
     if ok:
         os.remove(log_path)
     return name, ok, wall, cpu, summary, failing, log_path
+
+
+# The process groups of the binaries running now, and the hog's loops: killed on Ctrl-C or
+# SIGTERM, so an interrupted run leaves no test, server or busy loop behind.
+LIVE = set()
+HOGS = []
+
+
+def stop_everything(signum, _frame):
+    for pid in list(LIVE):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for h in HOGS:
+        h.kill()
+    print(f"test-run: interrupted (signal {signum}); the running binaries were killed", flush=True)
+    os._exit(128 + signum)
 
 
 def run_phase(names, width, binaries, run, timeout):
@@ -167,8 +192,9 @@ def start_hog():
         return []
     hogs = [
         subprocess.Popen(["nice", "-n", "10", "bash", "-c", "while :; do :; done"])
-        for _ in range(os.cpu_count() or 1)
+        for _ in range(len(os.sched_getaffinity(0)))
     ]
+    HOGS.extend(hogs)
     print(f"test-run: {len(hogs)} busy loops at nice 10 (HOG=1)", flush=True)
     return hogs
 
@@ -178,6 +204,8 @@ def main():
     jobs = int(os.environ.get("JOBS", "3"))
     runs = int(os.environ.get("RUNS", "1"))
     timeout = int(os.environ.get("TIMEOUT", "900"))
+    signal.signal(signal.SIGINT, stop_everything)
+    signal.signal(signal.SIGTERM, stop_everything)
     binaries = build(selection)
     names = order(list(binaries))
     hogs = start_hog()
@@ -204,7 +232,7 @@ def main():
                         failed_runs[name] += 1
                         for test in failing:
                             failures[name][test] += 1
-                        with open(log_path) as f:
+                        with open(log_path, errors="replace") as f:
                             print(f"---- {name}: output ({log_path}) ----\n{f.read()}---- end of {name} ----")
             suite_walls.append(time.monotonic() - started)
             if runs > 1:

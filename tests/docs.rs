@@ -463,3 +463,36 @@ fn pages_under_docs() -> Vec<PathBuf> {
         .filter(|p| p.parent().is_some_and(|d| d.ends_with("docs")))
         .collect()
 }
+
+/// Every saved property-test regression is replayed: proptest finds a file under
+/// `proptest-regressions/` by its test's source path (`src/x/y.rs` → `x/y.txt`, and
+/// `tests/common::proptest_config` uses `tests/<name>.txt` for `tests/<name>.rs`), so a file
+/// whose source was moved or deleted is silently never read again.
+#[test]
+fn every_proptest_regression_file_belongs_to_a_source_file() {
+    let dir = root().join("proptest-regressions");
+    let mut stack = vec![dir.clone()];
+    let mut orphans = Vec::new();
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let rel = path.strip_prefix(&dir).unwrap().with_extension("rs");
+            let source = if rel.starts_with("tests") {
+                root().join(&rel)
+            } else {
+                root().join("src").join(&rel)
+            };
+            if !source.is_file() {
+                orphans.push(format!("{} (no {})", path.display(), source.display()));
+            }
+        }
+    }
+    assert!(
+        orphans.is_empty(),
+        "regressions no test replays: {orphans:#?}"
+    );
+}

@@ -22,6 +22,35 @@ fn tollgate() -> TestServer {
         .start()
 }
 
+/// Envoy in front of `grpc` (the example config), with its connection to tollgate open.
+///
+/// The ratelimit filter's 20 ms covers Envoy's first call opening its HTTP/2 connection to
+/// tollgate, which a busy 2-core machine (three test binaries at once, a debug build) can
+/// take longer than, and Envoy then fails open: a 200 with no rate-limit headers, counted as
+/// admitted by nobody. That first connection is not a decision; one call of a tenant of its own
+/// opens it (tried again while Envoy fails open, within 5 s), so every call a test counts is
+/// decided by tollgate, and the tests that hold the 20 ms budget (`deadlines.rs`) hold it.
+fn envoy_for(grpc: std::net::SocketAddr) -> TestEnvoy {
+    let envoy = TestEnvoy::start(grpc, &[]);
+    warm(&envoy);
+    envoy
+}
+
+/// Opens Envoy's connection to tollgate with one call for the tenant `warm-up` (see
+/// [`envoy_for`]); panics if no call is decided by tollgate within 5 s.
+fn warm(envoy: &TestEnvoy) {
+    let decided = common::poll(std::time::Duration::from_secs(5), || {
+        send(envoy, "/", "warm-up")
+            .header("x-ratelimit-limit")
+            .map(|_| ())
+    });
+    assert!(
+        decided.is_some(),
+        "no call reached tollgate in 5 s:\n{}",
+        envoy.log()
+    );
+}
+
 fn send(envoy: &TestEnvoy, path: &str, tenant: &str) -> HttpResponse {
     get_with(envoy.front, path, &[("x-tenant", tenant)]).expect("envoy answered")
 }
@@ -45,7 +74,7 @@ fn until_limited(
 #[test]
 fn tenants_get_429_with_retry_after_and_rate_limit_headers_independently() {
     let server = tollgate();
-    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let envoy = envoy_for(server.grpc);
     let ok = send(&envoy, "/", "alpha");
     assert_eq!(ok.status, 200, "{ok:?}\n{}", envoy.log());
     assert!(ok.body.contains("hello from upstream"));
@@ -84,7 +113,7 @@ fn tenants_get_429_with_retry_after_and_rate_limit_headers_independently() {
 #[test]
 fn per_tenant_endpoint_limit_is_two_levels_deep() {
     let server = tollgate();
-    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let envoy = envoy_for(server.grpc);
     // (tenant, endpoint=/export): 10/hour per tenant.
     let (passed, limited) = until_limited(&envoy, "/export", "gamma", 20);
     assert_eq!(passed, 10);
@@ -95,7 +124,7 @@ fn per_tenant_endpoint_limit_is_two_levels_deep() {
 #[test]
 fn endpoint_and_downstream_limits_apply_across_tenants() {
     let server = tollgate();
-    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let envoy = envoy_for(server.grpc);
     // /search: burst 10 at 5/s for everyone together; each request from a new tenant.
     let started = Instant::now();
     let mut admitted = 0;
@@ -134,7 +163,7 @@ fn endpoint_and_downstream_limits_apply_across_tenants() {
 #[test]
 fn shadow_mode_rules_never_429_but_are_counted() {
     let server = tollgate();
-    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let envoy = envoy_for(server.grpc);
     for _ in 0..10 {
         assert_eq!(send(&envoy, "/search-index", "x").status, 200);
     }
@@ -149,7 +178,7 @@ fn shadow_mode_rules_never_429_but_are_counted() {
 fn with_tollgate_down_envoy_follows_failure_mode_deny() {
     // The example fails open: requests pass unlimited while tollgate is unreachable.
     let mut server = tollgate();
-    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let envoy = envoy_for(server.grpc);
     assert_eq!(send(&envoy, "/", "open").status, 200);
     server.terminate();
     for _ in 0..3 {
@@ -161,6 +190,7 @@ fn with_tollgate_down_envoy_follows_failure_mode_deny() {
         server.grpc,
         &[("failure_mode_deny: false", "failure_mode_deny: true")],
     );
+    warm(&envoy);
     assert_eq!(send(&envoy, "/", "closed").status, 200);
     server.terminate();
     let r = send(&envoy, "/", "closed");
@@ -176,7 +206,7 @@ fn through_envoy_on_the_redis_store_the_limit_is_exact() {
         .arg("key-prefix", &common::redis::unique_prefix("envoy"))
         .arg("store-timeout-ms", "200")
         .start();
-    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let envoy = envoy_for(server.grpc);
     // (tenant, /export): 10/hour per tenant, counted in Redis.
     let (passed, limited) = until_limited(&envoy, "/export", "redis-tenant", 20);
     assert_eq!(passed, 10, "{}", envoy.log());
@@ -213,7 +243,7 @@ fn number(r: &HttpResponse, name: &str) -> u64 {
 #[test]
 fn rate_limit_headers_tell_one_story() {
     let server = tollgate();
-    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let envoy = envoy_for(server.grpc);
     // /search: 5/s with burst 10 (and 5000/hour): remaining is never above the limit, in
     // tollgate's RateLimit-* and in Envoy's x-ratelimit-* alike.
     for i in 0..3 {
@@ -251,7 +281,7 @@ fn the_service_upstream_sees_its_callers_quota_and_a_client_cannot_forge_it() {
         .arg("request-headers", "true")
         .arg("headers-for-every-limit", "true")
         .start();
-    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let envoy = envoy_for(server.grpc);
     // The client sends its own copies; the example's header_mutation filter drops them before
     // the rate limit filter adds tollgate's.
     let forged = [
@@ -293,7 +323,7 @@ fn with_redis_killed_a_tenant_still_gets_429_once_its_local_share_is_spent() {
         .start();
     // The example Envoy fails open (failure_mode_deny: false): before the fallback, a Redis
     // outage let every request through.
-    let envoy = TestEnvoy::start(server.grpc, &[]);
+    let envoy = envoy_for(server.grpc);
     assert_eq!(send(&envoy, "/export", "warm").status, 200);
     redis.kill();
     // One replica: its local share of (tenant, /export) 10/hour is all of it.
@@ -327,7 +357,7 @@ fn through_envoy_leased_and_sharded_limits_still_hold() {
             .start()
     };
     let (a, b) = (start(), start());
-    let (envoy_a, envoy_b) = (TestEnvoy::start(a.grpc, &[]), TestEnvoy::start(b.grpc, &[]));
+    let (envoy_a, envoy_b) = (envoy_for(a.grpc), envoy_for(b.grpc));
     let (mut admitted, mut refused_in_a_row) = (0, 0);
     for i in 0..150 {
         let envoy = if i % 2 == 0 { &envoy_a } else { &envoy_b };
@@ -463,6 +493,7 @@ fn envoy_health_checks_keep_decisions_off_a_replica_whose_store_never_answered()
         "Envoy never marked {broken_addr} unhealthy:\n{}",
         get(envoy.admin, "/clusters").1
     );
+    warm(&envoy);
     let decided = |s: &TestServer| common::metric_sum(s.admin, "tollgate_requests_total", &[]);
     let (healthy_before, broken_before) = (decided(&healthy), decided(&broken));
     for i in 0..20 {

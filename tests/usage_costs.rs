@@ -50,7 +50,13 @@ fn envoy_charges_each_response_and_refuses_the_tenant_in_debt() {
     let redis = TestRedis::start();
     let prefix = unique_prefix("llm");
     let tollgate = server(&redis, &prefix);
-    let envoy = TestEnvoy::start_example("examples/envoy/llm/envoy.yaml", tollgate.grpc, &[]);
+    // What this test holds is the charge per response, not Envoy's 20 ms: a call Envoy gives
+    // up on (its first, opening the connection, on a busy machine) would pass uncharged.
+    let envoy = TestEnvoy::start_example(
+        "examples/envoy/llm/envoy.yaml",
+        tollgate.grpc,
+        &[("timeout: 0.02s", "timeout: 1s")],
+    );
     let calls = || metric_sum(tollgate.admin, "tollgate_requests_total", &[]);
     let mut statuses = Vec::new();
     for i in 1..=4 {

@@ -56,8 +56,12 @@ async fn follow_readiness(
         tokio::select! {
             _ = state.ready_changed.notified() => {}
             _ = tokio::time::sleep(HEALTH_LOOK) => {}
-            // Stopping: the drain already made it NOT_SERVING.
-            _ = stop.changed() => return,
+            // Stopping (with no drain, the stop follows the unready at once and may win this
+            // race): NOT_SERVING, whatever the last look saw.
+            _ = stop.changed() => {
+                set_health(&reporter, false).await;
+                return;
+            }
         }
     }
 }
@@ -103,11 +107,6 @@ pub(super) async fn server(
     }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     set_health(&health_reporter, false).await;
-    tokio::spawn(follow_readiness(
-        health_reporter,
-        admin_state,
-        stop_rx.clone(),
-    ));
     let rls = RateLimitServiceServer::new(Rls(handler.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
     // Each RLQS stream ends at shutdown (after telling its Envoy to fall back), so the drain
@@ -115,13 +114,19 @@ pub(super) async fn server(
     let rlqs = RateLimitQuotaServiceServer::new(RlqsService {
         handler: handler.clone(),
         rlqs,
-        stop: stop_rx,
+        stop: stop_rx.clone(),
     })
     .max_decoding_message_size(settings.max_message_bytes);
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = tls::server_config(&configs::grpc_tls_files(settings))? {
         server = server.tls_config(tls).map_err(AppError::GrpcTls)?;
     }
+    // After the last setup that can fail, so a refused start leaves no task behind.
+    tokio::spawn(follow_readiness(
+        health_reporter,
+        admin_state,
+        stop_rx.clone(),
+    ));
     if settings.grpc_max_connection_age_ms > 0 {
         // Envoy keeps its HTTP/2 connections for ever: without an age, replicas added by a
         // scale-out get no traffic. GOAWAY makes Envoy reconnect (and rebalance) while the

@@ -107,7 +107,10 @@ impl TestEnvoy {
             let (_, info) = get(envoy.admin, "/server_info");
             Some(info.contains(&*file.to_string_lossy()))
         });
-        if exited || ready == Some(false) {
+        if exited {
+            return Err(envoy.log());
+        }
+        if ready == Some(false) {
             return Err(format!(
                 "{}\n(admin port {admin} in use by another Envoy)",
                 envoy.log()

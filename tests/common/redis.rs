@@ -316,7 +316,9 @@ impl TestRedis {
         match ready {
             Some(Ok(())) => Ok(()),
             Some(Err(e)) => {
-                self.child = None;
+                // Killed (and reaped) in case it still runs: a server whose port another
+                // process answers on may not have exited yet.
+                self.kill();
                 Err(format!("{e}; log: {}", tail(&log)))
             }
             None => {

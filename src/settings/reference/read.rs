@@ -15,8 +15,6 @@ pub(super) struct Reader<'a> {
     /// Every variable read for a setting, for `Mapped::read` (and so that the naming of the
     /// ignored ones skips it).
     read: Vec<String>,
-    /// The variables read since the last `set`: where that setting's value comes from.
-    pending: Vec<String>,
     env: Vec<(&'static str, String)>,
     /// `(setting, variables)` for each setting set from variables, for `Mapped::origins`.
     origins: Vec<(&'static str, String)>,
@@ -28,7 +26,6 @@ impl<'a> Reader<'a> {
         Reader {
             get,
             read: Vec::new(),
-            pending: Vec::new(),
             env: Vec::new(),
             origins: Vec::new(),
             ignored: Vec::new(),
@@ -47,7 +44,6 @@ impl<'a> Reader<'a> {
         let value = self.peek(name);
         if value.is_some() {
             self.read.push(name.to_string());
-            self.pending.push(name.to_string());
         }
         value
     }
@@ -72,14 +68,23 @@ impl<'a> Reader<'a> {
     }
 
     /// One `(setting, value)` pair, in the schema's names.
-    /// The variables read since the previous `set` are recorded as where it comes from, so
-    /// a value the settings refuse later names the variable, not only the setting.
     pub(super) fn set(&mut self, key: &'static str, value: String) {
-        if !self.pending.is_empty() {
-            self.origins.push((key, self.pending.join(" and ")));
-            self.pending.clear();
-        }
         self.env.push((key, value));
+    }
+
+    /// [`Reader::set`] for a value made from the variables `from`: those of them that are set
+    /// are recorded as where it comes from, so a value the settings refuse later names the
+    /// variables the user wrote, not only the setting.
+    pub(super) fn set_from(&mut self, from: &[&str], key: &'static str, value: String) {
+        let set: Vec<&str> = from
+            .iter()
+            .copied()
+            .filter(|name| self.peek(name).is_some())
+            .collect();
+        if !set.is_empty() {
+            self.origins.push((key, set.join(" and ")));
+        }
+        self.set(key, value);
     }
 
     /// One `NAME (why)` line of the startup warning.

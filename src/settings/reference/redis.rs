@@ -22,7 +22,11 @@ pub(super) fn store(r: &mut Reader) -> Result<(), Refused> {
     apply(r, Group::StoreStartup)?;
     let tls = r.flag("REDIS_TLS")?.unwrap_or(false);
     let store = store_url(r, &socket, unix, tls, url)?;
-    r.set("store", store);
+    r.set_from(
+        &["REDIS_URL", "REDIS_TYPE", "REDIS_SOCKET_TYPE", "REDIS_TLS"],
+        "store",
+        store,
+    );
     auth(r);
     apply(r, Group::Store)?;
     if tls {
@@ -150,10 +154,10 @@ fn auth(r: &mut Reader) {
     if let Some(auth) = r.var("REDIS_AUTH") {
         match auth.split_once(':') {
             Some((user, password)) => {
-                r.set("store_username", user.to_string());
-                r.set("store_password", password.to_string());
+                r.set_from(&["REDIS_AUTH"], "store_username", user.to_string());
+                r.set_from(&["REDIS_AUTH"], "store_password", password.to_string());
             }
-            None => r.set("store_password", auth),
+            None => r.set_from(&["REDIS_AUTH"], "store_password", auth),
         }
     }
 }

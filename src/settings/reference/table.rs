@@ -222,7 +222,7 @@ pub(super) fn apply(r: &mut Reader, group: Group) -> Result<(), Refused> {
             continue;
         };
         let value = entry.parse.value(entry.name, value)?;
-        r.set(entry.setting, value);
+        r.set_from(&[entry.name], entry.setting, value);
     }
     Ok(())
 }

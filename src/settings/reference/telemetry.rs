@@ -25,7 +25,11 @@ pub(super) fn tracing(r: &mut Reader) -> Result<(), Refused> {
         .or_else(|| r.var("OTEL_EXPORTER_OTLP_ENDPOINT"));
     match endpoint {
         Some(endpoint) if protocol.eq_ignore_ascii_case("grpc") => {
-            r.set("otlp_endpoint", endpoint)
+            r.set_from(
+                &["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
+                "otlp_endpoint",
+                endpoint,
+            )
         }
         _ => r.ignore(format!(
             "TRACING_ENABLED (spans go over OTLP/gRPC: TRACING_EXPORTER_PROTOCOL=grpc with OTEL_EXPORTER_OTLP_ENDPOINT, got protocol {protocol})"
@@ -67,7 +71,8 @@ fn statsd(r: &mut Reader) -> Result<bool, Refused> {
         .var("STATSD_HOST")
         .unwrap_or_else(|| "localhost".to_string());
     let port = r.var("STATSD_PORT").unwrap_or_else(|| "8125".to_string());
-    r.set(
+    r.set_from(
+        &["STATSD_HOST", "STATSD_PORT"],
         "statsd_addr",
         format!("tcp://{}", address(Some(host), Some(port), "")),
     );
