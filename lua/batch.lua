@@ -40,7 +40,8 @@
 local NARGS = {1, 1, 5, 3, 8}
 
 local out = {}
--- Whether every op answered four numbers, as each script does unless it fails.
+-- Whether every op answered four numbers (five: a fixed window's take adds the count it
+-- found), as each script does unless it fails.
 local packed = true
 local n, keys, at = #KEYS, KEYS, 1
 local first = tonumber(ARGV[1])
@@ -57,7 +58,7 @@ for i = 1, n do
   at = at + NARGS[script] + 1
   if ok then
     out[i] = reply
-    if type(reply) ~= 'table' or reply.err or #reply ~= 4 then
+    if type(reply) ~= 'table' or reply.err or #reply < 4 or #reply > 5 then
       packed = false
     end
   elseif type(reply) == 'table' and reply.err then
@@ -74,10 +75,11 @@ if not packed then
   -- One reply per op, each as its script answers alone, errors included.
   return out
 end
--- Every op answered four numbers: all of them as one string of little-endian doubles
--- (`packed_replies` in src/store/redis/batch_script.rs), which Redis sends on as it is.
+-- Every op answered its numbers: all of them as one string of little-endian doubles, five
+-- an op, the fifth -1 where the op answered four (`packed_replies` in
+-- src/store/redis/batch_script.rs), which Redis sends on as it is.
 for i = 1, n do
   local r = out[i]
-  out[i] = struct.pack('<dddd', r[1], r[2], r[3], r[4])
+  out[i] = struct.pack('<ddddd', r[1], r[2], r[3], r[4], r[5] or -1)
 end
 return table.concat(out)

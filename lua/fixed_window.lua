@@ -53,7 +53,10 @@
 --
 -- Returns {allowed (1|0), remaining (hits left), reset_ms (until the count is back at 0: the
 --          window's end, or the end of its debt), retry_ms (until a refused hit of this cost
---          could fit, with overdraft a hit of 1; 0 if allowed; -1 = never)}.
+--          could fit, with overdraft a hit of 1; 0 if allowed; -1 = never), found (a take's
+--          count before its own hits, debt included: a refused take reports none remaining,
+--          and statsd splits its hits as the reference does from this; a give-back answers
+--          the first four only)}.
 
 -- The take itself is `take_window` below; the last lines (after `ENTRY`) read this call's
 -- arguments and clock and call it. A batch (`lua/batch.lua`, put together in
@@ -300,7 +303,7 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
     end
   end
 
-  return {allowed and 1 or 0, math.max(limit - count, 0), reset_ms, retry_ms}
+  return {allowed and 1 or 0, math.max(limit - count, 0), reset_ms, retry_ms, before}
 end
 
 -- ENTRY: this call's one hit (a batch stops above this line).

@@ -238,7 +238,14 @@ fn a_batch_answers_and_leaves_the_state_the_single_scripts_do_one_by_one() {
                     .arg(micros)
                     .query(conn)
                     .unwrap();
-                prop_assert_eq!(Ok(batched.clone()), ints(&reply), "{:?} at {}", op, now);
+                // A script that answers four numbers is packed with a fifth of -1.
+                let single = ints(&reply).map(|mut n| {
+                    if n.len() == 4 {
+                        n.push(-1);
+                    }
+                    n
+                });
+                prop_assert_eq!(Ok(batched.clone()), single, "{:?} at {}", op, now);
             }
             for w in 0..4 {
                 let key_a = format!("{a}{{b{w}}}");

@@ -271,6 +271,8 @@ fn eval_at(conn: &mut ::redis::Connection, source: &str, op: &Op, now_ms: u64) -
         reset_ms: reply[2] as u64,
         retry_ms: u64::try_from(reply[3]).ok(),
         granted,
+        // A fixed window's take adds the count it found (`fixed_window.lua`'s header).
+        found: reply.get(4).and_then(|&f| u64::try_from(f).ok()),
     }
 }
 

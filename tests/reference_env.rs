@@ -148,7 +148,7 @@ async fn statsd_gets_the_references_counters_under_its_names() {
     let redis = TestRedis::start();
     let (dir, _) = runtime_root(
         "reference-statsd",
-        "domain: edge\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+        "domain: edge\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  - key: tenant\n    value: beta\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
     );
     // The statsd server: every line it is sent, from every connection.
     let statsd = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -196,6 +196,13 @@ async fn statsd_gets_the_references_counters_under_its_names() {
                 .overall_code,
         );
     }
+    // 7 hits at once on a fresh 5 an hour: refused, split as base_limiter.go splits it (2 past
+    // the limit over, the near band 5 − ⌊5 × 0.8⌋ = 1 near), from the count the fixed window
+    // found (0), not all 7 over.
+    let mut r = request("edge", &[&[("tenant", "beta")]]);
+    r.hits_addend = 7;
+    let beta = client.should_rate_limit(r).await.unwrap().into_inner();
+    assert_eq!(beta.overall_code, 2);
     client
         .should_rate_limit(request("nowhere", &[&[("tenant", "acme")]]))
         .await
@@ -222,6 +229,10 @@ async fn statsd_gets_the_references_counters_under_its_names() {
         // 2 an hour, near_limit_ratio 0.8: the second hit passes ⌊2 × 0.8⌋ = 1.
         ("rate_limit.edge.tenant_acme.near_limit", 1),
         ("rate_limit.edge.tenant_acme.over_limit", 5),
+        ("rate_limit.edge.tenant_beta.total_hits", 7),
+        ("rate_limit.edge.tenant_beta.within_limit", 0),
+        ("rate_limit.edge.tenant_beta.near_limit", 1),
+        ("rate_limit.edge.tenant_beta.over_limit", 2),
         ("rate_limit.nowhere.domain_not_found", 1),
         // The startup load counts, as every load does in the reference.
         ("config_load_success", 1),

@@ -69,6 +69,7 @@ impl Fallback {
             reset_ms: self.closed_retry_ms,
             retry_ms: Some(self.closed_retry_ms),
             granted: 0,
+            found: None,
         };
         if op.action.is_return() {
             return self.give_back(op, mode, unknown);
@@ -81,6 +82,7 @@ impl Fallback {
                 reset_ms: 0,
                 retry_ms: Some(0),
                 granted: op.cost,
+                found: None,
             }),
             FallbackMode::Closed => Some(refused),
             // Its tokens may be spent in the shared bucket already: admitting it from the
@@ -133,6 +135,7 @@ impl Fallback {
                 reset_ms: 0,
                 retry_ms: Some(0),
                 granted: 0,
+                found: None,
             }),
         }
     }
@@ -150,6 +153,7 @@ impl Fallback {
             reset_ms: self.closed_retry_ms,
             retry_ms: Some(self.closed_retry_ms),
             granted: 0,
+            found: None,
         };
         let Action::Claim(ask) = op.action else {
             return match op.action {

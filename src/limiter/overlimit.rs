@@ -103,6 +103,7 @@ impl OverLimitCache {
             reset_ms: r.reset_at_ms.saturating_sub(now_ms),
             retry_ms: Some(r.until_ms - now_ms),
             granted: 0,
+            found: None,
         })
     }
 
@@ -223,6 +224,7 @@ mod tests {
             reset_ms: 9_000,
             retry_ms,
             granted: 0,
+            found: None,
         }
     }
 

@@ -173,6 +173,7 @@ mod tests {
             reset_ms,
             retry_ms: Some(0),
             granted: 0,
+            found: None,
         }
     }
 

@@ -199,6 +199,7 @@ impl Tally {
         outcome: telemetry::Outcome,
         hits: u64,
         remaining: u64,
+        found: Option<u64>,
     ) {
         let (class, overflow) = self.class_of(limit, req, metric_values);
         let make = || self.series(domain, &class, outcome);
@@ -228,12 +229,12 @@ impl Tally {
             telemetry::Outcome::ok | telemetry::Outcome::near_limit => {
                 Split::admitted(counts(used.saturating_sub(hits)))
             }
-            // A refused take charged nothing (token bucket, sliding window): what is used is
-            // the count it found. A fixed window's refused take counts up to the limit and
-            // reports none left, so its hits all count as over (the reference would split a
-            // take of several hits that crosses the limit: docs/migrating.md#differences-from-envoyproxyratelimit).
-            telemetry::Outcome::over_limit => Split::refused(counts(used), false),
-            telemetry::Outcome::shadow => Split::refused(counts(used), true),
+            // A refused take of a token bucket or a sliding window charged nothing: what is used
+            // is the count it found (capacity − remaining). A fixed window's refused take counts
+            // up to the limit and reports none left, so it says the count it found (`found`):
+            // split from there as the reference's `base_limiter.go` splits it.
+            telemetry::Outcome::over_limit => Split::refused(counts(found.unwrap_or(used)), false),
+            telemetry::Outcome::shadow => Split::refused(counts(found.unwrap_or(used)), true),
             // Decided without the store's count.
             telemetry::Outcome::fallback_ok => Split::whole(hits, true),
             telemetry::Outcome::fallback_over_limit => Split::whole(hits, false),
@@ -457,6 +458,7 @@ fn descriptor_status(
                 telemetry::Outcome::unlimited,
                 0,
                 0,
+                None,
             );
         }
         return Status::no_limit(u32::MAX);
@@ -489,7 +491,16 @@ fn descriptor_status(
             (false, false, false) => telemetry::Outcome::over_limit,
             (false, true, false) => telemetry::Outcome::shadow,
         };
-        tally.count_limit(domain, l, req, metric_values, outcome, cost, o.remaining);
+        tally.count_limit(
+            domain,
+            l,
+            req,
+            metric_values,
+            outcome,
+            cost,
+            o.remaining,
+            o.found,
+        );
     }
     let over = !outcome.allowed;
     // A shadow limit that is over reports OK; a non-shadow over limit elsewhere on the

@@ -254,6 +254,7 @@ fn take_in(
         reset_ms: window.reset_of(count, limit),
         retry_ms,
         granted: if allowed { cost } else { 0 },
+        found: Some(before),
     };
     let next = match state {
         // A check leaves an earlier window's debt as stored (what is left of it follows from
@@ -299,6 +300,7 @@ pub fn claim_window(
             window.retry_of(before, need, limit)
         },
         granted,
+        found: None,
     };
     // A refused claim changes nothing (`lease.lua` writes nothing either): a stored window that
     // is not this one stays as it is, as after a clock step back into an earlier window.
@@ -365,6 +367,7 @@ pub fn return_windows(
         reset_ms: window.reset_of(count, limit),
         retry_ms: Some(0),
         granted: 0,
+        found: None,
     };
     (next, outcome)
 }

@@ -64,6 +64,12 @@ pub struct Outcome {
     /// Tokens this op took for the caller: the cost of an allowed take, what a lease claim
     /// was granted (its cost plus any extra), 0 when refused or for a give-back.
     pub granted: u64,
+    /// A fixed window's take: the count it found before its own hits (debt included). A
+    /// refused take counts up to the limit and reports none `remaining`, so this is what the
+    /// reference's statsd split of a refused take is computed from (`limiter/status.rs`).
+    /// `None` for the other algorithms, whose refused takes charge nothing (their count
+    /// before is what `remaining` says), and for claims and give-backs.
+    pub found: Option<u64>,
 }
 
 /// What a lease claim asks of a bucket (`lua/lease.lua`; the lease itself is `limiter/lease.rs`).

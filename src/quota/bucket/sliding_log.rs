@@ -103,6 +103,7 @@ pub fn take_log(
         reset_ms: log.runs.back().map_or(0, |&(t, _)| leaves(t)),
         retry_ms,
         granted: if allowed { cost } else { 0 },
+        found: None,
     }
 }
 

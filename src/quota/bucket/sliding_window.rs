@@ -87,6 +87,7 @@ pub fn take_sliding(
         reset_ms,
         retry_ms,
         granted: if allowed { cost } else { 0 },
+        found: None,
     };
     (
         SlidingWindowState {
@@ -153,6 +154,7 @@ pub fn give_back_sliding(
         reset_ms: decayed_after(start_ms, now_ms, window_ms, prev, curr),
         retry_ms: Some(0),
         granted: 0,
+        found: None,
     };
     (
         SlidingWindowState {

@@ -109,6 +109,7 @@ pub fn take_token(
         reset_ms: p.wait_ms(tokens, capacity).unwrap_or(p.window_ms),
         retry_ms,
         granted: if allowed { cost } else { 0 },
+        found: None,
     };
     // A clock that steps back (a failover to a skewed host) must not refill twice later.
     (
@@ -172,6 +173,7 @@ pub fn claim_token(
         reset_ms: p.wait_ms(tokens, p.capacity as f64).unwrap_or(p.window_ms),
         retry_ms,
         granted,
+        found: None,
     };
     (
         TokenBucketState {
@@ -219,6 +221,7 @@ pub fn return_token(
         reset_ms: p.wait_ms(tokens, p.capacity as f64).unwrap_or(p.window_ms),
         retry_ms: Some(0),
         granted: 0,
+        found: None,
     };
     (
         TokenBucketState {

@@ -100,6 +100,7 @@ impl Lease {
             reset_ms,
             retry_ms: Some(0),
             granted: spent,
+            found: None,
         }
     }
 

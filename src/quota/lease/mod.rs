@@ -479,6 +479,7 @@ mod tests {
             reset_ms: 0,
             retry_ms: Some(0),
             granted: n,
+            found: None,
         }
     }
 

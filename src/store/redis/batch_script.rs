@@ -50,17 +50,18 @@ pub fn push_op(cmd: &mut redis::Cmd, call: &ScriptCall) {
     };
 }
 
-/// The bytes of one op's answer in a batch's packed reply: four little-endian doubles.
-pub const PACKED_REPLY_BYTES: usize = 32;
+/// The bytes of one op's answer in a batch's packed reply: five little-endian doubles (the
+/// fifth -1 for an op that answers four: every op but a fixed window's take).
+pub const PACKED_REPLY_BYTES: usize = 40;
 
-/// A batch's packed reply (`lua/batch.lua`: when every op answered four numbers, one string
+/// A batch's packed reply (`lua/batch.lua`: when every op answered its numbers, one string
 /// of them as little-endian doubles, which Redis passes on as it is, where an array of
 /// arrays costs Redis a reply per number and this client a parse per number): each op's
 /// numbers as Redis would have sent them as integers. Redis turns a Lua number into an
 /// integer reply with C's `(long long)` cast, which on x86-64 gives `i64::MIN` for a number
 /// out of its range; so does this, so the two forms read alike (only a `remaining` of 2^63
 /// tokens or more is out of range: the waits are capped at 2^53). Public for the tests.
-pub fn packed_replies(bytes: &[u8]) -> impl Iterator<Item = [i64; 4]> + '_ {
+pub fn packed_replies(bytes: &[u8]) -> impl Iterator<Item = [i64; 5]> + '_ {
     bytes.chunks_exact(PACKED_REPLY_BYTES).map(|op| {
         std::array::from_fn(|i| {
             let mut double = [0u8; 8];
@@ -97,7 +98,7 @@ pub(super) async fn eval_batch<C: ConnectionLike>(
         reply => reply,
     };
     let replies = match reply {
-        // Every op answered its four numbers: one string of doubles (`lua/batch.lua`).
+        // Every op answered its numbers: one string of doubles (`lua/batch.lua`).
         Value::BulkString(bytes) if bytes.len() == ops.len() * PACKED_REPLY_BYTES => {
             return Ok(packed_replies(&bytes)
                 .zip(ops)
@@ -226,18 +227,21 @@ mod tests {
 
     #[test]
     fn a_packed_reply_reads_as_redis_sends_the_same_numbers_as_integers() {
-        let numbers = [1.0, 0.0, 2_500.0, -1.0, 12.7, 9_007_199_254_740_992.0];
+        let numbers = [1.0, 0.0, 2_500.0, -1.0, -1.0, 12.7, 9_007_199_254_740_992.0];
         let mut bytes = Vec::new();
         for x in numbers
             .iter()
-            .chain(&[9_223_372_036_854_775_808.0, u64::MAX as f64])
+            .chain(&[9_223_372_036_854_775_808.0, u64::MAX as f64, 3.0])
         {
             bytes.extend_from_slice(&x.to_le_bytes());
         }
-        let read: Vec<[i64; 4]> = packed_replies(&bytes).collect();
+        let read: Vec<[i64; 5]> = packed_replies(&bytes).collect();
         // Truncated toward zero, as C's cast; past i64 (a `remaining` of 2^63 or more) what
         // Redis's cast gives on x86-64, which the store reads as 0 as it does that integer.
-        assert_eq!(read, [[1, 0, 2_500, -1], [12, 1 << 53, i64::MIN, i64::MIN]]);
+        assert_eq!(
+            read,
+            [[1, 0, 2_500, -1, -1], [12, 1 << 53, i64::MIN, i64::MIN, 3]]
+        );
         assert_eq!(as_redis_int(f64::NAN), i64::MIN);
         assert_eq!(as_redis_int(-9_223_372_036_854_775_808.0), i64::MIN);
         assert_eq!(

@@ -417,8 +417,8 @@ async fn pipeline<'a, 'o, C: ConnectionLike>(
     Ok(replies)
 }
 
-/// `{allowed, remaining, reset_ms, retry_ms}` (a take) or `{granted, remaining, reset_ms,
-/// retry_ms}` (`lease.lua`) → [`Outcome`].
+/// `{allowed, remaining, reset_ms, retry_ms[, found]}` (a take; a fixed window's adds the
+/// count it found) or `{granted, remaining, reset_ms, retry_ms}` (`lease.lua`) → [`Outcome`].
 pub(super) fn parse_outcome(reply: Value, op: &Op) -> Result<Outcome, CallError> {
     let items = match reply {
         Value::Array(items) => items,
@@ -435,16 +435,29 @@ pub(super) fn parse_outcome(reply: Value, op: &Op) -> Result<Outcome, CallError>
             Value::Int(remaining),
             Value::Int(reset),
             Value::Int(retry),
-        ] => Ok(outcome_of([*first, *remaining, *reset, *retry], op)),
+            found @ ..,
+        ] if found.len() <= 1 => {
+            let found = match found {
+                [Value::Int(found)] => *found,
+                [] => -1,
+                _ => {
+                    return Err(CallError::Reply(format!(
+                        "expected 4 or 5 integers, got {items:?}"
+                    )));
+                }
+            };
+            Ok(outcome_of([*first, *remaining, *reset, *retry, found], op))
+        }
         _ => Err(CallError::Reply(format!(
-            "expected 4 integers, got {items:?}"
+            "expected 4 or 5 integers, got {items:?}"
         ))),
     }
 }
 
-/// A script's four numbers (`{allowed or granted, remaining, reset_ms, retry_ms}`, as Redis
-/// sends them: negative where the script said -1) → [`Outcome`].
-pub(super) fn outcome_of([first, remaining, reset, retry]: [i64; 4], op: &Op) -> Outcome {
+/// A script's numbers (`{allowed or granted, remaining, reset_ms, retry_ms, found}`, as Redis
+/// sends them: negative where the script said -1; `found` -1 when it answered four) →
+/// [`Outcome`].
+pub(super) fn outcome_of([first, remaining, reset, retry, found]: [i64; 5], op: &Op) -> Outcome {
     let first = u64::try_from(first).unwrap_or(0);
     let (allowed, granted) = match (ScriptCall::for_op(op), op.action) {
         (_, Action::Return { .. }) => (true, 0),
@@ -457,6 +470,7 @@ pub(super) fn outcome_of([first, remaining, reset, retry]: [i64; 4], op: &Op) ->
         reset_ms: u64::try_from(reset).unwrap_or(0),
         retry_ms: u64::try_from(retry).ok(),
         granted,
+        found: u64::try_from(found).ok(),
     }
 }
 

@@ -18,9 +18,8 @@
 //!
 //! Counts are hits (the descriptor's `hits_addend`), as the reference counts them, not
 //! decisions, split as it splits them ([`Split`]: a request that crosses the limit counts its
-//! hits past the limit as `over_limit` and the rest of the near band as `near_limit`, except
-//! on a fixed window, whose refused take reports no count to split by, so all its hits are
-//! `over_limit`; an
+//! hits past the limit as `over_limit` and the rest of the near band as `near_limit` (a fixed
+//! window's refused take says the count it found: `Outcome::found`); an
 //! admitted one that crosses ⌊limit × near_limit_ratio⌋ counts only the part past it as
 //! `near_limit`); names are sanitized as its `SanitizeStatName` does (`:`, `|` and an IPv4
 //! address's dots become `_`), and the startup load counts as a `config_load_success`. Sending happens off the request path; counting on it costs one map read and
