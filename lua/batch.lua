@@ -32,8 +32,8 @@
 --   ARGV[2 .. n]  the keys of ops 2 .. n
 --   ARGV[n + 1 …] the ops as in the first layout
 --
--- The reply: when every op answered its four numbers, one string of them, four little-endian
--- doubles an op (an array of arrays costs Redis a reply per number, and the client a parse
+-- The reply: when every op answered its numbers, one string of them, five little-endian
+-- doubles an op (a fixed window's take answers five, the others four and a -1; an array of arrays costs Redis a reply per number, and the client a parse
 -- per number); when any op failed, one reply per op, each as its script answers alone (its
 -- error an error reply).
 --
