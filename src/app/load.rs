@@ -67,7 +67,15 @@ pub(super) fn reference_mapper(
         error,
     };
     let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    Mapper::from_yaml(&text).map_err(fail)
+    let (mapper, unread) = Mapper::from_yaml_noting(&text).map_err(fail)?;
+    if !unread.is_empty() {
+        tracing::warn!(
+            path = %path,
+            at = %unread.join(", "),
+            "prometheus_mapper: histogram_options is not read: the histograms have Prometheus's default buckets"
+        );
+    }
+    Ok(mapper)
 }
 
 /// The rules at startup, and the fingerprint taken just before reading them (see `reload.rs`).

@@ -76,6 +76,29 @@ pub struct Mapper {
     mappings: Vec<Mapping>,
 }
 
+/// Where a mapping file sets `histogram_options` (`defaults`, `mappings[i]`), which is not read.
+fn unread_histogram_options(text: &str) -> Vec<String> {
+    let Ok(docs) = YamlLoader::load_from_str(text) else {
+        return Vec::new();
+    };
+    let Some(root) = docs.into_iter().next() else {
+        return Vec::new();
+    };
+    let set = |node: &Yaml| !matches!(node["histogram_options"], Yaml::BadValue | Yaml::Null);
+    let mut found = Vec::new();
+    if set(&root["defaults"]) {
+        found.push("defaults".to_string());
+    }
+    if let Yaml::Array(items) = &root["mappings"] {
+        for (i, item) in items.iter().enumerate() {
+            if set(item) {
+                found.push(format!("mappings[{i}]"));
+            }
+        }
+    }
+    found
+}
+
 impl Mapper {
     /// The reference's default mapping (its `src/stats/prom/default_mapper.yaml`, as behaviour):
     /// a rule's counters by domain and its first key (globs) or first two (regexes), the error
@@ -140,6 +163,18 @@ impl Mapper {
     /// `timer_type`/`observer_type`, and those `defaults`; `histogram_options` is not read:
     /// the buckets are Prometheus's defaults). Errors name the mapping.
     pub fn from_yaml(text: &str) -> Result<Mapper, String> {
+        Mapper::from_yaml_noting(text).map(|(m, _)| m)
+    }
+
+    /// [`Mapper::from_yaml`], and where the file asks for what is not read (`histogram_options`,
+    /// in `defaults` or a mapping): the startup warning names each, so a dashboard built on
+    /// custom buckets is not silently fed the default ones.
+    pub fn from_yaml_noting(text: &str) -> Result<(Mapper, Vec<String>), String> {
+        let unread = unread_histogram_options(text);
+        Mapper::parse_yaml(text).map(|m| (m, unread))
+    }
+
+    fn parse_yaml(text: &str) -> Result<Mapper, String> {
         // Read with yaml-rust2 directly: telemetry sits below the rules and does not borrow
         // their position-keeping reader. Errors name the mapping by its index.
         let docs = YamlLoader::load_from_str(text).map_err(|e| e.to_string())?;
@@ -573,6 +608,19 @@ mappings:
             let e = Mapper::from_yaml(bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
+    }
+
+    /// `histogram_options` is not read; where a file sets it is said (the startup warning).
+    #[test]
+    fn histogram_options_are_named_as_unread() {
+        let (_, unread) = Mapper::from_yaml_noting(
+            "defaults:\n  histogram_options: {buckets: [0.1, 1]}\nmappings:\n  - match: \"a.*\"\n    name: \"a\"\n  - match: \"b.*\"\n    name: \"b\"\n    histogram_options: {buckets: [5]}\n",
+        )
+        .unwrap();
+        assert_eq!(unread, ["defaults", "mappings[1]"]);
+        let (_, none) =
+            Mapper::from_yaml_noting("mappings:\n  - match: \"a.*\"\n    name: \"a\"\n").unwrap();
+        assert!(none.is_empty());
     }
 
     /// Go's `regexp.Expand` and the exporter's escaping of mapped names.
