@@ -246,6 +246,38 @@ async fn statsd_gets_the_references_counters_under_its_names() {
         lines.lock().unwrap(),
         text()
     );
+    // The reference's gRPC server stats: a count of the 5 calls, and a timer line for each
+    // (a call is timed as it ends, so its line may come a send after its counters).
+    let server = |suffix: &str| -> Vec<String> {
+        lines
+            .lock()
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix("ratelimit_server.ShouldRateLimit."))
+            .filter(|l| l.ends_with(suffix))
+            .map(str::to_string)
+            .collect()
+    };
+    let calls = || -> u64 {
+        server("|c")
+            .iter()
+            .filter_map(|l| {
+                l.strip_prefix("total_requests:")?
+                    .strip_suffix("|c")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    let counted = poll(Duration::from_secs(10), || {
+        (calls() == 5 && server("|ms").len() == 5).then_some(())
+    });
+    assert!(counted.is_some(), "{}", lines.lock().unwrap());
+    let timers = server("|ms");
+    assert!(
+        timers.iter().all(|t| t.starts_with("response_time:")),
+        "{timers:?}"
+    );
     let _ = child.kill();
     let _ = child.wait();
 }

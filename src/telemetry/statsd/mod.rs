@@ -14,7 +14,8 @@
 //!   entry's `key_value` with `detailed_metric` (up to `detailed_metric_max_series` per limit);
 //! - `ratelimit.service.rate_limit.<domain>.domain_not_found`;
 //! - `ratelimit.service.config_load_success`, `config_load_error`, `global_shadow_mode`;
-//! - `ratelimit.service.call.should_rate_limit.{redis_error,service_error}`.
+//! - `ratelimit.service.call.should_rate_limit.{redis_error,service_error}`;
+//! - `ratelimit_server.ShouldRateLimit.total_requests` and its `response_time` timer ([`Timings`]).
 //!
 //! Counts are hits (the descriptor's `hits_addend`), as the reference counts them, not
 //! decisions, split as it splits them ([`Split`]: a request that crosses the limit counts its
@@ -160,7 +161,23 @@ pub struct Statsd {
     redis_errors: AtomicU64,
     service_errors: AtomicU64,
     pub response_times: ResponseTimes,
+    /// The response times of the calls since the last send, for the reference's statsd timer.
+    timings: std::sync::Mutex<Timings>,
 }
+
+/// Response times kept for the next send (`ratelimit_server.ShouldRateLimit.response_time`):
+/// the first [`TIMINGS_KEPT`] calls of each flush interval, and how many there were. The
+/// reference sends a timer line per call; past the cap the kept ones go with the statsd
+/// sample rate kept ÷ seen, so an exporter counts every call while a send stays bounded.
+#[derive(Debug, Default)]
+pub(crate) struct Timings {
+    pub(crate) seen: u64,
+    /// Milliseconds.
+    pub(crate) kept: Vec<f64>,
+}
+
+/// At most this many timer lines a send.
+pub const TIMINGS_KEPT: usize = 1_000;
 
 /// How a failed `ShouldRateLimit` call counts in the reference's error counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,6 +292,13 @@ impl Statsd {
         }
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.response_times.observe(elapsed);
+        {
+            let mut t = self.timings.lock().unwrap_or_else(|p| p.into_inner());
+            t.seen += 1;
+            if t.kept.len() < TIMINGS_KEPT {
+                t.kept.push(elapsed.as_secs_f64() * 1000.0);
+            }
+        }
         match error {
             Some(CallError::Redis) => self.redis_errors.fetch_add(1, Ordering::Relaxed),
             Some(CallError::Service) => self.service_errors.fetch_add(1, Ordering::Relaxed),
@@ -301,6 +325,11 @@ impl Statsd {
                 .clone(),
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The response times kept since the last call (see [`Timings`]).
+    pub(crate) fn take_timings(&self) -> Timings {
+        std::mem::take(&mut *self.timings.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Every counter's name (after `ratelimit.service.`) and value since start.

@@ -1,6 +1,6 @@
 //! Sending the statsd counters (`telemetry/statsd/mod.rs` counts them): every
 //! `statsd_flush_interval_ms`, each counter's growth since its last send, as statsd counter
-//! lines over UDP (datagrams packed by cadence's buffered sink) or TCP (`tcp://host:port`), as
+//! lines, and the response times kept since, as timer lines, over UDP (datagrams packed by cadence's buffered sink) or TCP (`tcp://host:port`), as
 //! the reference sends them; a failed send keeps the growth for the next one.
 
 use std::collections::HashMap;
@@ -9,9 +9,9 @@ use std::net::{TcpStream, ToSocketAddrs, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cadence::{BufferedUdpMetricSink, Counted, MetricSink, StatsdClient};
+use cadence::{BufferedUdpMetricSink, Counted, MetricSink, StatsdClient, Timed};
 
-use super::PREFIX;
+use super::{PREFIX, Timings};
 use crate::telemetry::Metrics;
 
 /// Sends the counters' growth to `target` every `every`, and once more when `stop`
@@ -34,7 +34,20 @@ pub async fn run(
             _ = tick.tick() => false,
             _ = &mut stop => true,
         };
-        let snapshot = metrics.statsd.snapshot(&metrics);
+        let mut snapshot: Vec<(String, u64)> = metrics
+            .statsd
+            .snapshot(&metrics)
+            .into_iter()
+            .map(|(name, v)| (format!("{PREFIX}.{name}"), v))
+            .collect();
+        // The reference's gRPC server counts its calls under a scope of its own.
+        snapshot.push((
+            format!("{SERVER}.total_requests"),
+            metrics
+                .statsd
+                .calls
+                .load(std::sync::atomic::Ordering::Relaxed),
+        ));
         let growth: Vec<(String, u64)> = snapshot
             .iter()
             .filter_map(|(name, v)| {
@@ -42,10 +55,12 @@ pub async fn run(
                 (delta > 0).then(|| (name.clone(), delta))
             })
             .collect();
-        if !growth.is_empty() {
+        // Timings are sent once, lost with a failed send (a timer is a sample, not a total).
+        let timings = metrics.statsd.take_timings();
+        if !growth.is_empty() || !timings.kept.is_empty() {
             let to = target.clone();
             // Resolving a name and writing to a socket block: not on the runtime's threads.
-            let result = tokio::task::spawn_blocking(move || send(&to, &growth))
+            let result = tokio::task::spawn_blocking(move || send(&to, &growth, &timings))
                 .await
                 .unwrap_or_else(|e| Err(e.to_string()));
             match result {
@@ -95,21 +110,35 @@ impl Target {
 /// How long a TCP send may take to connect, and each write.
 const TCP_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// One send: each counter as `ratelimit.service.<name>:<n>|c`, one line each; over UDP in
-/// datagrams of at most 512 bytes, over TCP on one connection opened for the send. The name
-/// is resolved at each send, so a statsd server that moves is followed.
-fn send(target: &Target, growth: &[(String, u64)]) -> Result<(), String> {
+/// The reference's gRPC server's stats scope: `ratelimit_server.ShouldRateLimit.*`.
+const SERVER: &str = "ratelimit_server.ShouldRateLimit";
+
+/// One send: each counter as `<name>:<n>|c` (`ratelimit.service.…`, and the server's
+/// `total_requests`), and each kept response time as `ratelimit_server.ShouldRateLimit.
+/// response_time:<ms>|ms` (with `|@<rate>` when more calls were seen than kept), one line
+/// each; over UDP in datagrams of at most 512 bytes, over TCP on one connection opened for
+/// the send. The name is resolved at each send, so a statsd server that moves is followed.
+fn send(target: &Target, growth: &[(String, u64)], timings: &Timings) -> Result<(), String> {
     let client = match target {
         Target::Udp(addr) => {
             let socket = UdpSocket::bind("0.0.0.0:0").map_err(|e| format!("bind: {e}"))?;
             let sink =
                 BufferedUdpMetricSink::from(addr.as_str(), socket).map_err(|e| e.to_string())?;
-            StatsdClient::from_sink(PREFIX, sink)
+            StatsdClient::from_sink("", sink)
         }
-        Target::Tcp(addr) => StatsdClient::from_sink(PREFIX, TcpSink::connect(addr)?),
+        Target::Tcp(addr) => StatsdClient::from_sink("", TcpSink::connect(addr)?),
     };
     for (name, n) in growth {
         client.count(name, *n).map_err(|e| e.to_string())?;
+    }
+    let name = format!("{SERVER}.response_time");
+    let rate = timings.kept.len() as f64 / timings.seen.max(1) as f64;
+    for ms in &timings.kept {
+        let mut timer = client.time_with_tags(&name, ms.round() as u64);
+        if rate < 1.0 {
+            timer = timer.with_sampling_rate(rate);
+        }
+        timer.try_send().map_err(|e| e.to_string())?;
     }
     client.flush().map_err(|e| e.to_string())
 }
