@@ -213,11 +213,7 @@ HOGS = []
 
 
 def stop_everything(signum, _frame):
-    for pid in list(LIVE):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_live()
     for h in HOGS:
         h.kill()
     print(f"test-run: interrupted (signal {signum}); the running binaries were killed", flush=True)
@@ -245,6 +241,29 @@ def run_all(names, jobs, binaries, run, timeout):
             for fut in done:
                 del running[fut]
                 yield fut.result()
+
+
+def failed_tests(text):
+    """The failing tests' names from libtest's closing list (`failures:` then one indented name a
+    line): a test's own output can break its `test … FAILED` line in two."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == "failures:"]
+    if not starts:
+        return []
+    names = []
+    for line in lines[starts[-1] + 1 :]:
+        if not line.startswith("    "):
+            break
+        names.append(line.strip())
+    return names
+
+
+def kill_live():
+    for pid in list(LIVE):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def start_hog():
@@ -295,6 +314,8 @@ def main():
             if runs > 1:
                 print(f"test-run: run {run} of {runs} took {suite_walls[-1]:.0f} s", flush=True)
     finally:
+        # After an error in this script too: no binary, server or busy loop is left behind.
+        kill_live()
         for h in hogs:
             h.kill()
     report(names, walls, cpus, failures, failed_runs, runs, suite_walls, jobs)
