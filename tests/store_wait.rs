@@ -93,7 +93,9 @@ fn replica_of(primary_port: u16) -> TestRedis {
 async fn each_answer_waits_until_the_replica_holds_its_write() {
     let primary = TestRedis::start();
     let replica = replica_of(primary.port());
-    let (store, metrics) = store_with_wait(&primary.url(), 1, 500).await;
+    // A replica acknowledges in well under a millisecond; 1.5 s (under the 2 s store timeout)
+    // leaves room for a stall of a busy machine, and a WAIT that is acknowledged returns at once.
+    let (store, metrics) = store_with_wait(&primary.url(), 1, 1_500).await;
     let k = key(&unique_prefix("wait"), "k");
     let before = calls(primary.port(), "wait");
     for n in 1..=20 {
@@ -136,7 +138,8 @@ async fn on_a_cluster_each_wait_goes_to_the_primary_that_ran_the_scripts() {
     let cluster = tokio::task::spawn_blocking(TestCluster::start_replicated)
         .await
         .unwrap();
-    let (store, metrics) = store_with_wait(&cluster.url(), 1, 500).await;
+    // 1.5 s, as above: measured, a 500 ms WAIT came back short once beside a 300-call burst.
+    let (store, metrics) = store_with_wait(&cluster.url(), 1, 1_500).await;
     let prefix = unique_prefix("cwait");
     let primaries = cluster.primary_ports();
     let before: Vec<(u64, u64)> = primaries

@@ -397,5 +397,8 @@ fn an_estimate_that_is_not_a_positive_integer_reserves_the_default() {
     assert_eq!(r.status, 200, "{}", tollgate.log());
     wait_settled(&tollgate, &envoy, 1.0);
     let t = balance(&redis, &prefix, "hooli").expect("the budget is stored");
-    assert!((960.0..962.0).contains(&t), "balance {t}, want 1000 - 40");
+    // The receipt stamps the take when it was sent, so the refund gives back the refill of the
+    // time the take was in flight less (at 1,000 an hour, 0.28 a second; 0.0006 measured once
+    // on a busy machine): 0.05 is 180 ms of it.
+    assert!((959.95..962.0).contains(&t), "balance {t}, want 1000 - 40");
 }
