@@ -100,6 +100,13 @@ async fn with_redis_killed_each_replica_admits_its_share_then_the_shared_quota_r
         );
         // The circuit opened at the first refused call: the other 19 never touched Redis.
         assert!(failed_calls(s) <= 3.0, "{}", failed_calls(s));
+        // Its log line says what happens meanwhile, whatever the rule's fallback is.
+        let log = s.log();
+        assert!(
+            log.contains("store circuit open: no request is sent to this node until a probe's script runs on it; meanwhile each rule's fallback decides its requests")
+                && !log.contains("go to the fallback"),
+            "{log}"
+        );
         let text = get(s.admin, "/metrics").1;
         assert!(text.contains(r#"outcome="fallback_ok"} 10"#), "{text}");
         assert!(
