@@ -22,33 +22,18 @@ fn tollgate() -> TestServer {
         .start()
 }
 
-/// Envoy in front of `grpc` (the example config), with its connection to tollgate open.
-///
-/// The ratelimit filter's 20 ms covers Envoy's first call opening its HTTP/2 connection to
-/// tollgate, which a busy 2-core machine (three test binaries at once, a debug build) can
-/// take longer than, and Envoy then fails open: a 200 with no rate-limit headers, counted as
-/// admitted by nobody. That first connection is not a decision; one call of a tenant of its own
-/// opens it (tried again while Envoy fails open, within 5 s), so every call a test counts is
-/// decided by tollgate, and the tests that hold the 20 ms budget (`deadlines.rs`) hold it.
-fn envoy_for(grpc: std::net::SocketAddr) -> TestEnvoy {
-    let envoy = TestEnvoy::start(grpc, &[]);
-    warm(&envoy);
-    envoy
-}
+/// Envoy's wait for tollgate in these tests: 1 s, not the example's 20 ms. What they hold is
+/// what tollgate answers (limits, headers, health, failure modes), not Envoy's 20 ms budget:
+/// `deadlines.rs` holds that with the machine to itself (`scripts/test_run.py`, EXCLUSIVE), and
+/// `make bench` on the release binary. At 20 ms a debug build sharing two cores with two other
+/// test binaries sometimes answers a call late, and Envoy then fails open (a 200 with no
+/// rate-limit headers, counted by nobody): seen twice in the runs that introduced the runner,
+/// once after Envoy's connection to tollgate was already open.
+const NOT_THE_BUDGET: (&str, &str) = ("timeout: 0.02s", "timeout: 1s");
 
-/// Opens Envoy's connection to tollgate with one call for the tenant `warm-up` (see
-/// [`envoy_for`]); panics if no call is decided by tollgate within 5 s.
-fn warm(envoy: &TestEnvoy) {
-    let decided = common::poll(std::time::Duration::from_secs(5), || {
-        send(envoy, "/", "warm-up")
-            .header("x-ratelimit-limit")
-            .map(|_| ())
-    });
-    assert!(
-        decided.is_some(),
-        "no call reached tollgate in 5 s:\n{}",
-        envoy.log()
-    );
+/// Envoy in front of `grpc`: the example config, waiting [`NOT_THE_BUDGET`] for tollgate.
+fn envoy_for(grpc: std::net::SocketAddr) -> TestEnvoy {
+    TestEnvoy::start(grpc, &[NOT_THE_BUDGET])
 }
 
 fn send(envoy: &TestEnvoy, path: &str, tenant: &str) -> HttpResponse {
@@ -188,9 +173,11 @@ fn with_tollgate_down_envoy_follows_failure_mode_deny() {
     let mut server = tollgate();
     let envoy = TestEnvoy::start(
         server.grpc,
-        &[("failure_mode_deny: false", "failure_mode_deny: true")],
+        &[
+            ("failure_mode_deny: false", "failure_mode_deny: true"),
+            NOT_THE_BUDGET,
+        ],
     );
-    warm(&envoy);
     assert_eq!(send(&envoy, "/", "closed").status, 200);
     server.terminate();
     let r = send(&envoy, "/", "closed");
@@ -218,7 +205,7 @@ fn through_envoy_on_the_redis_store_the_limit_is_exact() {
         .arg("store", &redis.url())
         .arg("key-prefix", &server_prefix(&server))
         .start();
-    let envoy2 = TestEnvoy::start(second.grpc, &[]);
+    let envoy2 = envoy_for(second.grpc);
     // One request first, for another tenant: a fresh debug process on a loaded CI host can
     // answer its very first call after Envoy's RLS timeout, and Envoy then fails open (200).
     send(&envoy2, "/export", "warm-tenant");
@@ -474,6 +461,7 @@ fn envoy_health_checks_keep_decisions_off_a_replica_whose_store_never_answered()
                 "connect_timeout: 0.25s\n      # gRPC needs HTTP/2",
                 health_checks,
             ),
+            NOT_THE_BUDGET,
         ],
     );
     // Envoy's view of the cluster: the broken replica marked by its failed health check.
@@ -493,7 +481,6 @@ fn envoy_health_checks_keep_decisions_off_a_replica_whose_store_never_answered()
         "Envoy never marked {broken_addr} unhealthy:\n{}",
         get(envoy.admin, "/clusters").1
     );
-    warm(&envoy);
     let decided = |s: &TestServer| common::metric_sum(s.admin, "tollgate_requests_total", &[]);
     let (healthy_before, broken_before) = (decided(&healthy), decided(&broken));
     for i in 0..20 {

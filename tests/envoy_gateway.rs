@@ -102,7 +102,9 @@ async fn as_envoy_gateway_runs_it_rules_over_xds_limit_envoys_requests() {
     wait_version(admin, "1");
 
     let grpc: SocketAddr = format!("127.0.0.1:{grpc_port}").parse().unwrap();
-    let envoy = TestEnvoy::start(grpc, &[]);
+    // Envoy waits 1 s for tollgate, not the example's 20 ms: this test holds the counts, not
+    // the budget (`deadlines.rs` holds that), and a call answered late fails open, uncounted.
+    let envoy = TestEnvoy::start(grpc, &[("timeout: 0.02s", "timeout: 1s")]);
     // A first request for another tenant: a fresh debug process can answer its very first
     // call after Envoy's RLS timeout, and Envoy then fails open.
     until_limited(envoy.front, "warm", 1).await;
