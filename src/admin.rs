@@ -3,11 +3,11 @@
 //! | route          | answer |
 //! |----------------|--------|
 //! | `GET /healthz` | 200 `ok` while the process runs (liveness) |
-//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded; with `unready_until_store_answers`, until the store first answered); a JSON body: status, rules (domains, limits, when loaded, the last failed reload's error), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from) |
+//! | `GET /readyz`  | 200 once rules are loaded and both servers listen, 503 before and while draining (and, with `unready_without_rules`, while no domain is loaded; with `unready_until_store_answers`, until the store first answered); a JSON body: status, rules (domains, limits, when loaded, the last failed reload's error), store (kind, state), fallback (mode, open circuits, replicas and where that count comes from), and with `global_store` set regions (this region, regions heard from and their last beat's age, contact age, partitioned, disagreements, the share held of each global key) |
 //! | `GET /healthcheck` | envoyproxy/ratelimit's probe (Envoy Gateway's readiness probe): 200 `OK` when `/readyz` is 200, else 500 with the reason |
 //! | `GET /metrics` | every family in `telemetry/mod.rs` and the `process_*` ones: OpenMetrics when the `Accept` header names it, else the Prometheus text format |
 //! | `POST /json`   | a RateLimitRequest in proto3 JSON → the response JSON; 200 OK, 429 OVER_LIMIT, 400 bad input, 503 store error or overload; 404 with `admin_json: false` (it spends tokens: with `/counters/reset`, behind its token, the only routes that change state) |
-//! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit; `?pretty`: indented |
+//! | `GET /config`  | the effective settings (secrets redacted) and the rules in force, one row per limit, and the `regions` object `/readyz` shows; `?pretty`: indented |
 //! | `POST /counters/read`, `POST /counters/reset` | the counter API (`counter_api.rs`): a descriptor's buckets read or reset, behind a bearer token; 404 unless `counter_api_token_file` is set |
 //!
 //! Readiness is about tollgate itself: a store outage does not pull replicas out of the
@@ -35,6 +35,9 @@ use crate::service::json::{JsonRequest, JsonResponse, RulesView};
 use crate::service::{Handler, RemoteParent};
 use crate::settings::Settings;
 use crate::telemetry::{exposition, reference_metrics};
+
+/// Global keys whose share `/readyz` and `/config` list at most (by name; `keys` counts all).
+const REGION_KEYS_SHOWN: usize = 100;
 
 /// Shared by the routes.
 #[derive(Debug)]
@@ -195,7 +198,7 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         // are not limited (often Envoy's `domain` differs from the rules' in case or spelling).
         rules_body["unknown_domains"] = json!(unknown);
     }
-    let body = json!({
+    let mut body = json!({
         "status": status,
         "rules": rules_body,
         "store": store_body,
@@ -206,6 +209,9 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
             "replicas_source": replicas.source(),
         },
     });
+    if let Some(shares) = limiter.regions() {
+        body["regions"] = shares.report(REGION_KEYS_SHOWN);
+    }
     let code = if ready {
         StatusCode::OK
     } else {
@@ -308,13 +314,16 @@ async fn json_decide(
 async fn config(State(s): State<Arc<AdminState>>, RawQuery(query): RawQuery) -> Response {
     let rules = s.handler.rules.load();
     let (domains, _, limits) = rules.counts();
-    let body = json!({
+    let mut body = json!({
         "settings": s.settings,
         "store": s.handler.limiter.store().name(),
         "store_state": s.handler.limiter.store().state(),
         "rules": RulesView::new(&rules),
         "rules_status": rules_status(domains, limits, &s.reload.view()),
     });
+    if let Some(shares) = s.handler.limiter.regions() {
+        body["regions"] = shares.report(REGION_KEYS_SHOWN);
+    }
     let pretty = query.as_deref().is_some_and(|q| {
         q.split('&')
             .any(|p| p == "pretty" || p.starts_with("pretty="))

@@ -116,6 +116,7 @@ pub fn region_config(s: &Settings) -> Option<(crate::regions::RegionConfig, Redi
         beat_key: format!("{}{{regions}}", s.key_prefix),
         contact_key: format!("{}{{regions-contact}}", s.key_prefix),
         replica: crate::fleet::replica_id(),
+        global_store: crate::redact::redact_url(&s.global_store),
     };
     let global = RedisConfig {
         url: s.global_store.clone(),
@@ -130,6 +131,7 @@ pub fn region_config(s: &Settings) -> Option<(crate::regions::RegionConfig, Redi
         tls_server_name: String::new(),
         wait_replicas: 0,
         batch_max_ops: 1,
+        role: "global store",
         ..redis_config(s)
     };
     Some((regions, global))
@@ -159,6 +161,7 @@ pub fn redis_config(s: &Settings) -> RedisConfig {
         batch_in_flight: s.store_batch_in_flight,
         batch_max_ops: s.store_batch_max_ops,
         state_format: s.store_state_format,
+        role: "store",
     }
 }
 

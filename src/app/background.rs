@@ -108,9 +108,23 @@ impl Tasks {
         if let Some((shares, global)) = regional {
             let (clock2, store) = (clock.clone(), handler.limiter.store_handle());
             let stop = stopped(stop.clone());
-            clock.spawn(
-                async move { crate::regions::run(shares, global, store, clock2, stop).await },
-            );
+            // The digest of the global limits in force, worked out again only after a reload.
+            let rules = handler.rules.clone();
+            let mut last: Option<(Arc<crate::rules::RuleSet>, String)> = None;
+            let digest = move || {
+                let set = rules.load_full();
+                match &last {
+                    Some((seen, digest)) if Arc::ptr_eq(seen, &set) => digest.clone(),
+                    _ => {
+                        let digest = set.global_digest();
+                        last = Some((set, digest.clone()));
+                        digest
+                    }
+                }
+            };
+            clock.spawn(async move {
+                crate::regions::run(shares, global, store, digest, clock2, stop).await
+            });
         }
         // With the counter API on, this replica follows the fleet's reset log (every replica
         // of a fleet has the same settings): what it holds of a bucket reset anywhere goes.

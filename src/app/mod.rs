@@ -362,8 +362,17 @@ async fn decision_side(
             let global = crate::store::redis::RedisStore::connect(global, &Metrics::new())
                 .await
                 .map_err(load::global_store_error)?;
+            tracing::info!(
+                region = %config.region,
+                regions = ?config.regions,
+                global_store = %config.global_store,
+                exchange_ms = config.exchange.as_millis() as u64,
+                lease_ms = config.lease.as_millis() as u64,
+                "sharing global limits across regions: this region's share of each is agreed with the others through the global store"
+            );
             let shares =
                 crate::regions::Shares::new(config, clock.clone(), metrics.regions.clone());
+            shares.set_rules_digest(set.global_digest());
             let global: Arc<dyn crate::regions::GlobalStore> = Arc::new(global);
             Some((Arc::new(shares), global))
         }

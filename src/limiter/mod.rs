@@ -341,6 +341,11 @@ impl Limiter {
         &self.store
     }
 
+    /// This region's shares of the global limits, when they are shared across regions.
+    pub fn regions(&self) -> Option<&crate::regions::Shares> {
+        self.config.regions.as_deref()
+    }
+
     /// The store, shared: for a background task that outlives a borrow (the regions'
     /// exchange tells its region's store whether this replica reaches the global store).
     pub fn store_handle(&self) -> Arc<Store> {

@@ -34,13 +34,20 @@
 //!   the others' live entries every quarter exchange ([`Shares::tell_region`]), so it finds a
 //!   peer back in contact before the other regions grow into its region's `1/R`. When heard
 //!   from again it starts from at most what it held cut off and grows through the exchanges.
-//! - **Every key this replica saw asked for within a lease** is exchanged, with the demand it
-//!   saw since the last exchange (0 when it saw none: with many replicas in a region, each
-//!   sees a quiet key now and then while the region as a whole asks for it steadily), and
-//!   its share is worked out again from every region's totals, so the replicas of a region
-//!   hold the same share whichever of them a key's requests reach. A key not seen within a
-//!   lease is forgotten; a key first seen holds the floor (`region_floor` × `1/R`) until its
-//!   exchanges say more.
+//! - **Every key this replica saw asked for within a lease** is exchanged, with its demand
+//!   measured over a span long enough to hold a few requests (`demand.rs`: the last exchange's
+//!   period for a busy key, up to a lease for a sparse one, so a tenant seen every few seconds
+//!   is not counted as asking nothing), and its share is worked out again from every region's
+//!   totals, so the replicas of a region hold the same share whichever of them a key's
+//!   requests reach. A key not seen within a lease is forgotten.
+//! - **A key first seen** holds its partition share while nothing is known of it, and is
+//!   exchanged at once, off the interval ([`run`] is told): the global store's totals give it,
+//!   one round trip later, what every region's last exchange already leaves for this region
+//!   (its floor and its part of what nobody asks for), which shrinks it at once where other
+//!   regions use the key. Its demand is measured from the next exchange on.
+//! - **Regions must agree** on the regions, weights, floor and global limits their shares are
+//!   computed from: each replica publishes its settings with its heartbeat, and while any live
+//!   replica's differ, every share is the smallest any of the views gives (`agree.rs`).
 //!
 //! # Bounds
 //!
@@ -58,13 +65,17 @@
 //! At most [`MAX_KEYS`] keys are tracked per replica; a key past that holds the floor (never
 //! more than its due). A key not asked for within a lease is dropped.
 
+mod agree;
 mod allocate;
+mod demand;
 
+pub use agree::{Disagreement, View};
 pub use allocate::{HEADROOM, RegionDemand, WHOLE, allocate, partition_shares};
+pub use demand::{ENOUGH_HITS, History, Period};
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -83,12 +94,9 @@ pub const MAX_KEYS: usize = 100_000;
 /// counted at its partition share meanwhile, and a replica cut off that long drops to the floor.
 pub const MEMORY_LEASES: u64 = 10;
 
-/// Demand above this (parts per million of the limit: a million times the limit) is counted as
-/// this: the global store sums it in Lua's doubles.
-const MAX_DEMAND_PPM: u64 = 1_000_000_000_000;
-
-/// `KeyShare::asked_before` of a key not tracked in the exchange before.
-const NONE: u64 = u64::MAX;
+/// Keys first seen waiting for their first exchange, at most: past it a new key waits for the
+/// next exchange on the interval.
+const FRESH_MAX: usize = 1_024;
 
 /// Demand calls to the global store in flight at once, per replica.
 const DEMAND_CALLS: usize = 64;
@@ -116,22 +124,36 @@ pub struct RegionConfig {
     pub contact_key: String,
     /// This replica's id (host, process, random).
     pub replica: String,
+    /// The global store's URL as logs may show it (no password).
+    pub global_store: String,
+}
+
+/// One replica's heartbeat, as the global store reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Beat {
+    pub region: String,
+    pub replica: String,
+    /// The ms its beat has left (0 or less: ended).
+    pub left_ms: i64,
+    /// The settings it published ([`View::text`]; empty from a release that publishes none).
+    pub settings: String,
 }
 
 /// The global store's three calls (`lua/regions.lua`): a Redis in `serve`, a model of one on
 /// the virtual clock in `tollgate simulate` (`sim/regions.rs`). An exchange is a few calls a
 /// second per replica, never on a decision's path, so its futures are boxed.
 pub trait GlobalStore: std::fmt::Debug + Send + Sync {
-    /// Writes `replica`'s heartbeat (lasting `ttl_ms`) and returns every replica's region with
-    /// the ms its beat has left (0 or less: ended), for beats ended within `memory_ms`.
+    /// Writes `replica`'s heartbeat (lasting `ttl_ms`) with the `settings` it shares by, and
+    /// returns every replica's beat, for beats ended within `memory_ms`.
     fn beat<'a>(
         &'a self,
         key: &'a str,
         who: (&'a str, &'a str),
         ttl_ms: u64,
         memory_ms: u64,
+        settings: &'a str,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<Vec<(String, i64)>, StoreError>>;
+    ) -> BoxFuture<'a, Result<Vec<Beat>, StoreError>>;
 
     /// Takes `replica`'s heartbeat out (a graceful stop).
     fn leave<'a>(
@@ -162,9 +184,10 @@ impl GlobalStore for RedisStore {
         who: (&'a str, &'a str),
         ttl_ms: u64,
         memory_ms: u64,
+        settings: &'a str,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<Vec<(String, i64)>, StoreError>> {
-        Box::pin(self.region_beat(key, who, ttl_ms, memory_ms, timeout))
+    ) -> BoxFuture<'a, Result<Vec<Beat>, StoreError>> {
+        Box::pin(self.region_beat(key, who, ttl_ms, memory_ms, settings, timeout))
     }
 
     fn leave<'a>(
@@ -198,8 +221,6 @@ pub struct Shares {
     contact_ms: AtomicU64,
     /// When the demand was last taken (monotonic ms): demand is asked over the time since.
     counted_ms: AtomicU64,
-    /// How long the period before the last one was (ms): demand is measured over both.
-    counted_before_ms: AtomicU64,
     partition_ppm: u32,
     floor_ppm: u32,
     metrics: RegionMetrics,
@@ -213,6 +234,31 @@ pub struct Shares {
     answered: std::sync::atomic::AtomicBool,
     /// How long the last exchange took (ms): the others' take about as long to make room.
     last_exchange_ms: AtomicU64,
+    /// Keys first seen, waiting for their first exchange (off the interval).
+    fresh: Mutex<Vec<String>>,
+    /// Told when a key is first seen.
+    fresh_ready: tokio::sync::Notify,
+    /// What the last answered heartbeat said: who is heard from, under which views.
+    heard: RwLock<Heard>,
+    /// `RuleSet::global_digest` of the rules in force (set by [`run`]'s caller).
+    rules: Mutex<String>,
+    /// Whether this replica was cut off at the last look (its log says when that changes).
+    was_partitioned: AtomicBool,
+}
+
+/// What the last answered heartbeat said.
+#[derive(Debug, Default)]
+struct Heard {
+    /// Every view shares are computed under, this replica's first, each with which of its
+    /// regions are heard from; more than one while some live replica's settings differ.
+    views: Vec<(View, Vec<bool>)>,
+    /// The live replicas whose settings differ from this one's.
+    disagreements: Vec<Disagreement>,
+    /// Per region of this replica's `regions`: heard from, and the ms since its freshest
+    /// beat was written (`None`: no beat within the memory).
+    regions: Vec<(bool, Option<u64>)>,
+    /// Whether any heartbeat was answered yet.
+    answered: bool,
 }
 
 #[derive(Debug)]
@@ -223,8 +269,10 @@ struct KeyShare {
     computed: AtomicU32,
     /// Tokens asked for since the last exchange.
     asked: AtomicU64,
-    /// Tokens asked for in the exchange before (`NONE`: the key was not tracked then).
-    asked_before: AtomicU64,
+    /// Requests that asked them.
+    hits: AtomicU64,
+    /// The periods between the exchanges of the last lease: what its demand is measured over.
+    history: Mutex<History>,
     /// The limit: its refill per window (what a share is a share of).
     refill: u64,
     window_ms: u64,
@@ -249,7 +297,6 @@ impl Shares {
             keys: RwLock::new(HashMap::new()),
             contact_ms: AtomicU64::new(now),
             counted_ms: AtomicU64::new(now),
-            counted_before_ms: AtomicU64::new(0),
             partition_ppm,
             floor_ppm,
             metrics,
@@ -257,6 +304,29 @@ impl Shares {
             peers_in_contact: true.into(),
             answered: false.into(),
             last_exchange_ms: AtomicU64::new(0),
+            fresh: Mutex::new(Vec::new()),
+            fresh_ready: tokio::sync::Notify::new(),
+            heard: RwLock::new(Heard::default()),
+            rules: Mutex::new("none".into()),
+            was_partitioned: false.into(),
+        }
+    }
+
+    /// Sets the digest of the global limits in force (`RuleSet::global_digest`), published
+    /// with the next heartbeat.
+    pub fn set_rules_digest(&self, digest: String) {
+        *lock(&self.rules) = digest;
+    }
+
+    /// This replica's view: what its shares are computed from.
+    pub fn view(&self) -> View {
+        let cfg = &self.config;
+        View {
+            regions: cfg.regions.clone(),
+            weights: cfg.weights.clone(),
+            floor: cfg.floor,
+            lease_ms: cfg.lease.as_millis() as u64,
+            rules: lock(&self.rules).clone(),
         }
     }
 
@@ -339,21 +409,42 @@ impl Shares {
                 if keys.len() >= MAX_KEYS && !keys.contains_key(key) {
                     None
                 } else {
-                    Some(
-                        keys.entry(key.to_string())
-                            .or_insert_with(|| {
-                                Arc::new(KeyShare {
-                                    effective: AtomicU32::new(self.floor_ppm),
-                                    computed: AtomicU32::new(self.floor_ppm),
-                                    asked: AtomicU64::new(0),
-                                    asked_before: AtomicU64::new(NONE),
-                                    refill,
-                                    window_ms,
-                                    seen_ms: AtomicU64::new(now),
-                                })
+                    let mut first = false;
+                    // Cut off, the others may not have made room yet: the floor, as for any
+                    // key (`held` lets it reach the partition share once they have).
+                    let start = if self.partitioned_at(now) {
+                        self.floor_ppm
+                    } else {
+                        self.partition_ppm
+                    };
+                    let e = keys
+                        .entry(key.to_string())
+                        .or_insert_with(|| {
+                            first = true;
+                            // Nothing known of it yet: its partition share, until its first
+                            // exchange (queued below, run at once) says what is left for it.
+                            Arc::new(KeyShare {
+                                effective: AtomicU32::new(start),
+                                computed: AtomicU32::new(start),
+                                asked: AtomicU64::new(0),
+                                hits: AtomicU64::new(0),
+                                history: Mutex::new(History::default()),
+                                refill,
+                                window_ms,
+                                seen_ms: AtomicU64::new(now),
                             })
-                            .clone(),
-                    )
+                        })
+                        .clone();
+                    drop(keys);
+                    if first {
+                        let mut fresh = lock(&self.fresh);
+                        if fresh.len() < FRESH_MAX {
+                            fresh.push(key.to_string());
+                            drop(fresh);
+                            self.fresh_ready.notify_one();
+                        }
+                    }
+                    Some(e)
                 }
             }
         };
@@ -361,14 +452,15 @@ impl Shares {
             return self.held(self.floor_ppm, now);
         };
         e.asked.fetch_add(cost, Ordering::Relaxed);
+        e.hits.fetch_add(1, Ordering::Relaxed);
         e.seen_ms.store(now, Ordering::Relaxed);
         self.held(e.effective.load(Ordering::Relaxed), now)
     }
 
-    /// One exchange with the global store: the heartbeat (once answered, this replica's entry
-    /// in its region's contact set, in `region`, renewed at once), then each key asked for
-    /// within a lease. Errors leave the shares as they were (until the cut-off rule takes
-    /// over).
+    /// One exchange with the global store: the heartbeat with this replica's settings (once
+    /// answered, this replica's entry in its region's contact set, in `region`, renewed at
+    /// once), then each key asked for within a lease. Errors leave the shares as they were
+    /// (until the cut-off rule takes over).
     pub async fn exchange(&self, global: &dyn GlobalStore, region: &Store) {
         let now = self.clock.mono_ms();
         if self.partitioned_at(now) {
@@ -380,18 +472,74 @@ impl Shares {
                 e.computed.fetch_min(most, Ordering::Relaxed);
             }
         }
+        if !self.beat(global, region, now).await {
+            return;
+        }
+        // Every key asked for within a lease, by this replica, is exchanged: its demand over
+        // the span its history needs (`demand.rs`), 0 once it has not been asked for in a
+        // lease here (its region's other replicas may still earn it a share), and its share
+        // worked out again from every region's.
+        let asked = self.close_periods(now);
+        let answers = self.demand_calls(global, &asked).await;
+        for (i, answer) in answers {
+            match answer {
+                Ok(totals) => self.settle(&asked[i].1, &totals, false),
+                Err(_) => self.count(false),
+            }
+        }
+        self.observe(self.clock.mono_ms());
+    }
+
+    /// Closes the period of every key tracked (what it was asked since the last close goes
+    /// into its history: [`run`] closes one at each exchange and one halfway between, so a
+    /// change of demand is read from the half-interval after it) and forgets each key not
+    /// asked for within a lease (seen again, it starts over as a key first seen). Each key
+    /// kept, with its demand.
+    fn close_periods(&self, now: u64) -> Vec<(String, Arc<KeyShare>, u64)> {
+        let lease_ms = self.config.lease.as_millis() as u64;
+        let mut asked = Vec::new();
+        let mut keys = write(&self.keys);
+        let taken = self.clock.mono_ms();
+        let over_ms = taken
+            .saturating_sub(self.counted_ms.swap(taken, Ordering::Relaxed))
+            .max(1);
+        keys.retain(|key, e| {
+            let period = Period {
+                tokens: e.asked.swap(0, Ordering::Relaxed),
+                hits: e.hits.swap(0, Ordering::Relaxed),
+                ms: over_ms,
+            };
+            let keep = period.hits > 0
+                || now.saturating_sub(e.seen_ms.load(Ordering::Relaxed)) <= lease_ms;
+            if keep {
+                let mut history = lock(&e.history);
+                history.push(period, lease_ms);
+                let demand = history.demand_ppm(e.refill, e.window_ms);
+                asked.push((key.clone(), e.clone(), demand));
+            }
+            keep
+        });
+        asked
+    }
+
+    /// The heartbeat: sends this replica's settings, reads who is heard from and under which
+    /// views (`agree.rs`). False when the global store did not answer.
+    async fn beat(&self, global: &dyn GlobalStore, region: &Store, now: u64) -> bool {
         let cfg = &self.config;
         let lease_ms = cfg.lease.as_millis() as u64;
+        let mine = self.view();
+        let settings = mine.text();
         let beat = global
             .beat(
                 &cfg.beat_key,
                 (&cfg.region, &cfg.replica),
                 lease_ms,
                 MEMORY_LEASES * lease_ms,
+                &settings,
                 self.bound(),
             )
             .await;
-        let beats = match beat {
+        match beat {
             Ok(beats) => {
                 // From when it was sent: the global store wrote it after that.
                 self.contact_ms.fetch_max(now, Ordering::Relaxed);
@@ -401,64 +549,35 @@ impl Shares {
                 // only while no other replica is in contact, and the other regions may count
                 // this region heard from again as soon as this beat is read.
                 self.tell_region(region).await;
-                beats
+                self.hear(mine, &beats);
+                true
             }
             Err(e) => {
                 self.count(false);
-                tracing::debug!(error = %e, "region heartbeat failed");
+                tracing::debug!(error = %e, global_store = %cfg.global_store, "region heartbeat failed");
                 self.observe(self.clock.mono_ms());
-                return;
+                false
             }
-        };
-        let reachable = self.reachable(&beats);
-        // Every key asked for within a lease, by this replica, is exchanged: its demand over
-        // the last two periods between exchanges (one, for a key new since), and its share
-        // worked out again from every region's. Two periods, because one is a count of a few
-        // requests: a region asking 20 a second over two replicas exchanging every 450 ms was
-        // measured at 16 to 21, and its share (with the headroom) at times below what it
-        // asked. 0 for a key it did not see meanwhile, whose share its region's other replicas
-        // may still earn. A key not asked for within a lease is forgotten (seen again, it
-        // starts from the floor).
-        let mut asked: Vec<(String, Arc<KeyShare>, u64, u64)> = Vec::new();
-        let (over_ms, before_ms);
-        {
-            let mut keys = write(&self.keys);
-            let taken = self.clock.mono_ms();
-            over_ms = taken
-                .saturating_sub(self.counted_ms.swap(taken, Ordering::Relaxed))
-                .max(1);
-            before_ms = self.counted_before_ms.swap(over_ms, Ordering::Relaxed);
-            keys.retain(|key, e| {
-                let n = e.asked.swap(0, Ordering::Relaxed);
-                let keep =
-                    n > 0 || now.saturating_sub(e.seen_ms.load(Ordering::Relaxed)) <= lease_ms;
-                if keep {
-                    // Over both periods, or this one alone for a key new since the last.
-                    let (tokens, ms) = match e.asked_before.swap(n, Ordering::Relaxed) {
-                        NONE => (n, over_ms),
-                        b => (n.saturating_add(b), over_ms + before_ms),
-                    };
-                    asked.push((key.clone(), e.clone(), tokens, ms));
-                }
-                keep
-            });
         }
-        let bound = self.bound();
+    }
+
+    /// One demand call per key of `asked` (its demand, ppm), 64 at a time: each one's index in
+    /// `asked` with every region's totals.
+    async fn demand_calls(
+        &self,
+        global: &dyn GlobalStore,
+        asked: &[(String, Arc<KeyShare>, u64)],
+    ) -> Vec<(usize, Result<Vec<(String, u64)>, StoreError>)> {
+        let cfg = &self.config;
+        let (bound, lease_ms) = (self.bound(), cfg.lease.as_millis() as u64);
         // Owned inputs: the calls' futures borrow nothing of `asked`.
         let calls: Vec<(usize, String, u64)> = asked
             .iter()
             .enumerate()
-            .map(|(i, (key, e, n, ms))| {
-                // Tokens asked over one window of the limit, as parts per million of its refill.
-                let per_window =
-                    u128::from(*n) * u128::from(e.window_ms) / u128::from((*ms).max(1));
-                let demand = (per_window * u128::from(WHOLE) / u128::from(e.refill.max(1)))
-                    .min(u128::from(MAX_DEMAND_PPM)) as u64;
-                (i, format!("{key}|regions"), demand)
-            })
+            .map(|(i, (key, _, demand))| (i, format!("{key}|regions"), *demand))
             .collect();
         let (region, replica) = (cfg.region.as_str(), cfg.replica.as_str());
-        let answers: Vec<_> = futures_util::stream::iter(calls)
+        futures_util::stream::iter(calls)
             .map(|(i, demand_key, demand)| async move {
                 let answer = global
                     .demand(&demand_key, (region, replica), demand, lease_ms, bound)
@@ -467,14 +586,31 @@ impl Shares {
             })
             .buffer_unordered(DEMAND_CALLS)
             .collect()
-            .await;
-        for (i, answer) in answers {
+            .await
+    }
+
+    /// The first exchange of the keys first seen since the last look, off the interval: each
+    /// one's demand call (0: none measured yet) and its share from the totals it answers. Not
+    /// while cut off, nor before any heartbeat was answered (who is heard from is unknown):
+    /// those keys wait for the exchange on the interval, at their partition share.
+    pub async fn exchange_fresh(&self, global: &dyn GlobalStore) {
+        let keys: Vec<String> = std::mem::take(&mut *lock(&self.fresh));
+        let now = self.clock.mono_ms();
+        if keys.is_empty() || !read(&self.heard).answered || self.partitioned_at(now) {
+            return;
+        }
+        let asked: Vec<(String, Arc<KeyShare>, u64)> = {
+            let tracked = read(&self.keys);
+            keys.into_iter()
+                .filter_map(|k| tracked.get(&k).cloned().map(|e| (k, e, 0)))
+                .collect()
+        };
+        for (i, answer) in self.demand_calls(global, &asked).await {
             match answer {
-                Ok(totals) => self.settle(&asked[i].1, &reachable, &totals),
+                Ok(totals) => self.settle(&asked[i].1, &totals, true),
                 Err(_) => self.count(false),
             }
         }
-        self.observe(self.clock.mono_ms());
     }
 
     /// Tells this region's own store whether this replica reaches the global store. Its
@@ -515,60 +651,195 @@ impl Shares {
         }
     }
 
-    /// Whether each region of `regions` is heard from: one of its replicas' beats live, and
-    /// none ended within the memory.
-    fn reachable(&self, beats: &[(String, i64)]) -> Vec<bool> {
+    /// Takes in what the heartbeat answered: which regions are heard from under this
+    /// replica's view and under every other view a live replica published (`agree.rs`), the
+    /// disagreements (logged when they change), and each region's contact.
+    fn hear(&self, mine: View, beats: &[Beat]) {
         let cfg = &self.config;
-        if let Some((unknown, _)) = beats.iter().find(|(r, _)| !cfg.regions.contains(r))
+        if let Some(unknown) = beats.iter().find(|b| !cfg.regions.contains(&b.region))
             && !self.warned_unknown.swap(true, Ordering::Relaxed)
         {
             tracing::warn!(
-                region = %unknown,
+                region = %unknown.region,
                 regions = ?cfg.regions,
+                global_store = %cfg.global_store,
                 "a region not in this replica's `regions` shares the global store: every region must list the same regions, or their partition shares do not add up"
             );
         }
-        cfg.regions
+        let text = mine.text();
+        let mut disagreements = Vec::new();
+        let mut others: Vec<View> = Vec::new();
+        for b in beats.iter().filter(|b| b.left_ms > 0) {
+            if b.settings.is_empty() || b.settings == text {
+                continue;
+            }
+            disagreements.push(Disagreement {
+                region: b.region.clone(),
+                replica: b.replica.clone(),
+                settings: b.settings.clone(),
+            });
+            if let Some(view) = View::parse(&b.settings)
+                && mine.shares_differ(&view)
+                && !others.contains(&view)
+            {
+                others.push(view);
+            }
+        }
+        disagreements.sort_by(|a, b| (&a.region, &a.replica).cmp(&(&b.region, &b.replica)));
+        let lease_ms = cfg.lease.as_millis() as i64;
+        let regions = cfg
+            .regions
             .iter()
             .map(|name| {
-                let mine = beats.iter().filter(|(r, _)| r == name);
-                let live = mine.clone().any(|(_, left)| *left > 0);
-                let ended = mine.clone().any(|(_, left)| *left <= 0);
-                live && !ended
-            })
-            .collect()
-    }
-
-    /// Puts one key's exchange in: its region's share from every region's demand (`totals`)
-    /// and which regions are heard from (`reachable`, in the order of `regions`). Growth waits
-    /// one exchange; shrinking is at once.
-    fn settle(&self, e: &KeyShare, reachable: &[bool], totals: &[(String, u64)]) {
-        let cfg = &self.config;
-        let views: Vec<RegionDemand> = cfg
-            .regions
-            .iter()
-            .zip(reachable)
-            .zip(&cfg.weights)
-            .map(|((name, &reachable), &weight)| RegionDemand {
-                reachable,
-                weight,
-                demand_ppm: totals
-                    .iter()
-                    .find(|(r, _)| r == name)
-                    .map_or(0, |(_, d)| *d),
+                let mine = beats.iter().filter(|b| b.region == *name);
+                let heard = heard_from(name, beats);
+                let age = mine.map(|b| (lease_ms - b.left_ms).max(0) as u64).min();
+                (heard, age)
             })
             .collect();
-        let shares = allocate(&views, cfg.floor);
-        let mine = cfg
+        let mut views = vec![(mine.clone(), reachable(&mine.regions, beats))];
+        views.extend(others.into_iter().map(|v| {
+            let heard = reachable(&v.regions, beats);
+            (v, heard)
+        }));
+        let mut heard = write(&self.heard);
+        if heard.disagreements != disagreements {
+            for d in disagreements
+                .iter()
+                .filter(|d| !heard.disagreements.contains(d))
+            {
+                tracing::error!(
+                    region = %d.region,
+                    replica = %d.replica,
+                    theirs = %d.settings,
+                    ours = %text,
+                    this_region = %cfg.region,
+                    global_store = %cfg.global_store,
+                    "regions disagree on how global limits are shared: every region must list the same regions, weights, floor and lease, and load the same global limits; until they do, each region holds the smallest share any of the settings gives it"
+                );
+            }
+            if disagreements.is_empty() {
+                tracing::info!(global_store = %cfg.global_store, "the regions agree again on how global limits are shared");
+            }
+        }
+        self.metrics.disagreements.set(disagreements.len() as i64);
+        *heard = Heard {
+            views,
+            disagreements,
+            regions,
+            answered: true,
+        };
+    }
+
+    /// Puts one key's exchange in: its region's share from every region's demand (`totals`),
+    /// the smallest any view gives. Growth waits one exchange; shrinking is at once. A key's
+    /// `first` exchange (off the interval) takes its share at once, but only ever down from
+    /// the partition share it started at: it is what the others' last exchanges leave for
+    /// this region, with this replica asking nothing yet.
+    fn settle(&self, e: &KeyShare, totals: &[(String, u64)], first: bool) {
+        let mine = {
+            let heard = read(&self.heard);
+            self.share_under(&heard.views, totals)
+        };
+        let held = if first {
+            e.computed.store(mine, Ordering::Relaxed);
+            e.effective.fetch_min(mine, Ordering::Relaxed).min(mine)
+        } else {
+            let before = e.computed.swap(mine, Ordering::Relaxed);
+            e.effective.store(mine.min(before), Ordering::Relaxed);
+            mine.min(before)
+        };
+        self.metrics.share.observe(f64::from(held) / WHOLE as f64);
+    }
+
+    /// This region's share of a key under every view (this replica's first): the smallest.
+    /// Under a view whose global limits differ from this replica's, every region is held to
+    /// its partition share (the regions do not see each other's demand); a view that does not
+    /// list this region gives it nothing.
+    fn share_under(&self, views: &[(View, Vec<bool>)], totals: &[(String, u64)]) -> u32 {
+        let cfg = &self.config;
+        let Some((mine, _)) = views.first() else {
+            return self.floor_ppm;
+        };
+        let mut least = u32::MAX;
+        for (view, reachable) in views {
+            let Some(at) = view.regions.iter().position(|r| *r == cfg.region) else {
+                return 0;
+            };
+            let share = if view.rules != mine.rules {
+                partition_shares(&view.weights)[at] as u32
+            } else {
+                let demands: Vec<RegionDemand> = view
+                    .regions
+                    .iter()
+                    .zip(reachable)
+                    .zip(&view.weights)
+                    .map(|((name, &reachable), &weight)| RegionDemand {
+                        reachable,
+                        weight,
+                        demand_ppm: totals
+                            .iter()
+                            .find(|(r, _)| r == name)
+                            .map_or(0, |(_, d)| *d),
+                    })
+                    .collect();
+                allocate(&demands, view.floor)[at]
+            };
+            least = least.min(share);
+        }
+        least
+    }
+
+    /// What `/readyz` and `/config` show of the regions: this region, who is heard from and
+    /// how lately, whether this replica is cut off, the disagreements, and the shares held now
+    /// of at most `most` global keys (by name; `keys` counts them all).
+    pub fn report(&self, most: usize) -> serde_json::Value {
+        let cfg = &self.config;
+        let now = self.clock.mono_ms();
+        let heard = read(&self.heard);
+        let regions: Vec<serde_json::Value> = cfg
             .regions
             .iter()
-            .position(|r| *r == cfg.region)
-            .map_or(self.floor_ppm, |i| shares[i]);
-        let before = e.computed.swap(mine, Ordering::Relaxed);
-        e.effective.store(mine.min(before), Ordering::Relaxed);
-        self.metrics
-            .share
-            .observe(f64::from(mine.min(before)) / WHOLE as f64);
+            .zip(&cfg.weights)
+            .enumerate()
+            .map(|(i, (name, weight))| {
+                let (heard_from, age) = heard.regions.get(i).copied().unwrap_or((false, None));
+                serde_json::json!({
+                    "name": name,
+                    "weight": weight,
+                    "heard_from": heard_from,
+                    "last_beat_age_ms": age,
+                })
+            })
+            .collect();
+        let disagreements: Vec<serde_json::Value> = heard
+            .disagreements
+            .iter()
+            .map(|d| serde_json::json!({"region": d.region, "replica": d.replica, "settings": d.settings}))
+            .collect();
+        let keys = read(&self.keys);
+        let mut names: Vec<&String> = keys.keys().collect();
+        names.sort_unstable();
+        let shares: Vec<serde_json::Value> = names
+            .iter()
+            .take(most)
+            .map(|k| {
+                let e = &keys[*k];
+                let held = self.held(e.effective.load(Ordering::Relaxed), now);
+                serde_json::json!({"key": k, "share": f64::from(held) / WHOLE as f64})
+            })
+            .collect();
+        serde_json::json!({
+            "region": cfg.region,
+            "global_store": cfg.global_store,
+            "regions": regions,
+            "contact_age_ms": heard.answered.then(|| self.contact_age(now)),
+            "partitioned": self.partitioned_at(now),
+            "settings": self.view().text(),
+            "disagreements": disagreements,
+            "keys": keys.len(),
+            "shares": shares,
+        })
     }
 
     fn count(&self, ok: bool) {
@@ -580,27 +851,63 @@ impl Shares {
             .inc();
     }
 
+    /// Updates the gauges, and says so in the log when this replica is cut off from the
+    /// global store or back in contact.
     fn observe(&self, now: u64) {
-        let age = now.saturating_sub(self.contact_ms.load(Ordering::Relaxed));
+        let age = self.contact_age(now);
+        let partitioned = self.partitioned_at(now);
         self.metrics.contact_age.set(age as f64 / 1000.0);
-        self.metrics
-            .partitioned
-            .set(i64::from(self.partitioned_at(now)));
+        self.metrics.partitioned.set(i64::from(partitioned));
         self.metrics.keys.set(read(&self.keys).len() as i64);
+        let cfg = &self.config;
+        if partitioned != self.was_partitioned.swap(partitioned, Ordering::Relaxed) {
+            if partitioned {
+                tracing::warn!(
+                    region = %cfg.region,
+                    global_store = %cfg.global_store,
+                    contact_age_ms = age,
+                    "cut off from the global store: no heartbeat answered within region_lease_ms; each global limit is held at most at this region's partition share until contact is back"
+                );
+            } else {
+                tracing::info!(
+                    region = %cfg.region,
+                    global_store = %cfg.global_store,
+                    "back in contact with the global store; global limits' shares grow again through the exchanges"
+                );
+            }
+        }
     }
 }
 
-/// Exchanges every `region_exchange_ms` until `stop`, and tells this region's own store
-/// (`region`) each time whether this replica reaches the global store.
+/// Whether each region of `regions` is heard from: one of its replicas' beats live, and none
+/// ended within the memory.
+fn reachable(regions: &[String], beats: &[Beat]) -> Vec<bool> {
+    regions.iter().map(|name| heard_from(name, beats)).collect()
+}
+
+fn heard_from(region: &str, beats: &[Beat]) -> bool {
+    let mut mine = beats.iter().filter(|b| b.region == region);
+    let live = mine.clone().any(|b| b.left_ms > 0);
+    let ended = mine.any(|b| b.left_ms <= 0);
+    live && !ended
+}
+
+/// Exchanges every `region_exchange_ms` (from start to start) until `stop`, tells this
+/// region's own store (`region`) each time whether this replica reaches the global store, and
+/// between two exchanges exchanges the keys first seen at once. `rules` gives the digest of
+/// the global limits in force (`RuleSet::global_digest`), published with each heartbeat.
 pub async fn run(
     shares: Arc<Shares>,
     global: Arc<dyn GlobalStore>,
     region: Arc<Store>,
+    mut rules: impl FnMut() -> String,
     clock: Clock,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
+    let interval = shares.config.exchange.as_millis() as u64;
     loop {
+        shares.set_rules_digest(rules());
         let turn = async {
             let started = clock.mono_ms();
             shares.exchange(&*global, &region).await;
@@ -608,7 +915,30 @@ pub async fn run(
                 .last_exchange_ms
                 .store(clock.mono_ms().saturating_sub(started), Ordering::Relaxed);
             shares.tell_region(&region).await;
-            clock.sleep(shares.config.exchange).await;
+            // The next exchange starts an interval after this one started (one that ran past
+            // the interval is followed at once); halfway, every key's period is closed (its
+            // demand is read at half an interval's grain); keys first seen meanwhile are
+            // exchanged now.
+            let mut halved = false;
+            loop {
+                let now = clock.mono_ms();
+                if !halved && now >= started + interval / 2 {
+                    shares.close_periods(now);
+                    halved = true;
+                }
+                let until = started + if halved { interval } else { interval / 2 };
+                let left = until.saturating_sub(now);
+                if left == 0 {
+                    if halved {
+                        break;
+                    }
+                    continue;
+                }
+                tokio::select! {
+                    () = clock.sleep(Duration::from_millis(left)) => {}
+                    () = shares.fresh_ready.notified() => shares.exchange_fresh(&*global).await,
+                }
+            }
         };
         tokio::select! {
             _ = &mut stop => break,
@@ -616,6 +946,7 @@ pub async fn run(
             () = shares.watch_region(&region) => {}
         }
     }
+
     // A graceful stop: this replica's beat goes, so its region is not counted as one whose
     // replica fell silent (which keeps its partition share for it).
     let cfg = &shares.config;
@@ -637,6 +968,10 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|p| p.into_inner())
 }
 
+fn lock<T>(l: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -656,6 +991,7 @@ mod tests {
                 beat_key: "t:{regions}".into(),
                 contact_key: "t:{regions-contact}".into(),
                 replica: "r1".into(),
+                global_store: "redis://global".into(),
             },
             clock.clone(),
             Metrics::new().regions.clone(),
@@ -679,24 +1015,54 @@ mod tests {
 
     const ALL: [bool; 3] = [true, true, true];
 
+    /// As if the last heartbeat had answered that `reachable` regions are heard from, every
+    /// replica agreeing; then one exchange of `e` with `totals`.
+    fn settle(s: &Shares, e: &KeyShare, reachable: &[bool], totals: &[(String, u64)]) {
+        *write(&s.heard) = Heard {
+            views: vec![(s.view(), reachable.to_vec())],
+            answered: true,
+            ..Heard::default()
+        };
+        s.settle(e, totals, false);
+    }
+
+    fn beat(region: &str, left_ms: i64) -> Beat {
+        Beat {
+            region: region.into(),
+            replica: format!("{region}-1"),
+            left_ms,
+            settings: String::new(),
+        }
+    }
+
     #[test]
-    fn a_new_key_holds_the_floor_and_a_larger_share_waits_one_exchange() {
+    fn a_new_key_holds_its_partition_share_until_its_first_exchange_and_growth_waits_one() {
         let clock = Clock::manual(1_700_000_000_000);
         let s = shares(&clock);
-        // Floor: a tenth of a third.
-        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3);
+        // Nothing known of it: its third, and it is queued for an exchange at once.
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 33);
+        assert_eq!(*lock(&s.fresh), [KEY.to_string()]);
         let e = read(&s.keys).get(KEY).cloned().unwrap();
         assert_eq!(e.asked.load(Ordering::Relaxed), 1);
+        // Its first exchange: us asks for everything, so what is left for eu is its floor
+        // (a tenth of a third), taken at once.
+        *write(&s.heard) = Heard {
+            views: vec![(s.view(), ALL.to_vec())],
+            answered: true,
+            ..Heard::default()
+        };
+        s.settle(&e, &[("us".to_string(), 5_000_000)], true);
+        assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3);
         // Only eu asks: what it asks (with the headroom) and a third of what nobody asks for,
         // one exchange later: 33,333 + 566,667 + 111,111.
         let totals = [("eu".to_string(), 500_000)];
-        s.settle(&e, &ALL, &totals);
+        settle(&s, &e, &ALL, &totals);
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 3, "growth waits");
-        s.settle(&e, &ALL, &totals);
+        settle(&s, &e, &ALL, &totals);
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 71);
         // us asks for far more: the two split what is past the floors, and eu shrinks at once.
         let totals = [("eu".to_string(), 500_000), ("us".to_string(), 5_000_000)];
-        s.settle(&e, &ALL, &totals);
+        settle(&s, &e, &ALL, &totals);
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 48);
     }
 
@@ -709,8 +1075,8 @@ mod tests {
         // ap is not heard from: a third kept for it; us and eu ask for everything.
         let totals = [("us".to_string(), 5_000_000), ("eu".to_string(), 5_000_000)];
         let heard = [true, true, false];
-        s.settle(&e, &heard, &totals);
-        s.settle(&e, &heard, &totals);
+        settle(&s, &e, &heard, &totals);
+        settle(&s, &e, &heard, &totals);
         assert_eq!(capacity(s.scale(KEY, bucket(), 1)), 33);
         let new_key = "t:{d|tenant=b|tb:1000:100}";
         // Cut off (no beat answered of those sent within the lease): first the smaller of its
@@ -749,14 +1115,97 @@ mod tests {
         let clock = Clock::manual(1_700_000_000_000);
         let s = shares(&clock);
         let beats = [
-            ("us".to_string(), 900),
-            ("us".to_string(), 4_000),
-            ("eu".to_string(), 800),
-            ("eu".to_string(), -50),
-            ("mars".to_string(), 500),
+            beat("us", 900),
+            beat("us", 4_000),
+            beat("eu", 800),
+            beat("eu", -50),
+            beat("mars", 500),
         ];
         // eu has a replica whose beat ended: counted at its partition share; ap is silent.
-        assert_eq!(s.reachable(&beats), [true, false, false]);
+        assert_eq!(reachable(&s.config.regions, &beats), [true, false, false]);
+    }
+
+    #[test]
+    fn while_a_live_replica_shares_by_other_settings_each_region_holds_the_smallest_share() {
+        let clock = Clock::manual(1_700_000_000_000);
+        let s = shares(&clock);
+        s.set_rules_digest("00000000000000aa".into());
+        s.scale(KEY, bucket(), 1);
+        let e = read(&s.keys).get(KEY).cloned().unwrap();
+        let mine = s.view();
+        let live = |region: &str, settings: &str| Beat {
+            settings: settings.into(),
+            ..beat(region, 5_000)
+        };
+        // eu asks for everything, nobody else asks: eu's share is all but the others' floors.
+        let totals = [("eu".to_string(), 5_000_000)];
+        let agree = [
+            live("us", &mine.text()),
+            live("eu", ""),
+            live("ap", &mine.text()),
+        ];
+        s.hear(mine.clone(), &agree);
+        s.settle(&e, &totals, true);
+        assert_eq!(e.computed.load(Ordering::Relaxed), 933_334);
+        assert!(read(&s.heard).disagreements.is_empty());
+        // A us replica weighs us 4 of 6: under its view eu's floor is a tenth of a sixth and
+        // the others' floors are larger; eu takes the smaller share of the two views.
+        let heavy = View {
+            weights: vec![4.0, 1.0, 1.0],
+            ..mine.clone()
+        };
+        let eu = live("eu", &mine.text());
+        s.hear(
+            mine.clone(),
+            &[live("us", &heavy.text()), eu.clone(), live("ap", "")],
+        );
+        s.settle(&e, &totals, true);
+        assert_eq!(e.computed.load(Ordering::Relaxed), 916_668);
+        let heard = read(&s.heard);
+        assert_eq!(heard.disagreements.len(), 1);
+        assert_eq!(heard.disagreements[0].settings, heavy.text());
+        assert_eq!(s.metrics.disagreements.get(), 1);
+        drop(heard);
+        // Other global limits: no region sees the other's demand, so each holds its
+        // partition share at most.
+        let other_rules = View {
+            rules: "00000000000000bb".into(),
+            ..mine.clone()
+        };
+        s.hear(
+            mine.clone(),
+            &[live("us", ""), eu.clone(), live("ap", &other_rules.text())],
+        );
+        s.settle(&e, &totals, true);
+        assert_eq!(e.computed.load(Ordering::Relaxed), 333_333);
+        // A view that does not list eu gives it nothing.
+        let without_eu = View {
+            regions: vec!["us".into(), "ap".into()],
+            weights: vec![1.0, 1.0],
+            ..mine.clone()
+        };
+        s.hear(
+            mine.clone(),
+            &[live("us", &without_eu.text()), eu.clone(), live("ap", "")],
+        );
+        s.settle(&e, &totals, true);
+        assert_eq!(e.computed.load(Ordering::Relaxed), 0);
+        // A lease that differs is reported, and changes no share.
+        let lease = View {
+            lease_ms: 20_000,
+            ..mine.clone()
+        };
+        s.hear(
+            mine.clone(),
+            &[live("us", &lease.text()), eu.clone(), live("ap", "")],
+        );
+        s.settle(&e, &totals, false);
+        assert_eq!(e.computed.load(Ordering::Relaxed), 933_334);
+        assert_eq!(read(&s.heard).disagreements.len(), 1);
+        // Agreeing again: nothing reported.
+        s.hear(mine.clone(), &[live("us", &mine.text())]);
+        assert!(read(&s.heard).disagreements.is_empty());
+        assert_eq!(s.metrics.disagreements.get(), 0);
     }
 
     #[test]
@@ -772,7 +1221,8 @@ mod tests {
                         effective: AtomicU32::new(0),
                         computed: AtomicU32::new(0),
                         asked: AtomicU64::new(0),
-                        asked_before: AtomicU64::new(NONE),
+                        hits: AtomicU64::new(0),
+                        history: Mutex::new(History::default()),
                         refill: 1,
                         window_ms: 1,
                         seen_ms: AtomicU64::new(0),
@@ -819,9 +1269,10 @@ mod tests {
             (_, replica): (&'a str, &'a str),
             _ttl_ms: u64,
             _memory_ms: u64,
+            _settings: &'a str,
             _timeout: Duration,
-        ) -> BoxFuture<'a, Result<Vec<(String, i64)>, StoreError>> {
-            let beats = ["us", "eu", "ap"].map(|r| (r.to_string(), 5_000)).to_vec();
+        ) -> BoxFuture<'a, Result<Vec<Beat>, StoreError>> {
+            let beats = ["us", "eu", "ap"].map(|r| beat(r, 5_000)).to_vec();
             Box::pin(async move { self.answers(replica).map(|()| beats) })
         }
 

@@ -484,6 +484,48 @@ impl RuleSet {
         self.domains.values().any(|d| walk(&d.root))
     }
 
+    /// A digest of the `global: true` limits, as 16 hex digits: each one's domain, descriptor
+    /// path, window, `requests_per_unit` and `burst`, in a sorted text hashed with FNV-1a (a
+    /// hash every release computes alike). The regions publish it (`regions/agree.rs`): two
+    /// regions whose global limits differ share nothing (their buckets' keys differ), so each
+    /// would admit the whole limit. `"none"` without global limits.
+    pub fn global_digest(&self) -> String {
+        fn walk(level: &Level, domain: &str, prefix: &str, out: &mut Vec<String>) {
+            for d in level.in_file_order() {
+                let step = match &d.value {
+                    Some(v) => format!("{}={v}", d.key),
+                    None => d.key.clone(),
+                };
+                let path = format!("{prefix}.{step}");
+                for l in d.limits.iter().filter(|l| l.global) {
+                    if let Some(rate) = &l.rate {
+                        out.push(format!(
+                            "{domain}{path} {} {} {}",
+                            rate.window_ms(),
+                            rate.requests_per_unit,
+                            rate.burst
+                        ));
+                    }
+                }
+                walk(&d.children, domain, &path, out);
+            }
+        }
+        let mut lines = Vec::new();
+        for (name, d) in &self.domains {
+            walk(&d.root, name, "", &mut lines);
+        }
+        if lines.is_empty() {
+            return "none".into();
+        }
+        lines.sort_unstable();
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in lines.join("\n").bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{hash:016x}")
+    }
+
     /// The one line `tollgate check` prints for a set that loaded (see [`RulesSummary`]).
     pub fn summary(&self) -> RulesSummary<'_> {
         RulesSummary { set: self }

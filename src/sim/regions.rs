@@ -20,7 +20,7 @@ use rand::rngs::SmallRng;
 use super::scenario::RegionsModel;
 use super::store::round_trip_us;
 use crate::clock::Clock;
-use crate::regions::GlobalStore;
+use crate::regions::{Beat, GlobalStore};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// The global store: heartbeats and demand, as `lua/regions.lua` holds them.
@@ -29,8 +29,9 @@ pub(super) struct GlobalModel {
     model: RegionsModel,
     clock: Clock,
     rng: Mutex<SmallRng>,
-    /// Heartbeat sets: `'<region>|<replica>'` → the ms its beat lasts until.
-    beats: Mutex<HashMap<String, HashMap<String, i64>>>,
+    /// Heartbeat sets: `'<region>|<replica>'` → the ms its beat lasts until, and the settings
+    /// it published.
+    beats: Mutex<HashMap<String, Beats>>,
     /// Demand per global key.
     demand: Mutex<HashMap<String, Entries>>,
     /// Calls the store ran, per virtual second.
@@ -67,14 +68,29 @@ impl GlobalModel {
 
     /// `beat`: the replica's entry until now + `ttl_ms`; every entry ended within `memory_ms`
     /// kept, older ones dropped; each kept entry's region and the ms it has left.
-    fn beat(&self, key: &str, field: String, ttl_ms: u64, memory_ms: u64) -> Vec<(String, i64)> {
+    fn beat(
+        &self,
+        key: &str,
+        field: String,
+        ttl_ms: u64,
+        memory_ms: u64,
+        settings: &str,
+    ) -> Vec<Beat> {
         let now = self.now_ms();
         let mut beats = lock(&self.beats);
         let set = beats.entry(key.to_string()).or_default();
-        set.insert(field, now + ttl_ms as i64);
-        set.retain(|_, until| *until - now >= -(memory_ms as i64));
+        set.insert(field, (now + ttl_ms as i64, settings.to_string()));
+        set.retain(|_, (until, _)| *until - now >= -(memory_ms as i64));
         set.iter()
-            .map(|(field, until)| (region_of(field).to_string(), *until - now))
+            .map(|(field, (until, settings))| {
+                let (region, replica) = field.split_once('|').unwrap_or((field, ""));
+                Beat {
+                    region: region.to_string(),
+                    replica: replica.to_string(),
+                    left_ms: *until - now,
+                    settings: settings.clone(),
+                }
+            })
             .collect()
     }
 
@@ -103,6 +119,9 @@ impl GlobalModel {
         totals
     }
 }
+
+/// One heartbeat set: `'<region>|<replica>'` → (the ms its beat lasts until, its settings).
+type Beats = HashMap<String, (i64, String)>;
 
 /// One global key's demand: `'<region>|<replica>'` → (demand, the ms it lasts until).
 type Entries = HashMap<String, (u64, i64)>;
@@ -166,11 +185,12 @@ impl GlobalStore for GlobalClient {
         (region, replica): (&'a str, &'a str),
         ttl_ms: u64,
         memory_ms: u64,
+        settings: &'a str,
         timeout: Duration,
-    ) -> futures_util::future::BoxFuture<'a, Result<Vec<(String, i64)>, StoreError>> {
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<Beat>, StoreError>> {
         let field = format!("{region}|{replica}");
         Box::pin(self.call(timeout, "the regions' heartbeat", move |g| {
-            g.beat(key, field, ttl_ms, memory_ms)
+            g.beat(key, field, ttl_ms, memory_ms, settings)
         }))
     }
 

@@ -189,6 +189,7 @@ impl<'s> Sim<'s> {
                     beat_key: format!("{}{{regions}}", s.key_prefix),
                     contact_key: format!("{}{{regions-contact}}", s.key_prefix),
                     replica: name.clone(),
+                    global_store: "the simulated global store".into(),
                 },
                 self.clock.clone(),
                 self.metrics.regions.clone(),
@@ -201,8 +202,10 @@ impl<'s> Sim<'s> {
             });
             let (clock, stop) = (self.clock.clone(), until_stopped(stopped.clone()));
             let store = store.clone();
+            let digest = self.rules.global_digest();
             self.clock.spawn(async move {
-                crate::regions::run(shares, global, store, clock, stop).await
+                crate::regions::run(shares, global, store, move || digest.clone(), clock, stop)
+                    .await
             });
         }
         let limiter = Arc::new(Limiter::on_shared_store(

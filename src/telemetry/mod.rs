@@ -64,6 +64,7 @@ pub const REGION_CONTACT_AGE: &str = "tollgate_region_global_contact_age_seconds
 pub const REGION_PARTITIONED: &str = "tollgate_region_partitioned";
 pub const REGION_KEYS: &str = "tollgate_region_keys";
 pub const REGION_SHARE: &str = "tollgate_region_share_ratio";
+pub const REGION_DISAGREEMENTS: &str = "tollgate_region_disagreements";
 
 /// What happened to one descriptor.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -276,6 +277,8 @@ pub struct RegionMetrics {
     pub keys: Gauge,
     /// This region's shares of the global keys it tracks, as a distribution (0 to 1).
     pub share: Histogram,
+    /// Live replicas whose settings for sharing global limits differ from this one's.
+    pub disagreements: Gauge,
 }
 
 /// Every metric tollgate exports.
@@ -547,6 +550,7 @@ impl Metrics {
             partitioned: Gauge::default(),
             keys: Gauge::default(),
             share: Histogram::new([0.01, 0.05, 0.1, 0.2, 0.33, 0.5, 0.75, 1.0]),
+            disagreements: Gauge::default(),
         };
         registry.register(
             REGION_EXCHANGES,
@@ -572,6 +576,11 @@ impl Metrics {
             REGION_SHARE,
             "This region's shares of the global keys it exchanged, one observation per key and exchange",
             regions.share.clone(),
+        );
+        registry.register(
+            REGION_DISAGREEMENTS,
+            "Live replicas (of any region) whose settings for sharing global limits (regions, weights, floor, lease, global limits) differ from this replica's: each region then holds the smallest share any of them gives",
+            regions.disagreements.clone(),
         );
         Metrics {
             rlqs,

@@ -17,6 +17,7 @@
 
 pub mod envoy;
 pub mod fleet;
+pub mod ideal;
 pub mod inproc;
 pub mod load;
 pub mod proxy;

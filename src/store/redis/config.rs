@@ -48,6 +48,9 @@ pub struct RedisConfig {
     pub batch_max_ops: usize,
     /// How the token bucket's state is written (`store_state_format`; both are read).
     pub state_format: StateFormat,
+    /// What the logs call this Redis: `store` (the region's), or `global store` (the one the
+    /// regions share global limits through).
+    pub role: &'static str,
 }
 
 #[cfg(test)]
@@ -76,6 +79,7 @@ impl RedisConfig {
             batch_in_flight: 2,
             batch_max_ops: 64,
             state_format: StateFormat::Packed,
+            role: "store",
         }
     }
 }

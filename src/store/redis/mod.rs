@@ -170,7 +170,7 @@ impl RedisStore {
             cfg.pool_size,
             cfg.connect_timeout,
             metrics.store.clone(),
-            redact_url(&cfg.url),
+            (redact_url(&cfg.url), cfg.role),
             scripts::Scripts::new(
                 cfg.state_format,
                 (cfg.wait_replicas > 0).then(|| scripts::Wait {
@@ -186,7 +186,14 @@ impl RedisStore {
         ));
         let connected = pool.tend().await;
         if connected {
-            tracing::info!(url = %pool.display_url, connections = pool.size(), "store connected");
+            tracing::info!(url = %pool.display_url, connections = pool.size(), "{} connected", pool.role);
+        } else if pool.role != "store" {
+            tracing::warn!(
+                url = %pool.display_url,
+                error = %pool.last_connect_error(),
+                "{} unreachable at startup; retrying in the background (decisions never wait for it)",
+                pool.role
+            );
         } else {
             tracing::warn!(
                 url = %pool.display_url,

@@ -13,23 +13,26 @@ pub const REGIONS_LUA: &str = include_str!("../../../lua/regions.lua");
 
 impl RedisStore {
     /// Says `replica` of `region` is alive for `ttl_ms` in the heartbeat hash `key` (an ended
-    /// beat is remembered for `memory_ms`); every replica heard from within that memory, as its
-    /// region and the ms its beat has left (0 or less: ended).
+    /// beat is remembered for `memory_ms`), with the `settings` its shares are computed from
+    /// (kept in `<key>|settings`, the same slot); every replica heard from within that memory.
     pub async fn region_beat(
         &self,
         key: &str,
         (region, replica): (&str, &str),
         ttl_ms: u64,
         memory_ms: u64,
+        settings: &str,
         timeout: std::time::Duration,
-    ) -> Result<Vec<(String, i64)>, StoreError> {
+    ) -> Result<Vec<crate::regions::Beat>, StoreError> {
         let mut conn = self.any_conn()?;
         let mut call = self.regions.key(key);
-        call.arg("beat")
+        call.key(format!("{key}|settings"))
+            .arg("beat")
             .arg(region)
             .arg(replica)
             .arg(ttl_ms)
-            .arg(memory_ms);
+            .arg(memory_ms)
+            .arg(settings);
         let reply: Vec<redis::Value> = bounded(
             timeout,
             call.invoke_async(&mut conn),
@@ -37,10 +40,21 @@ impl RedisStore {
         )
         .await?;
         reply
-            .chunks(2)
-            .map(|pair| match pair {
-                [redis::Value::BulkString(name), redis::Value::Int(left)] => {
-                    Ok((String::from_utf8_lossy(name).into_owned(), *left))
+            .chunks(3)
+            .map(|triple| match triple {
+                [
+                    redis::Value::BulkString(field),
+                    redis::Value::Int(left),
+                    redis::Value::BulkString(settings),
+                ] => {
+                    let field = String::from_utf8_lossy(field);
+                    let (region, replica) = field.split_once('|').unwrap_or((&field, ""));
+                    Ok(crate::regions::Beat {
+                        region: region.to_string(),
+                        replica: replica.to_string(),
+                        left_ms: *left,
+                        settings: String::from_utf8_lossy(settings).into_owned(),
+                    })
                 }
                 other => Err(StoreError::new(
                     StoreErrorKind::Protocol,
@@ -50,8 +64,7 @@ impl RedisStore {
             .collect()
     }
 
-    /// Takes `replica` of `region` out of the heartbeat hash `key` (a graceful stop: it is not
-    /// counted as a replica that fell silent).
+    /// Takes `replica`'s heartbeat and settings out of `key` (a graceful stop).
     pub async fn region_leave(
         &self,
         key: &str,
@@ -60,7 +73,10 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let mut conn = self.any_conn()?;
         let mut call = self.regions.key(key);
-        call.arg("leave").arg(region).arg(replica);
+        call.key(format!("{key}|settings"))
+            .arg("leave")
+            .arg(region)
+            .arg(replica);
         bounded(
             timeout,
             call.invoke_async::<redis::Value>(&mut conn),

@@ -257,9 +257,9 @@ pub(super) async fn keeper(pool: Weak<Pool>, wake: Arc<Notify>, mut was_ok: bool
             let ok = pool.tend().await;
             if ok != was_ok {
                 if ok {
-                    tracing::info!(url = %pool.display_url, "store reconnected");
+                    tracing::info!(url = %pool.display_url, "{} reconnected", pool.role);
                 } else {
-                    tracing::warn!(url = %pool.display_url, error = %pool.last_connect_error(), "store unreachable; retrying");
+                    tracing::warn!(url = %pool.display_url, error = %pool.last_connect_error(), "{} unreachable; retrying", pool.role);
                 }
             }
             ok

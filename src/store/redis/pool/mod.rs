@@ -74,6 +74,8 @@ pub(super) struct Pool {
     metrics: StoreMetrics,
     /// The URL with its password replaced, for logs.
     pub(super) display_url: String,
+    /// What the logs call this Redis (`RedisConfig::role`).
+    pub(super) role: &'static str,
     /// A cluster's slot map (refreshed every keeper round); `None` for a standalone Redis.
     slots: Option<SlotMap>,
 }
@@ -84,7 +86,7 @@ impl Pool {
         size: usize,
         connect_timeout: Duration,
         metrics: StoreMetrics,
-        display_url: String,
+        (display_url, role): (String, &'static str),
         scripts: Scripts,
     ) -> Pool {
         let size = size.max(1);
@@ -113,6 +115,7 @@ impl Pool {
             started: Instant::now(),
             metrics,
             display_url,
+            role,
             slots: matches!(connector, Connector::Cluster { .. }).then(SlotMap::new),
             connector,
         }

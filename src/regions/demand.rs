@@ -1,0 +1,212 @@
+//! How much of a global key one replica asks for: a rate measured over a span long enough to
+//! hold a few requests, so a tenant seen every few seconds is not counted as asking nothing.
+//! Pure arithmetic: `regions/mod.rs` records each exchange's period here and sends what
+//! [`History::demand_ppm`] answers to the global store.
+//!
+//! Each exchange closes a **period** (the tokens and requests asked since the one before, and
+//! how long it lasted). The demand is read from the newest periods back, as many as it takes
+//! to hold [`ENOUGH_HITS`] requests, never more than a lease of them: tokens over time.
+//!
+//! - **A busy key grows at once**: a hundred requests in the last period is enough, so only
+//!   that period counts, and a swap of demand between regions is seen at the first exchange
+//!   after it.
+//! - **A busy key that calms down shrinks at once too**: the span stops before a period far
+//!   busier than itself (150 a second falling to 20 reads 20 a second from the first whole
+//!   period after the fall), so the region whose demand grew gets the room within two
+//!   exchanges.
+//! - **A sparse key is measured over the lease**: one request every three seconds is
+//!   three in the last ten seconds, a third of a request a second, where one period alone
+//!   reads 0 most of the time and 1 a second now and then. A key that stops being asked for
+//!   fades over a lease (its last requests stay in the span until they are a lease old).
+
+use std::collections::VecDeque;
+
+use super::WHOLE;
+
+/// Requests a demand's span must hold, unless a lease of periods holds fewer: a count of 16
+/// varies by about a quarter (Poisson arrivals), which the allocation's headroom absorbs.
+pub const ENOUGH_HITS: u64 = 16;
+
+/// Demand above this (parts per million of the limit: a million times the limit) is counted as
+/// this: the global store sums it in Lua's doubles.
+pub const MAX_DEMAND_PPM: u64 = 1_000_000_000_000;
+
+/// One period between two exchanges, as one replica saw one key.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Period {
+    /// Tokens asked (a request's cost; 1 for most).
+    pub tokens: u64,
+    /// Requests that asked them.
+    pub hits: u64,
+    /// How long the period lasted (ms, at least 1).
+    pub ms: u64,
+}
+
+/// A key's recent periods, newest first, covering at most a lease.
+#[derive(Debug, Default)]
+pub struct History {
+    periods: VecDeque<Period>,
+}
+
+impl History {
+    /// Adds the period that just closed and drops those past `lease_ms` (the newest is always
+    /// kept, however long it was).
+    pub fn push(&mut self, period: Period, lease_ms: u64) {
+        self.periods.push_front(Period {
+            ms: period.ms.max(1),
+            ..period
+        });
+        let mut covered = 0u64;
+        let mut keep = 0;
+        for p in &self.periods {
+            if keep > 0 && covered.saturating_add(p.ms) > lease_ms {
+                break;
+            }
+            covered = covered.saturating_add(p.ms);
+            keep += 1;
+        }
+        self.periods.truncate(keep);
+    }
+
+    /// Whether any period asked for something.
+    pub fn asked(&self) -> bool {
+        self.periods.iter().any(|p| p.hits > 0 || p.tokens > 0)
+    }
+
+    /// The demand, over one window of the limit (`refill` tokens per `window_ms`), in parts per
+    /// million of it: tokens over the newest span holding [`ENOUGH_HITS`] requests (or the
+    /// whole history, when it holds fewer), stopping before an older period far busier than
+    /// a span that holds requests (more than twice the requests its rate predicts, and four): that
+    /// period is from before the demand fell, and counting it would hold a share the region
+    /// no longer asks for while another region's demand has grown.
+    pub fn demand_ppm(&self, refill: u64, window_ms: u64) -> u64 {
+        let (mut tokens, mut hits, mut ms) = (0u64, 0u64, 0u64);
+        for p in &self.periods {
+            // Only once the span holds requests: a key with none lately fades over the lease
+            // (a batch every few seconds is still asking, between its bursts).
+            if hits > 0 {
+                let expected = hits as f64 * p.ms as f64 / ms as f64;
+                if p.hits as f64 > 2.0 * expected + 4.0 {
+                    break;
+                }
+            }
+            tokens = tokens.saturating_add(p.tokens);
+            hits = hits.saturating_add(p.hits);
+            ms = ms.saturating_add(p.ms);
+            if hits >= ENOUGH_HITS {
+                break;
+            }
+        }
+        if tokens == 0 {
+            return 0;
+        }
+        // Tokens per window as parts per million of the refill, divided once (a sparse key's
+        // few tokens would round to nothing divided twice).
+        let scaled = u128::from(tokens)
+            .saturating_mul(u128::from(window_ms))
+            .saturating_mul(u128::from(WHOLE));
+        (scaled / (u128::from(ms.max(1)) * u128::from(refill.max(1))))
+            .min(u128::from(MAX_DEMAND_PPM)) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn period(hits: u64, ms: u64) -> Period {
+        Period {
+            tokens: hits,
+            hits,
+            ms,
+        }
+    }
+
+    /// A limit of 60 a minute: one a second is a million parts per million.
+    fn per_minute(h: &History) -> u64 {
+        h.demand_ppm(60, 60_000)
+    }
+
+    #[test]
+    fn a_sparse_key_is_measured_over_the_lease_not_over_one_period() {
+        // One request every 3.3 s, exchanges every second: most periods see none.
+        let mut h = History::default();
+        for s in 0..30u64 {
+            let hit = u64::from(s % 10 == 0 || s % 10 == 3 || s % 10 == 6);
+            h.push(period(hit, 1_000), 10_000);
+            if s >= 9 {
+                // Three requests in the last ten seconds: 0.3 a second, 30 % of the limit.
+                assert_eq!(per_minute(&h), 300_000, "at {s} s");
+            }
+        }
+    }
+
+    #[test]
+    fn a_busy_key_is_measured_over_the_last_period_alone() {
+        let mut h = History::default();
+        for _ in 0..5 {
+            h.push(period(20, 1_000), 10_000);
+        }
+        assert_eq!(h.demand_ppm(100, 1_000), 200_000);
+        // Demand jumps to 150 a second: seen at the next exchange, not averaged away.
+        h.push(period(150, 1_000), 10_000);
+        assert_eq!(h.demand_ppm(100, 1_000), 1_500_000);
+        // And falls back: 20 requests is enough to measure, so the drop is seen at once too.
+        h.push(period(20, 1_000), 10_000);
+        assert_eq!(h.demand_ppm(100, 1_000), 200_000);
+    }
+
+    #[test]
+    fn a_fall_in_demand_is_read_from_the_first_period_after_it() {
+        let mut h = History::default();
+        for _ in 0..5 {
+            h.push(period(75, 1_000), 10_000);
+        }
+        // 10 a second now: fewer than enough requests in one period, but the one before is
+        // far busier than 10 a second predicts, so it is not counted.
+        h.push(period(10, 1_000), 10_000);
+        assert_eq!(h.demand_ppm(100, 1_000), 100_000);
+        // A quiet period between two as quiet is counted as usual.
+        h.push(period(4, 1_000), 10_000);
+        assert_eq!(h.demand_ppm(100, 1_000), 70_000);
+    }
+
+    #[test]
+    fn a_key_that_stops_fades_over_the_lease_and_then_asks_nothing() {
+        let mut h = History::default();
+        h.push(period(8, 1_000), 10_000);
+        let mut last = u64::MAX;
+        for _ in 0..9 {
+            h.push(period(0, 1_000), 10_000);
+            let d = h.demand_ppm(100, 1_000);
+            assert!(d < last && d > 0, "{d} after {last}");
+            last = d;
+        }
+        h.push(period(0, 1_000), 10_000);
+        assert_eq!(h.demand_ppm(100, 1_000), 0);
+        assert!(!h.asked());
+    }
+
+    #[test]
+    fn costs_count_as_tokens_and_huge_demand_is_capped() {
+        let mut h = History::default();
+        h.push(
+            Period {
+                tokens: 500,
+                hits: 1,
+                ms: 1_000,
+            },
+            10_000,
+        );
+        assert_eq!(h.demand_ppm(1_000, 1_000), 500_000);
+        h.push(
+            Period {
+                tokens: u64::MAX,
+                hits: 1,
+                ms: 1,
+            },
+            10_000,
+        );
+        assert_eq!(h.demand_ppm(1, 31_536_000_000), MAX_DEMAND_PPM);
+    }
+}
