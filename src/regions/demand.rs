@@ -1,23 +1,28 @@
-//! How much of a global key one replica asks for: a rate measured over a span long enough to
-//! hold a few requests, so a tenant seen every few seconds is not counted as asking nothing.
-//! Pure arithmetic: `regions/mod.rs` records each exchange's period here and sends what
-//! [`History::demand_ppm`] answers to the global store.
+//! How much of a global key one replica asks for: a rate measured over a span long enough for
+//! its **region** to have asked a few requests, so a tenant seen every few seconds is not
+//! counted as asking nothing, and a key busy across 200 replicas, each seeing a request now
+//! and then, is still read fast. Pure arithmetic: `regions/mod.rs` closes a period of each key
+//! at every exchange and halfway between (its tokens, requests and length go into a
+//! [`History`]) and sends what [`History::demand_ppm`] answers to the global store.
 //!
-//! Each exchange closes a **period** (the tokens and requests asked since the one before, and
-//! how long it lasted). The demand is read from the newest periods back, as many as it takes
-//! to hold [`ENOUGH_HITS`] requests, never more than a lease of them: tokens over time.
+//! The demand is read from the newest periods back, tokens over time:
 //!
-//! - **A busy key grows at once**: a hundred requests in the last period is enough, so only
-//!   that period counts, and a swap of demand between regions is seen at the first exchange
-//!   after it.
-//! - **A busy key that calms down shrinks at once too**: the span stops before a period far
-//!   busier than itself (150 a second falling to 20 reads 20 a second from the first whole
-//!   period after the fall), so the region whose demand grew gets the room within two
-//!   exchanges.
-//! - **A sparse key is measured over the lease**: one request every three seconds is
-//!   three in the last ten seconds, a third of a request a second, where one period alone
-//!   reads 0 most of the time and 1 a second now and then. A key that stops being asked for
-//!   fades over a lease (its last requests stay in the span until they are a lease old).
+//! - **The span** is as long as the region takes to ask [`ENOUGH_HITS`] tokens at the rate the
+//!   global store last reported for it (every replica of a region gets the same total back, so
+//!   they measure over the same span and their rates add up to the region's), at least one
+//!   period and at most a lease. Before the region has a rate (a key new to it), the span holds
+//!   [`ENOUGH_HITS`] of this replica's own requests.
+//! - **A sparse key is measured over the lease**: one request every three seconds is three in
+//!   the last ten seconds, a third of a request a second, where one period alone reads 0 most
+//!   of the time and a whole second's worth now and then (and the allocation, which lets a
+//!   share grow only when two exchanges agree, kept the smaller: the floor).
+//! - **A change is read at once**: the span stops before an older period far from what the
+//!   span so far predicts for it (more than twice it and four requests more, or less than half
+//!   of it and four fewer). A fall is read from the first whole period after it, so the region
+//!   whose demand rose gets the room within two exchanges; a sparse key that turns busy is read
+//!   from its busy periods alone, not averaged over a quiet lease.
+//! - **A key that stops** being asked for fades over the lease (its last requests stay in the
+//!   span until they are a lease old).
 
 use std::collections::VecDeque;
 
@@ -74,28 +79,38 @@ impl History {
     }
 
     /// The demand, over one window of the limit (`refill` tokens per `window_ms`), in parts per
-    /// million of it: tokens over the newest span holding [`ENOUGH_HITS`] requests (or the
-    /// whole history, when it holds fewer), stopping before an older period far busier than
-    /// a span that holds requests (more than twice the requests its rate predicts, and four): that
-    /// period is from before the demand fell, and counting it would hold a share the region
-    /// no longer asks for while another region's demand has grown.
-    pub fn demand_ppm(&self, refill: u64, window_ms: u64) -> u64 {
+    /// million of it (see the module doc). `region_ppm` is the region's total demand the
+    /// global store last reported, in the same unit (0: none yet).
+    pub fn demand_ppm(&self, refill: u64, window_ms: u64, region_ppm: u64) -> u64 {
+        let (refill, window_ms) = (refill.max(1), window_ms.max(1));
+        // How long the region takes to ask ENOUGH_HITS tokens: ENOUGH_HITS × window × WHOLE /
+        // (region_ppm × refill), in ms.
+        let span_ms = (region_ppm > 0).then(|| {
+            let ms = u128::from(ENOUGH_HITS) * u128::from(window_ms) * u128::from(WHOLE)
+                / (u128::from(region_ppm) * u128::from(refill)).max(1);
+            ms.min(u128::from(u64::MAX)) as u64
+        });
         let (mut tokens, mut hits, mut ms) = (0u64, 0u64, 0u64);
         for p in &self.periods {
-            // Only once the span holds requests: a key with none lately fades over the lease
-            // (a batch every few seconds is still asking, between its bursts).
-            if hits > 0 {
-                let expected = hits as f64 * p.ms as f64 / ms as f64;
-                if p.hits as f64 > 2.0 * expected + 4.0 {
-                    break;
+            if ms > 0 {
+                match span_ms {
+                    Some(span) if ms >= span => break,
+                    None if hits >= ENOUGH_HITS => break,
+                    _ => {}
+                }
+                // Only once the span holds requests: a key with none lately fades over the
+                // lease (a batch every few seconds is still asking, between its bursts).
+                if hits > 0 {
+                    let expected = hits as f64 * p.ms as f64 / ms as f64;
+                    let got = p.hits as f64;
+                    if got > 2.0 * expected + 4.0 || got < expected / 2.0 - 4.0 {
+                        break;
+                    }
                 }
             }
             tokens = tokens.saturating_add(p.tokens);
             hits = hits.saturating_add(p.hits);
             ms = ms.saturating_add(p.ms);
-            if hits >= ENOUGH_HITS {
-                break;
-            }
         }
         if tokens == 0 {
             return 0;
@@ -105,8 +120,8 @@ impl History {
         let scaled = u128::from(tokens)
             .saturating_mul(u128::from(window_ms))
             .saturating_mul(u128::from(WHOLE));
-        (scaled / (u128::from(ms.max(1)) * u128::from(refill.max(1))))
-            .min(u128::from(MAX_DEMAND_PPM)) as u64
+        (scaled / (u128::from(ms.max(1)) * u128::from(refill))).min(u128::from(MAX_DEMAND_PPM))
+            as u64
     }
 }
 
@@ -124,7 +139,7 @@ mod tests {
 
     /// A limit of 60 a minute: one a second is a million parts per million.
     fn per_minute(h: &History) -> u64 {
-        h.demand_ppm(60, 60_000)
+        h.demand_ppm(60, 60_000, 0)
     }
 
     #[test]
@@ -147,13 +162,13 @@ mod tests {
         for _ in 0..5 {
             h.push(period(20, 1_000), 10_000);
         }
-        assert_eq!(h.demand_ppm(100, 1_000), 200_000);
+        assert_eq!(h.demand_ppm(100, 1_000, 0), 200_000);
         // Demand jumps to 150 a second: seen at the next exchange, not averaged away.
         h.push(period(150, 1_000), 10_000);
-        assert_eq!(h.demand_ppm(100, 1_000), 1_500_000);
+        assert_eq!(h.demand_ppm(100, 1_000, 0), 1_500_000);
         // And falls back: 20 requests is enough to measure, so the drop is seen at once too.
         h.push(period(20, 1_000), 10_000);
-        assert_eq!(h.demand_ppm(100, 1_000), 200_000);
+        assert_eq!(h.demand_ppm(100, 1_000, 0), 200_000);
     }
 
     #[test]
@@ -165,10 +180,36 @@ mod tests {
         // 10 a second now: fewer than enough requests in one period, but the one before is
         // far busier than 10 a second predicts, so it is not counted.
         h.push(period(10, 1_000), 10_000);
-        assert_eq!(h.demand_ppm(100, 1_000), 100_000);
+        assert_eq!(h.demand_ppm(100, 1_000, 0), 100_000);
         // A quiet period between two as quiet is counted as usual.
         h.push(period(4, 1_000), 10_000);
-        assert_eq!(h.demand_ppm(100, 1_000), 70_000);
+        assert_eq!(h.demand_ppm(100, 1_000, 0), 70_000);
+    }
+
+    #[test]
+    fn the_span_follows_the_regions_rate_so_many_replicas_each_seeing_little_read_fast() {
+        // One replica of 200 in a busy region: half a request a period here, the region 100 a
+        // second (a million ppm of a 100 a second limit): 16 requests take the region 160 ms,
+        // so the last period alone counts, as it does on every replica of the region.
+        let mut h = History::default();
+        for hit in [1, 0, 0, 1, 0, 1] {
+            h.push(period(hit, 500), 10_000);
+        }
+        assert_eq!(h.demand_ppm(100, 1_000, 1_000_000), 20_000);
+        h.push(period(0, 500), 10_000);
+        assert_eq!(h.demand_ppm(100, 1_000, 1_000_000), 0);
+        // The same replica in a sparse region (1 % of the limit): the lease.
+        assert_eq!(h.demand_ppm(100, 1_000, 10_000), 3 * 100_000 / 35);
+    }
+
+    #[test]
+    fn a_sparse_key_that_turns_busy_is_read_from_its_busy_periods_alone() {
+        let mut h = History::default();
+        for s in 0..20u64 {
+            h.push(period(u64::from(s % 7 == 0), 500), 10_000);
+        }
+        h.push(period(40, 500), 10_000);
+        assert_eq!(h.demand_ppm(100, 1_000, 30_000), 800_000);
     }
 
     #[test]
@@ -178,12 +219,12 @@ mod tests {
         let mut last = u64::MAX;
         for _ in 0..9 {
             h.push(period(0, 1_000), 10_000);
-            let d = h.demand_ppm(100, 1_000);
+            let d = h.demand_ppm(100, 1_000, 0);
             assert!(d < last && d > 0, "{d} after {last}");
             last = d;
         }
         h.push(period(0, 1_000), 10_000);
-        assert_eq!(h.demand_ppm(100, 1_000), 0);
+        assert_eq!(h.demand_ppm(100, 1_000, 0), 0);
         assert!(!h.asked());
     }
 
@@ -198,7 +239,7 @@ mod tests {
             },
             10_000,
         );
-        assert_eq!(h.demand_ppm(1_000, 1_000), 500_000);
+        assert_eq!(h.demand_ppm(1_000, 1_000, 0), 500_000);
         h.push(
             Period {
                 tokens: u64::MAX,
@@ -207,6 +248,6 @@ mod tests {
             },
             10_000,
         );
-        assert_eq!(h.demand_ppm(1, 31_536_000_000), MAX_DEMAND_PPM);
+        assert_eq!(h.demand_ppm(1, 31_536_000_000, 0), MAX_DEMAND_PPM);
     }
 }

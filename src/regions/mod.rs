@@ -273,6 +273,9 @@ struct KeyShare {
     hits: AtomicU64,
     /// The periods between the exchanges of the last lease: what its demand is measured over.
     history: Mutex<History>,
+    /// This region's total demand for it at the last exchange (ppm): how long a span its
+    /// demand is measured over (`demand.rs`).
+    region_ppm: AtomicU64,
     /// The limit: its refill per window (what a share is a share of).
     refill: u64,
     window_ms: u64,
@@ -415,7 +418,7 @@ impl Shares {
                     let start = if self.partitioned_at(now) {
                         self.floor_ppm
                     } else {
-                        self.partition_ppm
+                        self.start_share()
                     };
                     let e = keys
                         .entry(key.to_string())
@@ -429,6 +432,7 @@ impl Shares {
                                 asked: AtomicU64::new(0),
                                 hits: AtomicU64::new(0),
                                 history: Mutex::new(History::default()),
+                                region_ppm: AtomicU64::new(0),
                                 refill,
                                 window_ms,
                                 seen_ms: AtomicU64::new(now),
@@ -514,7 +518,8 @@ impl Shares {
             if keep {
                 let mut history = lock(&e.history);
                 history.push(period, lease_ms);
-                let demand = history.demand_ppm(e.refill, e.window_ms);
+                let region = e.region_ppm.load(Ordering::Relaxed);
+                let demand = history.demand_ppm(e.refill, e.window_ms, region);
                 asked.push((key.clone(), e.clone(), demand));
             }
             keep
@@ -737,6 +742,11 @@ impl Shares {
     /// the partition share it started at: it is what the others' last exchanges leave for
     /// this region, with this replica asking nothing yet.
     fn settle(&self, e: &KeyShare, totals: &[(String, u64)], first: bool) {
+        let region = totals
+            .iter()
+            .find(|(r, _)| *r == self.config.region)
+            .map_or(0, |(_, d)| *d);
+        e.region_ppm.store(region, Ordering::Relaxed);
         let mine = {
             let heard = read(&self.heard);
             self.share_under(&heard.views, totals)
@@ -750,6 +760,24 @@ impl Shares {
             mine.min(before)
         };
         self.metrics.share.observe(f64::from(held) / WHOLE as f64);
+    }
+
+    /// A key's share before its first exchange: this region's partition share, the smallest
+    /// any view heard gives it (a view that does not list it gives it nothing).
+    fn start_share(&self) -> u32 {
+        let heard = read(&self.heard);
+        let region = &self.config.region;
+        heard
+            .views
+            .iter()
+            .skip(1)
+            .map(|(view, _)| {
+                view.regions
+                    .iter()
+                    .position(|r| r == region)
+                    .map_or(0, |at| partition_shares(&view.weights)[at] as u32)
+            })
+            .fold(self.partition_ppm, u32::min)
     }
 
     /// This region's share of a key under every view (this replica's first): the smallest.
@@ -1223,6 +1251,7 @@ mod tests {
                         asked: AtomicU64::new(0),
                         hits: AtomicU64::new(0),
                         history: Mutex::new(History::default()),
+                        region_ppm: AtomicU64::new(0),
                         refill: 1,
                         window_ms: 1,
                         seen_ms: AtomicU64::new(0),

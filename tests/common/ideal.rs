@@ -113,6 +113,7 @@ pub fn table(windows: &[Window]) -> String {
 /// passes `allowed(i)`; `what` names the run in the message, which prints every window.
 pub fn check(what: &str, windows: &[Window], allowed: impl Fn(usize) -> u64) {
     let t = table(windows);
+    eprintln!("{what}, against one exact bucket:\n{t}");
     for (i, w) in windows.iter().enumerate() {
         assert!(
             w.admitted <= w.ideal + allowed(i) && w.over <= allowed(i),
