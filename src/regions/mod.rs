@@ -35,11 +35,12 @@
 //!   peer back in contact before the other regions grow into its region's `1/R`. When heard
 //!   from again it starts from at most what it held cut off and grows through the exchanges.
 //! - **Every key this replica saw asked for within a lease** is exchanged, with its demand
-//!   measured over a span long enough to hold a few requests (`demand.rs`: the last exchange's
-//!   period for a busy key, up to a lease for a sparse one, so a tenant seen every few seconds
-//!   is not counted as asking nothing), and its share is worked out again from every region's
-//!   totals, so the replicas of a region hold the same share whichever of them a key's
-//!   requests reach. A key not seen within a lease is forgotten.
+//!   measured over the span its region takes to ask a few requests (`demand.rs`: the last
+//!   half-interval for a busy key, on every replica however little of it each sees; up to a
+//!   lease for a sparse one, so a tenant seen every few seconds is not counted as asking
+//!   nothing), and its share is worked out again from every region's totals, so the replicas
+//!   of a region hold the same share whichever of them a key's requests reach. A key not seen
+//!   within a lease is forgotten.
 //! - **A key first seen** holds its partition share while nothing is known of it, and is
 //!   exchanged at once, off the interval ([`run`] is told): the global store's totals give it,
 //!   one round trip later, what every region's last exchange already leaves for this region
@@ -71,7 +72,7 @@ mod demand;
 
 pub use agree::{Disagreement, View};
 pub use allocate::{HEADROOM, RegionDemand, WHOLE, allocate, partition_shares};
-pub use demand::{ENOUGH_HITS, History, Period};
+use demand::{History, Period};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
