@@ -73,11 +73,6 @@ impl History {
         self.periods.truncate(keep);
     }
 
-    /// Whether any period asked for something.
-    pub fn asked(&self) -> bool {
-        self.periods.iter().any(|p| p.hits > 0 || p.tokens > 0)
-    }
-
     /// The demand, over one window of the limit (`refill` tokens per `window_ms`), in parts per
     /// million of it (see the module doc). `region_ppm` is the region's total demand the
     /// global store last reported, in the same unit (0: none yet).
@@ -225,7 +220,6 @@ mod tests {
         }
         h.push(period(0, 1_000), 10_000);
         assert_eq!(h.demand_ppm(100, 1_000, 0), 0);
-        assert!(!h.asked());
     }
 
     #[test]
