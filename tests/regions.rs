@@ -288,6 +288,44 @@ fn allowed(regions: usize, shares_grow: bool) -> u64 {
     regions as u64 + 2 + if shares_grow { BURST } else { 0 }
 }
 
+/// Regions on this machine: a global Redis behind a proxy adding `delay_ms` each way, one
+/// Redis per region, and `per_region` replicas of each region (replica `i` is in region
+/// `i / per_region`), each set up by `configure(i, settings)` after [`regional`]'s settings.
+/// Fields drop in order: the replicas stop before the Redis servers do.
+struct Regions {
+    servers: Vec<InProcess>,
+    _stores: Vec<TestRedis>,
+    _proxy: Proxy,
+    global: TestRedis,
+}
+
+async fn regions(
+    names: &[&str],
+    per_region: usize,
+    delay_ms: u64,
+    rules: &str,
+    configure: impl Fn(usize, &mut tollgate::settings::Settings),
+) -> Regions {
+    let global = TestRedis::start();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", global.port()).parse().unwrap()).await;
+    proxy.set_delay(Duration::from_millis(delay_ms));
+    let stores: Vec<TestRedis> = names.iter().map(|_| TestRedis::start()).collect();
+    let servers = (0..names.len() * per_region)
+        .map(|i| {
+            let r = i / per_region;
+            regional(&stores[r], &proxy, names[r], names, rules, |s| {
+                configure(i, s)
+            })
+        })
+        .collect();
+    Regions {
+        servers,
+        _stores: stores,
+        _proxy: proxy,
+        global,
+    }
+}
+
 /// The `regions` object of a replica's `/readyz`.
 fn readyz_regions(s: &InProcess) -> serde_json::Value {
     let (_, body) = common::get(s.admin, "/readyz");
@@ -399,19 +437,10 @@ fn sent(log: &[(usize, u64, bool, Duration)], region: Option<usize>) -> Vec<idea
 /// rounding, and a share's growth of the burst in the windows of the swap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shares_follow_the_demand_across_replicas_and_stay_within_one_bucket_while_they_move() {
-    let global = TestRedis::start();
-    let proxy = Proxy::start(format!("127.0.0.1:{}", global.port()).parse().unwrap()).await;
-    proxy.set_delay(Duration::from_millis(40));
     let names = ["west", "east"];
-    let stores: Vec<TestRedis> = names.iter().map(|_| TestRedis::start()).collect();
     // Replicas 0 and 1 in west, 2 and 3 in east; the default exchange (1 s) and lease (10 s).
-    let servers: Vec<InProcess> = (0..4)
-        .map(|i| {
-            regional(&stores[i / 2], &proxy, names[i / 2], &names, RULES, |s| {
-                s.store_timeout_ms = 500;
-            })
-        })
-        .collect();
+    let fleet = regions(&names, 2, 40, RULES, |_, s| s.store_timeout_ms = 500).await;
+    let servers = &fleet.servers;
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let (swap, seconds) = (8, 16);
@@ -544,14 +573,9 @@ async fn one_replica_cut_off_for_long_falls_to_the_floor_while_its_peer_is_in_co
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sparse_tenant_on_a_small_global_limit_gets_what_it_asks_under_its_share() {
     const SPARSE: &str = "domain: sparse\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 60, global: true}\n";
-    let global = TestRedis::start();
-    let proxy = Proxy::start(format!("127.0.0.1:{}", global.port()).parse().unwrap()).await;
-    proxy.set_delay(Duration::from_millis(30));
     let names = ["us", "eu"];
-    let stores: Vec<TestRedis> = names.iter().map(|_| TestRedis::start()).collect();
-    let servers: Vec<InProcess> = (0..2)
-        .map(|r| regional(&stores[r], &proxy, names[r], &names, SPARSE, |_| {}))
-        .collect();
+    let fleet = regions(&names, 1, 30, SPARSE, |_, _| {}).await;
+    let servers = &fleet.servers;
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let senders = vec![
@@ -610,7 +634,7 @@ async fn a_sparse_tenant_on_a_small_global_limit_gets_what_it_asks_under_its_sha
         "{exchanges} exchanges in {seconds:.1} s at region_exchange_ms 1000"
     );
     // What the global store ran, per replica and second (docs/regions.md, "What it costs").
-    let stats: String = global.cmd(&["INFO", "commandstats"]);
+    let stats: String = fleet.global.cmd(&["INFO", "commandstats"]);
     eprintln!("global store commands in {seconds:.1} s, 2 replicas, 1 key:\n{stats}");
 }
 
@@ -621,14 +645,9 @@ async fn a_sparse_tenant_on_a_small_global_limit_gets_what_it_asks_under_its_sha
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_tenant_starts_on_its_partition_share_not_the_floor() {
     const FRESH: &str = "domain: fresh\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100, global: true}\n";
-    let global = TestRedis::start();
-    let proxy = Proxy::start(format!("127.0.0.1:{}", global.port()).parse().unwrap()).await;
-    proxy.set_delay(Duration::from_millis(30));
     let names = ["us", "eu"];
-    let stores: Vec<TestRedis> = names.iter().map(|_| TestRedis::start()).collect();
-    let servers: Vec<InProcess> = (0..2)
-        .map(|r| regional(&stores[r], &proxy, names[r], &names, FRESH, |_| {}))
-        .collect();
+    let fleet = regions(&names, 1, 30, FRESH, |_, _| {}).await;
+    let servers = &fleet.servers;
     // Both replicas in contact before the tenant's first request.
     let deadline = Instant::now() + Duration::from_secs(10);
     while servers
@@ -667,21 +686,15 @@ async fn a_new_tenant_starts_on_its_partition_share_not_the_floor() {
 /// more than one exact bucket in any window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn regions_that_disagree_on_weights_raise_the_alarm_and_over_admit_nothing() {
-    let global = TestRedis::start();
-    let proxy = Proxy::start(format!("127.0.0.1:{}", global.port()).parse().unwrap()).await;
-    proxy.set_delay(Duration::from_millis(20));
     let names = ["a", "b"];
     let lists = ["a=4,b", "a,b=4"];
-    let stores: Vec<TestRedis> = names.iter().map(|_| TestRedis::start()).collect();
-    let servers: Vec<InProcess> = (0..2)
-        .map(|r| {
-            regional(&stores[r], &proxy, names[r], &names, RULES, |s| {
-                s.regions = lists[r].to_string();
-                s.region_exchange_ms = 250;
-                s.region_lease_ms = 1_500;
-            })
-        })
-        .collect();
+    let fleet = regions(&names, 1, 20, RULES, |r, s| {
+        s.regions = lists[r].to_string();
+        s.region_exchange_ms = 250;
+        s.region_lease_ms = 1_500;
+    })
+    .await;
+    let servers = &fleet.servers;
     // Each has heard the other's settings before the tenant's first request (a replica that
     // has heard nothing yet decides a new key on its own partition share: four fifths).
     let deadline = Instant::now() + Duration::from_secs(10);
