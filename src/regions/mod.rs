@@ -188,7 +188,23 @@ impl GlobalStore for RedisStore {
         settings: &'a str,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Vec<Beat>, StoreError>> {
-        Box::pin(self.region_beat(key, who, ttl_ms, memory_ms, settings, timeout))
+        Box::pin(async move {
+            let beats = self
+                .region_beat(key, who, ttl_ms, memory_ms, settings, timeout)
+                .await?;
+            Ok(beats
+                .into_iter()
+                .map(|(field, left_ms, settings)| {
+                    let (region, replica) = field.split_once('|').unwrap_or((&field, ""));
+                    Beat {
+                        region: region.to_string(),
+                        replica: replica.to_string(),
+                        left_ms,
+                        settings,
+                    }
+                })
+                .collect())
+        })
     }
 
     fn leave<'a>(

@@ -14,7 +14,9 @@ pub const REGIONS_LUA: &str = include_str!("../../../lua/regions.lua");
 impl RedisStore {
     /// Says `replica` of `region` is alive for `ttl_ms` in the heartbeat hash `key` (an ended
     /// beat is remembered for `memory_ms`), with the `settings` its shares are computed from
-    /// (kept in `<key>|settings`, the same slot); every replica heard from within that memory.
+    /// (kept in `<key>|settings`, the same slot); every replica heard from within that memory,
+    /// as its `<region>|<replica>` field, the ms its beat has left (0 or less: ended) and the
+    /// settings it published (empty when it published none).
     pub async fn region_beat(
         &self,
         key: &str,
@@ -23,7 +25,7 @@ impl RedisStore {
         memory_ms: u64,
         settings: &str,
         timeout: std::time::Duration,
-    ) -> Result<Vec<crate::regions::Beat>, StoreError> {
+    ) -> Result<Vec<(String, i64, String)>, StoreError> {
         let mut conn = self.any_conn()?;
         let mut call = self.regions.key(key);
         call.key(format!("{key}|settings"))
@@ -46,16 +48,11 @@ impl RedisStore {
                     redis::Value::BulkString(field),
                     redis::Value::Int(left),
                     redis::Value::BulkString(settings),
-                ] => {
-                    let field = String::from_utf8_lossy(field);
-                    let (region, replica) = field.split_once('|').unwrap_or((&field, ""));
-                    Ok(crate::regions::Beat {
-                        region: region.to_string(),
-                        replica: replica.to_string(),
-                        left_ms: *left,
-                        settings: String::from_utf8_lossy(settings).into_owned(),
-                    })
-                }
+                ] => Ok((
+                    String::from_utf8_lossy(field).into_owned(),
+                    *left,
+                    String::from_utf8_lossy(settings).into_owned(),
+                )),
                 other => Err(StoreError::new(
                     StoreErrorKind::Protocol,
                     format!("regions.lua answered {other:?}"),
