@@ -7,6 +7,9 @@
 //! | `POST /counters/read`  | the buckets of a RateLimitRequest in proto3 JSON (as `/json` takes it): one per counted limit that applies, with remaining, reset, the key, a sharded limit's shards and what this replica's lease holds; nothing is spent |
 //! | `POST /counters/reset` | the same buckets, as they were, and then deleted: each starts over, full |
 //!
+//! A domain no rules file declares is answered 404 with the domains in force (and the nearest
+//! one by spelling), not an empty list of buckets.
+//!
 //! A call flows: the bearer token (`Authorization: Bearer …`) is compared with the file's,
 //! read at each call (a rotated Secret applies at once; missing or wrong: 401, nothing read or
 //! changed) → the body becomes a limiter request through the same checks as `/json` and gRPC →
@@ -224,8 +227,31 @@ async fn call(
         }
     };
 
-    // 3. Read, or reset.
+    // 3. Read, or reset: a domain the rules do not declare has no buckets to read, and an
+    // empty list would read as "nothing counted yet" (often the request's domain is spelt
+    // otherwise than the rules').
     let rules = s.handler.rules.load();
+    if !rules.domains.contains_key(&proto.domain) {
+        count("invalid");
+        let mut known: Vec<&str> = rules.domains.keys().map(String::as_str).collect();
+        known.sort_unstable();
+        let near = crate::error_text::closest(&proto.domain, &known, 3)
+            .map(|d| format!(" (did you mean `{d}`?)"))
+            .unwrap_or_default();
+        let listed = known
+            .iter()
+            .take(20)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ");
+        return error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no rules declare the domain `{}`{near}; the domains in force: {listed}",
+                proto.domain
+            ),
+        );
+    }
     let limiter = &s.handler.limiter;
     let result = match action {
         Action::Read => limiter.read_buckets(&rules, &req).await,

@@ -1,5 +1,6 @@
 //! How an error is shown to a person: its message, then each cause (`source()`) its message
-//! does not already say, joined by `: `, once.
+//! does not already say, joined by `: `, once; and the "did you mean" of a misspelt name
+//! ([`closest`]), for the settings' and the rules' unknown names alike.
 //!
 //! The convention of the crate: an error's message may carry its cause (`cannot listen on …:
 //! address in use`, the rules' every problem with file:line) or leave it to `source()` (a
@@ -24,9 +25,48 @@ pub fn chain(e: &(dyn Error + 'static)) -> String {
     out
 }
 
+/// The one of `candidates` closest to `word` by edit distance, for a "did you mean": within
+/// `most` edits, ties to the one first in sort order. `None` when nothing is that close.
+pub fn closest<'a>(word: &str, candidates: &[&'a str], most: usize) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (edit_distance(word, c), *c))
+        .filter(|(d, _)| *d <= most)
+        .min()
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance: the names compared are short, so the simple table is fine.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_closest_name_within_reach_is_suggested() {
+        let names = ["requests_per_unit", "unit", "burst", "algorithm"];
+        assert_eq!(
+            closest("request_per_unit", &names, 3),
+            Some("requests_per_unit")
+        );
+        assert_eq!(closest("brust", &names, 3), Some("burst"));
+        assert_eq!(closest("colour", &names, 3), None);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("{text}")]

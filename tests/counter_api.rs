@@ -145,6 +145,19 @@ async fn a_token_guards_reads_and_resets_on_the_memory_store() {
     let (status, json, _) = call(admin, "/counters/read", Some(TOKEN), r#"{"domain": ""}"#);
     assert_eq!(status, 400, "{json}");
     assert!(json["error"].as_str().unwrap().contains("domain"), "{json}");
+    // A domain the rules do not declare: 404 with the domains in force and the nearest one,
+    // not an empty list of buckets that reads as "nothing counted yet".
+    let (status, json, _) = call(
+        admin,
+        "/counters/read",
+        Some(TOKEN),
+        &ACME.replace("\"api\"", "\"Api\""),
+    );
+    assert_eq!(status, 404, "{json}");
+    assert_eq!(
+        json["error"],
+        "no rules declare the domain `Api` (did you mean `api`?); the domains in force: api"
+    );
 
     let calls = |action: &str, result: &str| {
         metric_sum(
@@ -159,7 +172,7 @@ async fn a_token_guards_reads_and_resets_on_the_memory_store() {
     assert_eq!(calls("reset", "unauthorized"), 4.0);
     assert_eq!(calls("read", "unauthorized"), 3.0);
     assert_eq!((calls("read", "ok"), calls("reset", "ok")), (1.0, 1.0));
-    assert_eq!(calls("read", "invalid"), 1.0);
+    assert_eq!(calls("read", "invalid"), 2.0);
     let log = server.log();
     assert!(
         log.contains("counter API: reset") && log.contains("alice") && log.contains("ticket 42"),

@@ -263,4 +263,11 @@ async fn as_envoy_ai_gateway_runs_it_quota_policies_charge_tokens_from_metadata(
     assert!(!keys.is_empty(), "the count is in Redis");
     let ack = ads.seen().into_iter().last().unwrap();
     assert_eq!((ack.version_info.as_str(), ack.error_detail), ("1", None));
+    // LOG_LEVEL=debug (as the Deployment sets it) is tollgate's own debug lines: none of h2's
+    // frames, which buried everything else (~450 lines in a few seconds).
+    let log = text();
+    assert!(
+        !log.lines().any(|l| l.contains(" h2::") || l.contains("\"h2::")),
+        "h2 frames at LOG_LEVEL=debug:\n{log}"
+    );
 }

@@ -78,7 +78,7 @@ pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
     let mut parser = Parser::new_from_str(text);
     parser.load(&mut builder, true).map_err(|e| SyntaxError {
         pos: pos(e.marker()),
-        message: e.info().to_string(),
+        message: with_hint(e.info()),
     })?;
     if let Some(message) = builder.error {
         return Err(SyntaxError {
@@ -87,6 +87,25 @@ pub fn parse(text: &str) -> Result<Option<Node>, SyntaxError> {
         });
     }
     Ok(builder.root)
+}
+
+/// The parser's message, and what usually causes it: most YAML syntax errors in a rules file
+/// are indentation (a key one column off, a tab, a list item out of line).
+fn with_hint(message: &str) -> String {
+    const INDENT: &str = "check the indentation: the keys of one mapping start in the same column, a list's items each start with `- ` in one column, and YAML indents with spaces, never tabs";
+    let indentation = [
+        "mapping values are not allowed",
+        "did not find expected key",
+        "did not find expected '-'",
+        "block sequence entries are not allowed",
+        "found character that cannot start any token",
+        "tabs",
+    ];
+    if indentation.iter().any(|m| message.contains(m)) {
+        format!("{message} (hint: {INDENT})")
+    } else {
+        message.to_string()
+    }
 }
 
 fn pos(m: &Marker) -> Pos {
@@ -262,11 +281,17 @@ pub(crate) fn fields<'n>(
         };
         let field = join(path, text);
         if !allowed.contains(&text.as_str()) {
-            out.error(
-                k.pos,
-                &field,
-                format!("unknown field (expected one of: {})", allowed.join(", ")),
-            );
+            // Within half the name's length (at most 3 edits): a one-letter name is near
+            // every other one-letter name, and a suggestion then is a guess.
+            let reach = (text.chars().count() / 2).min(3);
+            let message = match crate::error_text::closest(text, allowed, reach) {
+                Some(near) => format!(
+                    "unknown field (did you mean `{near}`? expected one of: {})",
+                    allowed.join(", ")
+                ),
+                None => format!("unknown field (expected one of: {})", allowed.join(", ")),
+            };
+            out.error(k.pos, &field, message);
         } else if found.insert(text.as_str(), v).is_some() {
             out.error(k.pos, &field, "field given twice");
         }
@@ -410,6 +435,26 @@ mod tests {
     }
 
     #[test]
+    fn an_indentation_error_says_to_check_the_indentation() {
+        // A key one column off, a list item out of line, a tab.
+        for text in [
+            "domain: x\ndescriptors:\n  - key: a\n   value: b\n",
+            "domain: x\ndescriptors:\n  - key: a\n - key: b\n",
+            "domain: x\ndescriptors:\n\t- key: a\n",
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(
+                err.message.contains("hint: check the indentation"),
+                "{text:?}: {}",
+                err.message
+            );
+        }
+        // Not every syntax error is indentation.
+        let err = parse("a: [1, 2\nb: c\n").unwrap_err();
+        assert!(!err.message.contains("hint"), "{}", err.message);
+    }
+
+    #[test]
     fn empty_document_and_aliases() {
         assert_eq!(parse("").unwrap(), None);
         assert_eq!(parse("# only a comment\n").unwrap(), None);
@@ -455,6 +500,21 @@ mod tests {
         );
         out.errors.clear();
         assert_eq!(uint(&mut out, f["a"], "a", 1), Some(1));
+        // A misspelt name gets the nearest one.
+        let doc = parse("rate_limit: 1\nrequest_per_unit: 2\n")
+            .unwrap()
+            .unwrap();
+        fields(
+            &mut out,
+            &doc,
+            "top",
+            &["rate_limit", "requests_per_unit", "unit"],
+        );
+        assert_eq!(
+            out.errors[0].message,
+            "unknown field (did you mean `requests_per_unit`? expected one of: rate_limit, requests_per_unit, unit)"
+        );
+        out.errors.clear();
         assert_eq!(uint(&mut out, f["a"], "a", 0), None);
         assert_eq!(uint(&mut out, f["b"], "b", 9), None);
         assert_eq!(uint(&mut out, f["c"], "c", 9), None); // quoted: a string, not a number

@@ -12,24 +12,18 @@ use super::{KEYS, Key};
 /// and pass silently.
 pub fn unknown_env_warnings(names: impl IntoIterator<Item = String>) -> Vec<String> {
     let known: Vec<String> = KEYS.iter().map(Key::env).collect();
+    let settings: Vec<&str> = known.iter().map(String::as_str).collect();
     let mut out: Vec<String> = names
         .into_iter()
         // Not settings, but read: the settings file, and the seed of the service's own random
         // draws (`random.rs`).
         .filter(|n| n.starts_with("TOLLGATE_") && n != "TOLLGATE_CONFIG" && n != "TOLLGATE_SEED")
         .filter(|n| !known.contains(n) && !is_kubernetes_service_variable(n))
-        .map(|n| {
-            let closest = known
-                .iter()
-                .map(|k| (edit_distance(&n, k), k))
-                .filter(|(d, _)| *d <= 3)
-                .min();
-            match closest {
-                Some((_, k)) => {
-                    format!("{n} is not a tollgate setting and is ignored (did you mean {k}?)")
-                }
-                None => format!("{n} is not a tollgate setting and is ignored"),
+        .map(|n| match crate::error_text::closest(&n, &settings, 3) {
+            Some(k) => {
+                format!("{n} is not a tollgate setting and is ignored (did you mean {k}?)")
             }
+            None => format!("{n} is not a tollgate setting and is ignored"),
         })
         .collect();
     out.sort();
@@ -53,22 +47,6 @@ fn is_kubernetes_service_variable(name: &str) -> bool {
             && w[1].bytes().all(|b| b.is_ascii_digit())
             && matches!(w[2], "TCP" | "UDP" | "SCTP")
     })
-}
-
-/// Levenshtein distance, for "did you mean": the names are short, so the simple table is fine.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 /// The documented `TOLLGATE_*` variables that are set (empty counts as unset), read through
@@ -176,6 +154,6 @@ mod tests {
                 "TOLLGATE_WHATEVER_THING is not a tollgate setting and is ignored",
             ]
         );
-        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(crate::error_text::edit_distance("kitten", "sitting"), 3);
     }
 }

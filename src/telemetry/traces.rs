@@ -61,7 +61,7 @@ pub fn init(
     use tracing_subscriber::prelude::*;
 
     let env = std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty());
-    let filter = EnvFilter::try_new(env.as_deref().unwrap_or(log_filter))
+    let filter = EnvFilter::try_new(own_level(env.as_deref().unwrap_or(log_filter)))
         .map_err(|e| TelemetryError::Filter(e.to_string()))?
         .add_directive(
             format!("{REQUEST_SPAN_TARGET}=off")
@@ -113,7 +113,32 @@ pub fn init(
     Ok(Telemetry { provider })
 }
 
+/// A bare `debug` or `trace` (`LOG_LEVEL=debug`, `RUST_LOG=trace`) is about tollgate's own
+/// lines: the dependencies stay at `info` (h2 alone writes hundreds of frame lines a second at
+/// `debug`, burying every decision line). Any other filter is used as written, so
+/// `debug,h2=debug` or `trace` for a target still reaches them.
+pub fn own_level(filter: &str) -> String {
+    match filter.trim().to_ascii_lowercase().as_str() {
+        level @ ("debug" | "trace") => format!("info,tollgate={level}"),
+        _ => filter.to_string(),
+    }
+}
+
 /// Logging only, for tests and tools: [`init`] without an exporter.
 pub fn init_logging(filter: &str) {
     let _ = init(filter, LogFormat::Text, "");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_debug_level_is_tollgates_own_and_anything_else_is_as_written() {
+        assert_eq!(own_level("debug"), "info,tollgate=debug");
+        assert_eq!(own_level(" TRACE "), "info,tollgate=trace");
+        assert_eq!(own_level("info"), "info");
+        assert_eq!(own_level("debug,h2=debug"), "debug,h2=debug");
+        assert_eq!(own_level("tollgate=debug"), "tollgate=debug");
+    }
 }
