@@ -136,6 +136,16 @@ async fn three_regions_share_one_quota_per_window_without_waiting_on_the_global_
     );
     for s in &servers {
         assert_eq!(readyz_regions(s)["partitioned"], false, "back in contact");
+        // The log says which region this is, which store is global, and when contact ended
+        // and came back.
+        let log = s.log();
+        for line in [
+            "sharing global limits across regions",
+            "back in contact with the global store",
+        ] {
+            assert!(log.contains(line), "no `{line}` in:\n{log}");
+        }
+        assert!(log.contains(&proxy.url()), "the global store named:\n{log}");
     }
     // Shared (3-8 s, after the shares settled): the limit is used, most of it where it is
     // asked for.
