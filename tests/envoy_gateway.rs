@@ -267,7 +267,8 @@ async fn as_envoy_ai_gateway_runs_it_quota_policies_charge_tokens_from_metadata(
     // frames, which buried everything else (~450 lines in a few seconds).
     let log = text();
     assert!(
-        !log.lines().any(|l| l.contains(" h2::") || l.contains("\"h2::")),
+        !log.lines()
+            .any(|l| l.contains(" h2::") || l.contains("\"h2::")),
         "h2 frames at LOG_LEVEL=debug:\n{log}"
     );
 }
