@@ -16,7 +16,7 @@ use common::fleet::{admitted, wait_for_replicas};
 use common::inproc::InProcess;
 use common::load::fallback_decisions;
 use common::redis::{TestRedis, unique_prefix};
-use common::{get, poll_async, request};
+use common::{get, metric_sum, poll_async, request};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMIT: usize = 100;
@@ -115,8 +115,28 @@ async fn a_redis_refusing_writes_while_it_answers_ping_admits_one_local_share_pe
         "every circuit closed {:?} after OOM ended",
         recovered.elapsed()
     );
+    // Back on the shared quota, exact: every token the store took is one admission, except
+    // where a call's answer was lost (a store error: a timed-out call's token may be spent,
+    // an unknown outcome, and the fallback decides that op). On a busy machine a call can
+    // time out; each one is counted, never taken for granted.
+    let errors = || -> f64 {
+        servers
+            .iter()
+            .map(|s| metric_sum(s.admin, "tollgate_store_errors_total", &[]))
+            .sum()
+    };
     let before: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
-    assert_eq!(admitted(&servers, "flap", "after", 100).await, LIMIT);
+    let errors_before = errors();
+    let ok = admitted(&servers, "flap", "after", 100).await;
     let after: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
-    assert_eq!(after, before, "the fallback decided after the recovery");
+    let lost = (errors() - errors_before) as usize;
+    assert!(
+        ok <= LIMIT && ok + lost >= LIMIT,
+        "{ok} admitted of a limit of {LIMIT} after the recovery, {lost} answers lost"
+    );
+    assert!(
+        after - before <= lost as f64,
+        "the fallback decided {} ops after the recovery, with {lost} store errors",
+        after - before
+    );
 }

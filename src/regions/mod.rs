@@ -228,7 +228,9 @@ impl GlobalStore for RedisStore {
     }
 }
 
-/// This replica's view of its region's shares of the global keys.
+/// This replica's view of its region's shares of the global keys. Its locks (`keys`, `heard`,
+/// `fresh`, `rules`) are never held two at a time, except a key's `history` under `keys`, so
+/// no order among them can deadlock.
 #[derive(Debug)]
 pub struct Shares {
     config: RegionConfig,
@@ -425,18 +427,19 @@ impl Shares {
                 else {
                     return WHOLE as u32;
                 };
+                // Cut off, the others may not have made room yet: the floor, as for any key
+                // (`held` lets it reach the partition share once they have). Worked out before
+                // the keys' lock is taken: no lock of `heard` is taken under it.
+                let start = if self.partitioned_at(now) {
+                    self.floor_ppm
+                } else {
+                    self.start_share()
+                };
                 let mut keys = write(&self.keys);
                 if keys.len() >= MAX_KEYS && !keys.contains_key(key) {
                     None
                 } else {
                     let mut first = false;
-                    // Cut off, the others may not have made room yet: the floor, as for any
-                    // key (`held` lets it reach the partition share once they have).
-                    let start = if self.partitioned_at(now) {
-                        self.floor_ppm
-                    } else {
-                        self.start_share()
-                    };
                     let e = keys
                         .entry(key.to_string())
                         .or_insert_with(|| {
@@ -841,14 +844,22 @@ impl Shares {
     pub fn report(&self, most: usize) -> serde_json::Value {
         let cfg = &self.config;
         let now = self.clock.mono_ms();
-        let heard = read(&self.heard);
+        // Read and let go before the keys' lock is taken: the two are never held together.
+        let (heard_regions, heard_disagreements, answered) = {
+            let heard = read(&self.heard);
+            (
+                heard.regions.clone(),
+                heard.disagreements.clone(),
+                heard.answered,
+            )
+        };
         let regions: Vec<serde_json::Value> = cfg
             .regions
             .iter()
             .zip(&cfg.weights)
             .enumerate()
             .map(|(i, (name, weight))| {
-                let (heard_from, age) = heard.regions.get(i).copied().unwrap_or((false, None));
+                let (heard_from, age) = heard_regions.get(i).copied().unwrap_or((false, None));
                 serde_json::json!({
                     "name": name,
                     "weight": weight,
@@ -857,11 +868,11 @@ impl Shares {
                 })
             })
             .collect();
-        let disagreements: Vec<serde_json::Value> = heard
-            .disagreements
+        let disagreements: Vec<serde_json::Value> = heard_disagreements
             .iter()
             .map(|d| serde_json::json!({"region": d.region, "replica": d.replica, "settings": d.settings}))
             .collect();
+        let settings = self.view().text();
         let keys = read(&self.keys);
         let mut names: Vec<&String> = keys.keys().collect();
         names.sort_unstable();
@@ -878,9 +889,9 @@ impl Shares {
             "region": cfg.region,
             "global_store": cfg.global_store,
             "regions": regions,
-            "contact_age_ms": heard.answered.then(|| self.contact_age(now)),
+            "contact_age_ms": answered.then(|| self.contact_age(now)),
             "partitioned": self.partitioned_at(now),
-            "settings": self.view().text(),
+            "settings": settings,
             "disagreements": disagreements,
             "keys": keys.len(),
             "shares": shares,
