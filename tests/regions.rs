@@ -300,7 +300,8 @@ fn allowed(regions: usize, shares_grow: bool) -> u64 {
 
 /// Regions on this machine: a global Redis behind a proxy adding `delay_ms` each way, one
 /// Redis per region, and `per_region` replicas of each region (replica `i` is in region
-/// `i / per_region`), each set up by `configure(i, settings)` after [`regional`]'s settings.
+/// `i / per_region`) on `rules` (one text for all, or one per region), each set up by
+/// `configure(i, settings)` after [`regional`]'s settings.
 /// Fields drop in order: the replicas stop before the Redis servers do.
 struct Regions {
     servers: Vec<InProcess>,
@@ -313,7 +314,7 @@ async fn regions(
     names: &[&str],
     per_region: usize,
     delay_ms: u64,
-    rules: &str,
+    rules: &[&str],
     configure: impl Fn(usize, &mut tollgate::settings::Settings),
 ) -> Regions {
     let global = TestRedis::start();
@@ -323,6 +324,7 @@ async fn regions(
     let servers = (0..names.len() * per_region)
         .map(|i| {
             let r = i / per_region;
+            let rules = rules.get(r).unwrap_or(&rules[0]);
             regional(&stores[r], &proxy, names[r], names, rules, |s| {
                 configure(i, s)
             })
@@ -449,7 +451,7 @@ fn sent(log: &[(usize, u64, bool, Duration)], region: Option<usize>) -> Vec<idea
 async fn shares_follow_the_demand_across_replicas_and_stay_within_one_bucket_while_they_move() {
     let names = ["west", "east"];
     // Replicas 0 and 1 in west, 2 and 3 in east; the default exchange (1 s) and lease (10 s).
-    let fleet = regions(&names, 2, 40, RULES, |_, s| s.store_timeout_ms = 500).await;
+    let fleet = regions(&names, 2, 40, &[RULES], |_, s| s.store_timeout_ms = 500).await;
     let servers = &fleet.servers;
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
@@ -584,7 +586,7 @@ async fn one_replica_cut_off_for_long_falls_to_the_floor_while_its_peer_is_in_co
 async fn a_sparse_tenant_on_a_small_global_limit_gets_what_it_asks_under_its_share() {
     const SPARSE: &str = "domain: sparse\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 60, global: true}\n";
     let names = ["us", "eu"];
-    let fleet = regions(&names, 1, 30, SPARSE, |_, _| {}).await;
+    let fleet = regions(&names, 1, 30, &[SPARSE], |_, _| {}).await;
     let servers = &fleet.servers;
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
@@ -656,7 +658,7 @@ async fn a_sparse_tenant_on_a_small_global_limit_gets_what_it_asks_under_its_sha
 async fn a_new_tenant_starts_on_its_partition_share_not_the_floor() {
     const FRESH: &str = "domain: fresh\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100, global: true}\n";
     let names = ["us", "eu"];
-    let fleet = regions(&names, 1, 30, FRESH, |_, _| {}).await;
+    let fleet = regions(&names, 1, 30, &[FRESH], |_, _| {}).await;
     let servers = &fleet.servers;
     // Both replicas in contact before the tenant's first request.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -698,7 +700,7 @@ async fn a_new_tenant_starts_on_its_partition_share_not_the_floor() {
 async fn regions_that_disagree_on_weights_raise_the_alarm_and_over_admit_nothing() {
     let names = ["a", "b"];
     let lists = ["a=4,b", "a,b=4"];
-    let fleet = regions(&names, 1, 20, RULES, |r, s| {
+    let fleet = regions(&names, 1, 20, &[RULES], |r, s| {
         s.regions = lists[r].to_string();
         s.region_exchange_ms = 250;
         s.region_lease_ms = 1_500;
@@ -799,4 +801,62 @@ fn the_ideal_checker_catches_an_overshoot_and_passes_one_exact_bucket() {
     assert!(twice[1].over >= 99, "{twice:?}");
     let caught = std::panic::catch_unwind(|| ideal::check("2x", &twice, |_| allowed(3, true)));
     assert!(caught.is_err());
+}
+
+/// Two regions whose rules give the shared limit other numbers (100 a second in one, 120 in
+/// the other: a rules rollout half done). Their buckets' keys differ, so neither sees the
+/// other's demand, and each, alone on its key, took nearly the whole limit: 95 and 114 a
+/// second. Now each sees the other's rules digest differ, says so, and holds its partition
+/// share of its own limit: at most half of it (plus its half of the burst) in any window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn regions_whose_global_limits_differ_hold_their_partition_share() {
+    let names = ["a", "b"];
+    let other = RULES.replace("requests_per_unit: 100", "requests_per_unit: 120");
+    let fleet = regions(&names, 1, 20, &[RULES, &other], |_, s| {
+        s.region_exchange_ms = 250;
+        s.region_lease_ms = 1_500;
+    })
+    .await;
+    let servers = &fleet.servers;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while servers
+        .iter()
+        .any(|s| metric_sum(s.admin, "tollgate_region_disagreements", &[]) < 1.0)
+    {
+        assert!(Instant::now() < deadline, "no disagreement seen in 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let seconds = 6;
+    let mut senders = Vec::new();
+    for (r, server) in servers.iter().enumerate() {
+        senders.push(traffic(
+            server.client().await,
+            r,
+            vec![(0, seconds, 150)],
+            start,
+            log.clone(),
+        ));
+    }
+    for s in senders {
+        s.await.unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    let report = windows_within(&log, seconds, &names);
+    for s in 1..seconds {
+        let n = window(&log, s);
+        // Half of each region's own limit, and half of its burst of 10.
+        assert!(
+            n[0] <= 50 + 5 + 2 && n[1] <= 60 + 5 + 2,
+            "window {s} s admitted {n:?}:\n{report}"
+        );
+    }
+    for s in servers {
+        let settings = readyz_regions(s)["disagreements"][0]["settings"].clone();
+        assert!(
+            settings.as_str().is_some_and(|t| t.contains("rules=")),
+            "{settings}"
+        );
+    }
 }
