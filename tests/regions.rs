@@ -709,31 +709,9 @@ async fn regions_that_disagree_on_weights_raise_the_alarm_and_over_admit_nothing
     let servers = &fleet.servers;
     // Each has heard the other's settings before the tenant's first request (a replica that
     // has heard nothing yet decides a new key on its own partition share: four fifths).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while servers
-        .iter()
-        .any(|s| metric_sum(s.admin, "tollgate_region_disagreements", &[]) < 1.0)
-    {
-        assert!(Instant::now() < deadline, "no disagreement seen in 10 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let start = Instant::now();
+    until_each_sees_a_disagreement(servers).await;
     let seconds = 8;
-    let mut senders = Vec::new();
-    for (r, server) in servers.iter().enumerate() {
-        senders.push(traffic(
-            server.client().await,
-            r,
-            vec![(0, seconds, 150)],
-            start,
-            log.clone(),
-        ));
-    }
-    for s in senders {
-        s.await.unwrap();
-    }
-    let log = log.lock().unwrap().clone();
+    let log = each_asks(servers, 150, seconds).await;
     windows_within(&log, seconds, &names);
     ideal::check(
         "weights that disagree",
@@ -818,31 +796,9 @@ async fn regions_whose_global_limits_differ_hold_their_partition_share() {
     })
     .await;
     let servers = &fleet.servers;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while servers
-        .iter()
-        .any(|s| metric_sum(s.admin, "tollgate_region_disagreements", &[]) < 1.0)
-    {
-        assert!(Instant::now() < deadline, "no disagreement seen in 10 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let start = Instant::now();
+    until_each_sees_a_disagreement(servers).await;
     let seconds = 6;
-    let mut senders = Vec::new();
-    for (r, server) in servers.iter().enumerate() {
-        senders.push(traffic(
-            server.client().await,
-            r,
-            vec![(0, seconds, 150)],
-            start,
-            log.clone(),
-        ));
-    }
-    for s in senders {
-        s.await.unwrap();
-    }
-    let log = log.lock().unwrap().clone();
+    let log = each_asks(servers, 150, seconds).await;
     let report = windows_within(&log, seconds, &names);
     for s in 1..seconds {
         let n = window(&log, s);
@@ -859,4 +815,41 @@ async fn regions_whose_global_limits_differ_hold_their_partition_share() {
             "{settings}"
         );
     }
+}
+
+/// Waits (at most 10 s) until every one of `servers` counts a replica that disagrees.
+async fn until_each_sees_a_disagreement(servers: &[InProcess]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while servers
+        .iter()
+        .any(|s| metric_sum(s.admin, "tollgate_region_disagreements", &[]) < 1.0)
+    {
+        assert!(Instant::now() < deadline, "no disagreement seen in 10 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `rate` requests a second for `seconds` through each of `servers` (server `r` logged as
+/// region `r`); the log.
+async fn each_asks(
+    servers: &[InProcess],
+    rate: u64,
+    seconds: u64,
+) -> Vec<(usize, u64, bool, Duration)> {
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let mut senders = Vec::new();
+    for (r, server) in servers.iter().enumerate() {
+        senders.push(traffic(
+            server.client().await,
+            r,
+            vec![(0, seconds, rate)],
+            start,
+            log.clone(),
+        ));
+    }
+    for s in senders {
+        s.await.unwrap();
+    }
+    log.lock().unwrap().clone()
 }
