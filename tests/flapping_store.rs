@@ -117,8 +117,8 @@ async fn a_redis_refusing_writes_while_it_answers_ping_admits_one_local_share_pe
     );
     // Back on the shared quota, exact: every token the store took is one admission, except
     // where a call's answer was lost (a store error: a timed-out call's token may be spent,
-    // an unknown outcome, and the fallback decides that op). On a busy machine a call can
-    // time out; each one is counted, never taken for granted.
+    // an unknown outcome, and the fallback decides its ops, a batch's several at once). On a
+    // busy machine a call can fail so; each such op is counted, never taken for granted.
     let errors = || -> f64 {
         servers
             .iter()
@@ -128,15 +128,18 @@ async fn a_redis_refusing_writes_while_it_answers_ping_admits_one_local_share_pe
     let before: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
     let errors_before = errors();
     let ok = admitted(&servers, "flap", "after", 100).await;
-    let after: f64 = servers.iter().map(|s| fallback_decisions(s.admin)).sum();
+    let by_fallback = (servers
+        .iter()
+        .map(|s| fallback_decisions(s.admin))
+        .sum::<f64>()
+        - before) as usize;
     let lost = (errors() - errors_before) as usize;
     assert!(
-        ok <= LIMIT && ok + lost >= LIMIT,
-        "{ok} admitted of a limit of {LIMIT} after the recovery, {lost} answers lost"
+        ok <= LIMIT && ok + by_fallback >= LIMIT,
+        "{ok} admitted of a limit of {LIMIT} after the recovery, {by_fallback} ops decided by the fallback"
     );
     assert!(
-        after - before <= lost as f64,
-        "the fallback decided {} ops after the recovery, with {lost} store errors",
-        after - before
+        by_fallback == 0 || lost > 0,
+        "the fallback decided {by_fallback} ops after the recovery with no store error"
     );
 }
