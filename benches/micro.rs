@@ -188,6 +188,7 @@ fn bucket_math(c: &mut Criterion) {
     let state = Some(TokenBucketState {
         tokens: 50.5,
         ts_ms: 1_000,
+        capacity: Some(100.0),
     });
     // One token-bucket take on existing state: refill, compare, retry/reset arithmetic.
     g.bench_function("take_token", |b| {

@@ -202,6 +202,12 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
     stored_w, stored_c = tonumber(hash[1]), tonumber(hash[2])
   end
   local before = 0
+  local stored_count = stored_c
+  if stored_c then
+    -- Window::before: a stored count is read as at most one limit of debt (the most a window
+    -- carries; only a limit edit leaves more).
+    stored_c = math.min(stored_c, 2 * limit)
+  end
   if stored_w == start_ms then
     before = stored_c
   elseif stored_w and stored_w < start_ms then
@@ -259,7 +265,7 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
     -- count in the window it returns to. An earlier window's debt stays as it is: what is left
     -- of it follows from time.
     if stored_w and stored_w ~= start_ms
-        and not (stored_w < start_ms and stored_c > limit) then
+        and not (stored_w < start_ms and stored_count > limit) then
       redis.call('DEL', key)
     end
   else

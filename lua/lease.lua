@@ -62,16 +62,20 @@ local function grant(available)
   return need + math.min(math.max(want - need, 0), math.max(spare, 0))
 end
 
--- The key's two stored numbers, in either format (as token_bucket.lua and fixed_window.lua
--- read them): the packed string's two doubles, or 0.1.0's hash fields `f1`, `f2`. The one
--- this replica writes is asked for first: the other answers WRONGTYPE (which Redis counts in
--- its errorstats), so that happens once per key while the formats change over, not on every
--- call. Returns the two numbers (nil, nil: no state) and whether the key holds the packed
--- format; or, for a string of another length, nil, nil, nil and an error reply.
-local function read_state(f1, f2, what)
+-- The key's stored numbers, in either format (as token_bucket.lua and fixed_window.lua read
+-- them): the packed string's doubles, or 0.1.0's hash fields `f1`, `f2` (and `f3`, a token
+-- bucket's capacity, absent from 0.1.0's hashes). A token bucket's packed string is three
+-- doubles (tokens, ts, capacity), or two from the previous release (no capacity); a window's
+-- is two. The one this replica writes is asked for first: the other answers WRONGTYPE (which
+-- Redis counts in its errorstats), so that happens once per key while the formats change
+-- over, not on every call. Returns the numbers (nil: no state; the third nil when not
+-- stored) and whether the key holds the packed format; or, for a string of another length,
+-- nil, nil, nil, nil and an error reply.
+local function read_state(f1, f2, f3, what)
+  local fields = {f1, f2, f3}
   local packed, hash
   if HASH_STATE then
-    hash = redis.pcall('HMGET', KEYS[1], f1, f2)
+    hash = redis.pcall('HMGET', KEYS[1], unpack(fields))
     if hash.err then
       hash = nil
       packed = redis.call('GET', KEYS[1])
@@ -80,32 +84,42 @@ local function read_state(f1, f2, what)
     packed = redis.pcall('GET', KEYS[1])
     if type(packed) == 'table' then
       packed = nil
-      hash = redis.call('HMGET', KEYS[1], f1, f2)
+      hash = redis.call('HMGET', KEYS[1], unpack(fields))
     end
   end
   if packed then
-    if #packed ~= 16 then
-      return nil, nil, nil,
-        redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than ' .. what)
+    if f3 and #packed == 24 then
+      local a, b, c = struct.unpack('<ddd', packed)
+      return a, b, c, true
+    elseif #packed == 16 then
+      local a, b = struct.unpack('<dd', packed)
+      return a, b, nil, true
     end
-    local a, b = struct.unpack('<dd', packed)
-    return a, b, true
+    return nil, nil, nil, nil,
+      redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than ' .. what)
   elseif hash and hash[1] and hash[2] then
-    return tonumber(hash[1]), tonumber(hash[2]), false
+    return tonumber(hash[1]), tonumber(hash[2]), f3 and tonumber(hash[3]), false
   end
-  return nil, nil, false
+  return nil, nil, nil, false
 end
 
--- Stores the two numbers `a`, `b` (0.1.0's hash fields `f1`, `f2`) to expire in `ttl_ms`, in
--- the format this replica writes. `packed`: whether the key holds the packed format now.
-local function write_state(f1, a, f2, b, ttl_ms, packed)
+-- Stores the numbers `a`, `b` (0.1.0's hash fields `f1`, `f2`) and, for a token bucket, its
+-- capacity `c` (field `f3`) to expire in `ttl_ms`, in the format this replica writes.
+-- `packed`: whether the key holds the packed format now.
+local function write_state(f1, a, f2, b, f3, c, ttl_ms, packed)
   if HASH_STATE then
     if packed then
       -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
       redis.call('DEL', KEYS[1])
     end
-    redis.call('HSET', KEYS[1], f1, a, f2, b)
+    if f3 then
+      redis.call('HSET', KEYS[1], f1, a, f2, b, f3, c)
+    else
+      redis.call('HSET', KEYS[1], f1, a, f2, b)
+    end
     redis.call('PEXPIRE', KEYS[1], ttl_ms)
+  elseif f3 then
+    redis.call('SET', KEYS[1], struct.pack('<ddd', a, b, c), 'PX', ttl_ms)
   else
     redis.call('SET', KEYS[1], struct.pack('<dd', a, b), 'PX', ttl_ms)
   end
@@ -143,7 +157,8 @@ if algorithm == 1 then
     return math.min(ms, MAX_INT)
   end
 
-  local stored_tokens, stored_ts, packed, bad = read_state('t', 'ts', 'a token bucket')
+  local stored_tokens, stored_ts, stored_capacity, packed, bad =
+    read_state('t', 'ts', 'c', 'a token bucket')
   if bad then
     return bad
   end
@@ -151,6 +166,10 @@ if algorithm == 1 then
   local tokens, last_ms
   if stored then
     last_ms = stored_ts
+    -- As token_bucket.lua: a capacity edit keeps what was spent.
+    if stored_capacity and stored_capacity ~= capacity then
+      stored_tokens = math.max(stored_tokens + (capacity - stored_capacity), -capacity)
+    end
     local elapsed = now_ms - last_ms
     if elapsed < 0 then
       elapsed = 0
@@ -191,7 +210,7 @@ if algorithm == 1 then
     end
   else
     local ts = math.max(now_ms, last_ms)
-    write_state('t', tokens, 'ts', ts, math.max(reset_ms, 1), packed)
+    write_state('t', tokens, 'ts', ts, 'c', capacity, math.max(reset_ms, 1), packed)
   end
   return {granted, math.floor(math.max(tokens, 0)), reset_ms, retry_ms}
 end
@@ -201,12 +220,16 @@ end
 -- limit paid per window).
 local limit = capacity
 local start_ms = now_ms - now_ms % window_ms
-local stored_w, stored_c, packed, bad = read_state('w', 'c', 'a fixed window')
+local stored_w, stored_c, _, packed, bad = read_state('w', 'c', nil, 'a fixed window')
 if bad then
   return bad
 end
 local current = stored_w == start_ms
 local before = 0
+if stored_c then
+  -- As fixed_window.lua: a count read as at most one limit of debt (a limit edit).
+  stored_c = math.min(stored_c, 2 * limit)
+end
 if current then
   before = stored_c
 elseif stored_w and stored_w < start_ms then
@@ -214,7 +237,7 @@ elseif stored_w and stored_w < start_ms then
   before = math.max(stored_c - windows * limit, 0)
 end
 local function write_window(count, ttl_ms)
-  write_state('w', start_ms, 'c', count, ttl_ms, packed)
+  write_state('w', start_ms, 'c', count, nil, nil, ttl_ms, packed)
 end
 local window_left = start_ms + window_ms - now_ms
 -- fixed_window.rs's reset_of: until the count is back at 0.

@@ -7,14 +7,20 @@
 -- zero, at most to -capacity); a cost of 0 checks without consuming (allowed while at least
 -- one token is left). The clock is Redis `TIME` (ms), so every replica sees one clock.
 --
--- State: KEYS[1] is a 16-byte string, two little-endian doubles packed with `struct.pack('<dd')`:
--- the tokens (at full precision) and the ms when they were last brought up to date (`ts`). It
--- is written with one `SET … PX`, to expire when the bucket would be full again: a missing key
--- *is* a full bucket, so a full bucket is deleted rather than stored (as the memory store
--- sweeps it). So `ts` survives a clock step back only while the bucket is partly drained,
--- which is where it matters: a full bucket cannot refill twice.
+-- State: KEYS[1] is a 24-byte string, three little-endian doubles packed with
+-- `struct.pack('<ddd')`: the tokens (at full precision), the ms when they were last brought up
+-- to date (`ts`) and the capacity they were counted against. It is written with one
+-- `SET … PX`, to expire when the bucket would be full again: a missing key *is* a full bucket,
+-- so a full bucket is deleted rather than stored (as the memory store sweeps it). So `ts`
+-- survives a clock step back only while the bucket is partly drained, which is where it
+-- matters: a full bucket cannot refill twice.
 --
--- 0.1.0 kept the same two numbers in a hash (`t`, `ts`; `HMGET`, `HSET`, `PEXPIRE`), which costs
+-- A capacity edit keeps what was spent (TokenBucketState::capacity, `carried` in the Rust): a
+-- state counted against another capacity holds `capacity - spent`, at most one capacity of
+-- debt. A 16-byte string (the previous release's two numbers) or a hash without `c` was
+-- counted against the capacity in force.
+--
+-- 0.1.0 kept the numbers in a hash (`t`, `ts`, and now `c`; `HMGET`, `HSET`, `PEXPIRE`), which costs
 -- Redis ~25 % more per take. Either is read (a rolling upgrade from 0.1.0 meets its hashes);
 -- which one is written is `HASH_STATE` below, which the Redis store sets from
 -- `store_state_format` when it loads the script: `hash` writes what 0.1.0 reads, for the length
@@ -82,10 +88,10 @@ local function take_token(key, now_ms, capacity, refill, window_ms, cost, overdr
   -- The stored state, in either format. The one this replica writes is asked for first: the
   -- other answers WRONGTYPE (which Redis counts in its errorstats), so that happens once per
   -- key while the formats change over, not on every call.
-  local stored_tokens, stored_ts
+  local stored_tokens, stored_ts, stored_capacity
   local packed, hash
   if HASH_STATE then
-    hash = redis.pcall('HMGET', key, 't', 'ts')
+    hash = redis.pcall('HMGET', key, 't', 'ts', 'c')
     if hash.err then
       hash = nil
       packed = redis.call('GET', key)
@@ -94,21 +100,28 @@ local function take_token(key, now_ms, capacity, refill, window_ms, cost, overdr
     packed = redis.pcall('GET', key)
     if type(packed) == 'table' then
       packed = nil
-      hash = redis.call('HMGET', key, 't', 'ts')
+      hash = redis.call('HMGET', key, 't', 'ts', 'c')
     end
   end
   if packed then
-    if #packed ~= 16 then
+    if #packed == 24 then
+      stored_tokens, stored_ts, stored_capacity = struct.unpack('<ddd', packed)
+    elseif #packed == 16 then
+      stored_tokens, stored_ts = struct.unpack('<dd', packed)
+    else
       return redis.error_reply('tollgate: ' .. key .. ' holds something other than a token bucket')
     end
-    stored_tokens, stored_ts = struct.unpack('<dd', packed)
   elseif hash and hash[1] and hash[2] then
-    stored_tokens, stored_ts = tonumber(hash[1]), tonumber(hash[2])
+    stored_tokens, stored_ts, stored_capacity = tonumber(hash[1]), tonumber(hash[2]), tonumber(hash[3])
   end
   local stored = stored_tokens ~= nil
   local tokens, last_ms
   if stored then
     last_ms = stored_ts
+    -- carried: what was spent against the capacity in force, at most one capacity of debt.
+    if stored_capacity and stored_capacity ~= capacity then
+      stored_tokens = math.max(stored_tokens + (capacity - stored_capacity), -capacity)
+    end
     -- saturating_sub: a clock that stepped back refills nothing.
     local elapsed = now_ms - last_ms
     if elapsed < 0 then
@@ -161,10 +174,10 @@ local function take_token(key, now_ms, capacity, refill, window_ms, cost, overdr
         -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
         redis.call('DEL', key)
       end
-      redis.call('HSET', key, 't', tokens, 'ts', ts)
+      redis.call('HSET', key, 't', tokens, 'ts', ts, 'c', capacity)
       redis.call('PEXPIRE', key, ttl_ms)
     else
-      redis.call('SET', key, struct.pack('<dd', tokens, ts), 'PX', ttl_ms)
+      redis.call('SET', key, struct.pack('<ddd', tokens, ts, capacity), 'PX', ttl_ms)
     end
   end
 

@@ -3,13 +3,17 @@
 //! `<prefix>{<domain>|<k1>=<v1>|<k2>=<v2>…|<limit id>}` — everything that identifies one
 //! bucket sits inside one Redis Cluster hash tag (`{…}`), so all of a bucket's state lives in
 //! one slot and a Lua script never fails with CROSSSLOT. The limit id names the limit by what
-//! it is (`Rate::numbers`): `<algorithm>:<window ms>:<requests_per_unit>`, then `b<burst>` for
-//! a token bucket whose burst is not its `requests_per_unit`, and `:<n>` for the n-th
-//! (from 0) of several limits with the same numbers on one descriptor. So a rules edit that
-//! changes a limit's numbers starts it on a fresh bucket instead of misreading the old one,
-//! one that inserts, removes or reorders other limits keeps every unchanged limit's bucket,
-//! and several limits on one key never share state. Shard `i` of a hot key adds `|#i` inside
-//! the tag, spreading shards over the cluster.
+//! its state means (`Rate::identity`): `<algorithm>:<window ms>:<n>`, `<n>` counting (from 0)
+//! the limits before it on its descriptor with the same algorithm and window (almost always
+//! 0: the key 0.1.0 wrote for a descriptor's first limit). A calendar window is
+//! `cw:<unit>[±<offset minutes>]:<n>`. The limit's numbers (`requests_per_unit`, `burst`) are
+//! not in the key: they travel with each call, and an edit of them keeps the bucket and what
+//! it spent (`quota/bucket/`: a token bucket records the capacity it counted against, a
+//! window compares its count with the new limit; docs/rules.md, "What a rules edit keeps").
+//! An edit of the algorithm or the window starts a fresh bucket instead of misreading the old
+//! one; inserting, removing or reordering other limits keeps every limit's bucket; several
+//! limits on one key never share state. Shard `i` of a hot key adds `|#i` inside the tag,
+//! spreading shards over the cluster, and a numbers edit keeps the key's slot.
 //!
 //! Domain, keys and values are percent-escaped (`%`, `{`, `}`, `|`, `=`, `#` and control
 //! bytes), so no value can close the tag, add a field or make two different descriptors
@@ -24,15 +28,16 @@ use crate::rules::Rate;
 pub const MAX_PART: usize = 64;
 
 /// The `index` of a limit that Envoy supplied with the request (`RateLimitDescriptor.limit`):
-/// its key says `ov<requests_per_unit>` instead of a position, so an override never shares a
-/// bucket with the rules' limits on the same entries, nor with an override of another size.
+/// its key says `ov` instead of a number, so an override never shares a bucket with the rules'
+/// limits on the same entries; overrides of any size on one descriptor share one (an override
+/// that changes keeps what was spent, as a rules edit does).
 pub const OVERRIDE_INDEX: usize = usize::MAX;
 
 /// Builds the store key of one bucket.
 ///
 /// `entries` are the descriptor's (key, value) pairs, with shared (`share_threshold`) values
 /// already replaced by their pattern; `index` counts the limits before this one on its
-/// descriptor with the same numbers (`Limit::index`, almost always 0).
+/// descriptor with the same algorithm and window (`Limit::index`, almost always 0).
 ///
 /// `shard`: `Some(i)` names sub-bucket `i` of a limit declared with `shards:`
 /// (`limiter/shard.rs`), inside the tag so shards spread over the cluster's slots.
@@ -45,10 +50,10 @@ pub fn bucket_key<'a>(
     shard: Option<u32>,
 ) -> String {
     let mut key = descriptor_part(prefix, domain, entries);
-    // The limit's part, `|<tag>:<window ms>:[ov]<rpu>[b<burst>][:<index>]`, with the digits
+    // The limit's part, `|<tag>:<window ms>:<n>` or `|<tag>:<window ms>:ov`, with the digits
     // written by hand: this runs for every descriptor of every request, and `write!`'s
     // formatting machinery cost as much as the rest of the key. A calendar window is
-    // `|cw:<unit>[±<offset minutes>]:…` (`|cw:month:10000`, `|cw:day+540:50`): never a plain
+    // `|cw:<unit>[±<offset minutes>]:<n>` (`|cw:month:0`, `|cw:day+540:0`): never a plain
     // fixed window's bucket, and one per calendar.
     key.push('|');
     match rate.calendar {
@@ -69,19 +74,8 @@ pub fn bucket_key<'a>(
     key.push(':');
     if index == OVERRIDE_INDEX {
         key.push_str("ov");
-        push_u64(&mut key, u64::from(rate.requests_per_unit));
     } else {
-        push_u64(&mut key, u64::from(rate.requests_per_unit));
-        if let (_, _, rpu, Some(burst), _) = rate.numbers()
-            && burst != u64::from(rpu)
-        {
-            key.push('b');
-            push_u64(&mut key, burst);
-        }
-        if index > 0 {
-            key.push(':');
-            push_u64(&mut key, index as u64);
-        }
+        push_u64(&mut key, index as u64);
     }
     if let Some(i) = shard {
         key.push_str("|#");
@@ -226,7 +220,7 @@ mod tests {
     fn layout_is_prefix_then_one_tag() {
         assert_eq!(
             key(&[("tenant", "acme")]),
-            "tg:{dom|tenant=acme|tb:60000:10}"
+            "tg:{dom|tenant=acme|tb:60000:0}"
         );
         let fw = bucket_key(
             "",
@@ -237,8 +231,8 @@ mod tests {
             Some(3),
         );
         assert_eq!(
-            fw, "{d|k=v|fw:60000:10:2|#3}",
-            "the third with these numbers"
+            fw, "{d|k=v|fw:60000:2|#3}",
+            "the third fixed window of a minute on this descriptor"
         );
         let sw = bucket_key(
             "",
@@ -248,26 +242,35 @@ mod tests {
             0,
             None,
         );
-        assert_eq!(sw, "{d|k=v|sw:60000:10}");
+        assert_eq!(sw, "{d|k=v|sw:60000:0}");
     }
 
     #[test]
-    fn a_limit_is_named_by_its_numbers() {
+    fn a_limit_is_named_by_its_algorithm_and_window_not_its_numbers() {
         let r = rate(Algorithm::TokenBucket);
         let k = |r: &Rate, index| bucket_key("", "d", [("k", "v")], r, index, None);
         let base = k(&r, 0);
-        assert_ne!(base, k(&r, 1), "two limits with the same numbers");
-        for changed in [
+        assert_ne!(base, k(&r, 1), "two limits alike in algorithm and window");
+        for edited in [
             Rate {
                 requests_per_unit: 11,
                 ..r
             },
             Rate { burst: 20, ..r },
             Rate {
-                burst: 20,
-                algorithm: Algorithm::FixedWindow,
+                requests_per_unit: 1,
+                burst: 1_000,
                 ..r
             },
+        ] {
+            let key = k(&edited, 0);
+            assert_eq!(base, key, "{edited:?} keeps its bucket");
+            assert_eq!(
+                Slot::for_key(base.as_bytes()),
+                Slot::for_key(key.as_bytes())
+            );
+        }
+        for changed in [
             Rate {
                 unit_multiplier: 2,
                 ..r
@@ -276,23 +279,14 @@ mod tests {
                 algorithm: Algorithm::FixedWindow,
                 ..r
             },
+            Rate {
+                unit: Unit::Hour,
+                ..r
+            },
         ] {
             assert_ne!(base, k(&changed, 0), "{changed:?} starts a fresh bucket");
         }
-        assert_eq!(
-            k(&Rate { burst: 20, ..r }, 0),
-            "{d|k=v|tb:60000:10b20}",
-            "a token bucket's own burst"
-        );
-        let fw = Rate {
-            algorithm: Algorithm::FixedWindow,
-            ..r
-        };
-        assert_eq!(
-            k(&fw, 0),
-            k(&Rate { burst: 20, ..fw }, 0),
-            "a window has no burst"
-        );
+        assert_eq!(base, "{d|k=v|tb:60000:0}", "0.1.0's key of a first limit");
     }
 
     #[test]
@@ -300,22 +294,23 @@ mod tests {
         let r = rate(Algorithm::TokenBucket);
         let rule = bucket_key("", "d", [("k", "v")], &r, 0, None);
         let ov = bucket_key("", "d", [("k", "v")], &r, OVERRIDE_INDEX, None);
-        assert_eq!(ov, "{d|k=v|tb:60000:ov10}");
+        assert_eq!(ov, "{d|k=v|tb:60000:ov}");
         assert_ne!(rule, ov);
         let bigger = Rate {
             requests_per_unit: 20,
             ..r
         };
-        assert_ne!(
+        assert_eq!(
             ov,
-            bucket_key("", "d", [("k", "v")], &bigger, OVERRIDE_INDEX, None)
+            bucket_key("", "d", [("k", "v")], &bigger, OVERRIDE_INDEX, None),
+            "an override that changes keeps what was spent"
         );
     }
 
     #[test]
     fn separators_and_braces_cannot_break_the_tag() {
         let k = key(&[("a", "x}y{z|w=v#%\n")]);
-        assert_eq!(k, "tg:{dom|a=x%7Dy%7Bz%7Cw%3Dv%23%25%0A|tb:60000:10}");
+        assert_eq!(k, "tg:{dom|a=x%7Dy%7Bz%7Cw%3Dv%23%25%0A|tb:60000:0}");
         assert_eq!(k.matches('{').count(), 1);
         assert_eq!(k.matches('}').count(), 1);
     }
@@ -455,8 +450,8 @@ mod tests {
         )
     }
 
-    /// The key as `write!` spelled it before the digits were written by hand: a key is a
-    /// bucket's identity in Redis, so a new build must spell every key exactly as the old.
+    /// The key as `write!` spells it: the digits are written by hand on the hot path, and a
+    /// key is a bucket's identity in Redis, so the hand-written spelling must be exactly this.
     fn key_as_written(
         domain: &str,
         entries: &[(String, String)],
@@ -471,17 +466,9 @@ mod tests {
         );
         let (tag, window) = (rate.algorithm.key_tag(), rate.window_ms());
         if index == OVERRIDE_INDEX {
-            let _ = write!(key, "|{tag}:{window}:ov{}", rate.requests_per_unit);
+            let _ = write!(key, "|{tag}:{window}:ov");
         } else {
-            let _ = write!(key, "|{tag}:{window}:{}", rate.requests_per_unit);
-            if let (_, _, rpu, Some(burst), _) = rate.numbers()
-                && burst != u64::from(rpu)
-            {
-                let _ = write!(key, "b{burst}");
-            }
-            if index > 0 {
-                let _ = write!(key, ":{index}");
-            }
+            let _ = write!(key, "|{tag}:{window}:{index}");
         }
         if let Some(i) = shard {
             let _ = write!(key, "|#{i}");
@@ -513,7 +500,7 @@ mod tests {
         #![proptest_config(crate::testing::proptest_config(2_000))]
 
         #[test]
-        fn property_keys_are_spelled_as_before(
+        fn property_keys_are_spelled_as_write_spells_them(
             (domain, entries) in (part(), entries()),
             rpu in prop_oneof![Just(1u32), any::<u32>()],
             burst in prop_oneof![Just(None), any::<u64>().prop_map(Some)],

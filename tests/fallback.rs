@@ -210,7 +210,7 @@ async fn on_a_cluster_only_the_stopped_nodes_keys_fall_back() {
     let b = replica(&cluster.url(), &prefix);
     wait_for_replicas(&[&a, &b], 2);
     // Two tenants whose buckets live on different nodes.
-    let key = |t: &str| format!("{prefix}{{fb|tenant={t}|tb:3600000:30}}");
+    let key = |t: &str| format!("{prefix}{{fb|tenant={t}|tb:3600000:0}}");
     let ports = cluster.ports();
     let tenants: Vec<String> = (0..200).map(|i| format!("t{i}")).collect();
     let on = |port: u16| {

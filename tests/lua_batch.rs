@@ -35,7 +35,14 @@ const KEY_NAMES: [&str; 2] = ["KEYS[1]", "key"];
 
 /// What a packed state packs: a token bucket's `tokens, ts`, a fixed window's `start_ms, count`,
 /// either in lease.lua's `write_state` (`a, b`).
-const PACKED_STATES: [&str; 3] = ["tokens, ts", "start_ms, count", "a, b"];
+/// The packed states the scripts write (`struct.pack(<format>, <state>)`): a token bucket's
+/// three numbers, a window's two, and lease.lua's either.
+const PACKED_STATES: [(&str, &str); 4] = [
+    ("<ddd", "tokens, ts, capacity"),
+    ("<dd", "start_ms, count"),
+    ("<ddd", "a, b, c"),
+    ("<dd", "a, b"),
+];
 
 /// `script` with each TTL it sets (`PEXPIRE`, or the packed state's `SET … PX`) written to
 /// `<key>~ttl` instead.
@@ -46,13 +53,14 @@ fn ttl_to_key(script: &str) -> String {
         let pexpire = format!("redis.call('PEXPIRE', {key}, ");
         sites += out.matches(&pexpire).count();
         out = out.replace(&pexpire, &format!("redis.call('SET', {key} .. '~ttl', "));
-        for state in PACKED_STATES {
-            let px = format!("redis.call('SET', {key}, struct.pack('<dd', {state}), 'PX', ttl_ms)");
+        for (format, state) in PACKED_STATES {
+            let px =
+                format!("redis.call('SET', {key}, struct.pack('{format}', {state}), 'PX', ttl_ms)");
             sites += out.matches(&px).count();
             out = out.replace(
                 &px,
                 &format!(
-                    "redis.call('SET', {key}, struct.pack('<dd', {state})) \
+                    "redis.call('SET', {key}, struct.pack('{format}', {state})) \
                      redis.call('SET', {key} .. '~ttl', ttl_ms)"
                 ),
             );

@@ -157,13 +157,14 @@ fn with_test_clock(source: &str, ttl_sites: usize) -> String {
         "the script reads TIME once"
     );
     // The key is `KEYS[1]`, or `key` inside `take_token` and `take_window`; a packed state is
-    // a token bucket's `tokens, ts`, a window's `start_ms, count` or lease.lua's `a, b`.
+    // a token bucket's `tokens, ts, capacity`, a window's `start_ms, count` or lease.lua's
+    // `a, b, c` (a token bucket) and `a, b` (a window).
     let sites = |key: &str| {
-        let packed = |state: &str| {
+        let packed = |format: &str, state: &str| {
             (
-                format!("redis.call('SET', {key}, struct.pack('<dd', {state}), 'PX', ttl_ms)"),
+                format!("redis.call('SET', {key}, struct.pack('{format}', {state}), 'PX', ttl_ms)"),
                 format!(
-                    "redis.call('SET', {key}, struct.pack('<dd', {state})) \
+                    "redis.call('SET', {key}, struct.pack('{format}', {state})) \
                      redis.call('SET', {key} .. ':ttl', ttl_ms)"
                 ),
             )
@@ -173,10 +174,11 @@ fn with_test_clock(source: &str, ttl_sites: usize) -> String {
                 format!("redis.call('PEXPIRE', {key}, "),
                 format!("redis.call('SET', {key} .. ':ttl', "),
             ),
-            packed("tokens, ts"),
-            packed("start_ms, count"),
+            packed("<ddd", "tokens, ts, capacity"),
+            packed("<dd", "start_ms, count"),
             // lease.lua's `write_state`, for either algorithm.
-            packed("a, b"),
+            packed("<ddd", "a, b, c"),
+            packed("<dd", "a, b"),
         ]
     };
     let mut out = source.replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}");
@@ -198,19 +200,22 @@ fn take_ttl(conn: &mut ::redis::Connection, k: &str) -> Option<u64> {
     ttl
 }
 
-/// A bucket's two stored numbers, in either format, bit for bit: the packed string's two
-/// doubles, or 0.1.0's hash `fields` parsed as the script's `tonumber` reads them.
-fn stored_pair(conn: &mut ::redis::Connection, k: &str, fields: [&str; 2]) -> Option<(f64, f64)> {
+/// A bucket's stored numbers, in either format, bit for bit: the packed string's doubles (two,
+/// or a token bucket's three), or 0.1.0's hash `fields` parsed as the script's `tonumber`
+/// reads them (a missing field: NaN).
+fn stored_numbers<const N: usize>(
+    conn: &mut ::redis::Connection,
+    k: &str,
+    fields: [&str; N],
+) -> Option<[f64; N]> {
     let kind: String = ::redis::cmd("TYPE").arg(k).query(conn).unwrap();
     match kind.as_str() {
         "string" => {
             let bytes: Vec<u8> = ::redis::cmd("GET").arg(k).query(conn).unwrap();
-            assert_eq!(bytes.len(), 16, "{k}: the packed state is two doubles");
-            let (a, b) = bytes.split_at(8);
-            Some((
-                f64::from_le_bytes(a.try_into().unwrap()),
-                f64::from_le_bytes(b.try_into().unwrap()),
-            ))
+            assert_eq!(bytes.len(), 8 * N, "{k}: the packed state is {N} doubles");
+            Some(std::array::from_fn(|i| {
+                f64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap())
+            }))
         }
         "hash" => {
             let got: Vec<Option<String>> = ::redis::cmd("HMGET")
@@ -218,22 +223,29 @@ fn stored_pair(conn: &mut ::redis::Connection, k: &str, fields: [&str; 2]) -> Op
                 .arg(&fields)
                 .query(conn)
                 .unwrap();
-            let number = |i: usize| got[i].as_deref().expect(fields[i]).parse().unwrap();
-            Some((number(0), number(1)))
+            Some(std::array::from_fn(|i| {
+                got[i].as_deref().map_or(f64::NAN, |v| v.parse().unwrap())
+            }))
         }
         "none" => None,
         other => panic!("{k} is a {other}"),
     }
 }
 
-/// A token bucket's stored `(tokens, ts)`, in either format, bit for bit.
-fn token_state(conn: &mut ::redis::Connection, k: &str) -> Option<(f64, u64)> {
-    stored_pair(conn, k, ["t", "ts"]).map(|(tokens, ts)| (tokens, ts as u64))
+/// A token bucket's stored `(tokens, ts, capacity)`, in either format, bit for bit.
+fn token_state(conn: &mut ::redis::Connection, k: &str) -> Option<(f64, u64, f64)> {
+    stored_numbers(conn, k, ["t", "ts", "c"]).map(|[tokens, ts, c]| (tokens, ts as u64, c))
 }
 
 /// A fixed window's stored `(start, count)`, in either format.
 fn window_state(conn: &mut ::redis::Connection, k: &str) -> Option<(u64, u64)> {
-    stored_pair(conn, k, ["w", "c"]).map(|(w, c)| (w as u64, c as u64))
+    stored_numbers(conn, k, ["w", "c"]).map(|[w, c]| (w as u64, c as u64))
+}
+
+/// Which numbers each call of a sequence runs with: `true` = the edited ones (a rules edit
+/// between two calls, back and forth).
+fn edits() -> impl Strategy<Value = Vec<bool>> {
+    prop::collection::vec(prop::bool::weighted(0.2), MAX_TAKES)
 }
 
 /// The token bucket, fixed window and lease scripts on the test clock, writing the packed state
@@ -314,17 +326,28 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
             refill,
             window_ms,
         });
+    // A rules edit: the same bucket read with other numbers (its key has none).
+    let edited = (
+        limit(&[0, 1, 2, 5, 8, 100, 1_000_000]),
+        limit(&[0, 1, 5, 8, 100]),
+    );
     let (cases, checked, stored_states) = (Cell::new(0), Cell::new(0), Cell::new(0));
-    let switched = Cell::new(0);
+    let (switched, edited_reads) = (Cell::new(0), Cell::new(0));
     check(
-        (params, takes(), any::<bool>(), writers()),
-        |(p, (start, takes), overdraft, writers)| {
+        (params, edited, takes(), any::<bool>(), writers(), edits()),
+        |(p0, (capacity, refill), (start, takes), overdraft, writers, edits)| {
             let conn = &mut *conn.borrow_mut();
             let k = "mirror:{tb}";
             del(conn, k);
+            let p1 = TokenBucketParams {
+                capacity,
+                refill,
+                ..p0
+            };
             let mut now = BASE_MS + start;
             let mut state: Option<TokenBucketState> = None;
             for (i, (step, cost)) in takes.into_iter().enumerate() {
+                let p = if edits[i] { p1 } else { p0 };
                 let source = &sources[usize::from(writers[i])];
                 let before = token_state(conn, k);
                 take_ttl(conn, k);
@@ -332,6 +355,9 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
                 let cost = cost.of(p.capacity);
                 let op = charged(tb(k, p.capacity, p.refill, p.window_ms, cost), overdraft);
                 let (next, mut want) = bucket::take_token(state, now, p, cost, overdraft);
+                if state.is_some_and(|s| s.capacity != Some(p.capacity as f64)) {
+                    edited_reads.set(edited_reads.get() + 1);
+                }
                 // The script caps waits at 2^53 ms (~285,000 years) to keep Redis's integer
                 // conversion defined; Rust saturates at 2^64. Only absurd configurations get there.
                 want.reset_ms = want.reset_ms.min(MAX_WAIT);
@@ -343,7 +369,7 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
                 );
                 prop_assert_eq!(got, want, "{}", at);
                 // The stored state: a full bucket is no key (the memory store sweeps it too);
-                // otherwise the same two numbers, bit for bit, in the format this call
+                // otherwise the same three numbers, bit for bit, in the format this call
                 // writes, and the TTL is time-to-full.
                 let stored = token_state(conn, k);
                 if next.tokens >= p.capacity as f64 {
@@ -359,15 +385,16 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
                                 + usize::from(writers[i] != writers[i.saturating_sub(1)]),
                         );
                     }
-                    let (t, ts) = stored.expect("stored");
+                    let (t, ts, c) = stored.expect("stored");
                     let ttl = take_ttl(conn, k).expect("a stored bucket has a TTL");
                     prop_assert_eq!(
-                        (t.to_bits(), ts),
-                        (next.tokens.to_bits(), next.ts_ms),
-                        "{}: {} {} vs {:?}",
+                        (t.to_bits(), ts, Some(c)),
+                        (next.tokens.to_bits(), next.ts_ms, next.capacity),
+                        "{}: {} {} {} vs {:?}",
                         at,
                         t,
                         ts,
+                        c,
                         next
                     );
                     prop_assert_eq!(
@@ -386,13 +413,19 @@ fn lua_token_bucket_mirrors_take_token_exactly() {
         },
     );
     eprintln!(
-        "token bucket: {} cases, {} takes, {} left a stored bucket, {} read the other format",
+        "token bucket: {} cases, {} takes, {} left a stored bucket, {} read the other format, {} read a state counted against another capacity",
         cases.get(),
         checked.get(),
         stored_states.get(),
-        switched.get()
+        switched.get(),
+        edited_reads.get()
     );
     assert!(cases.get() >= CASES, "{} cases ran", cases.get());
+    assert!(
+        edited_reads.get() > 50,
+        "{} edited reads",
+        edited_reads.get()
+    );
     assert!(switched.get() > 100, "{} format switches", switched.get());
     // The sequences reached partly drained buckets, not only full ones.
     assert!(
@@ -414,15 +447,28 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
         window_ms(&[7, 1_000, 60_000, HOUR, DAY]),
     );
     let (cases, refused, switched) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    let over_new_limit = Cell::new(0);
     check(
-        (params, takes(), any::<bool>(), writers()),
-        |((limit, window_ms), (start, takes), overdraft, writers)| {
+        (
+            params,
+            limit(&[0, 1, 2, 5, 50, 120]),
+            takes(),
+            any::<bool>(),
+            writers(),
+            edits(),
+        ),
+        |((limit0, window_ms), limit1, (start, takes), overdraft, writers, edits)| {
             let conn = &mut *conn.borrow_mut();
             let k = "mirror:{fw}";
             del(conn, k);
             let mut now = BASE_MS + start;
             let mut state: Option<WindowState> = None;
             for (i, (step, cost)) in takes.into_iter().enumerate() {
+                // A rules edit between calls: the same window read with another limit.
+                let limit = if edits[i] { limit1 } else { limit0 };
+                if state.is_some_and(|s| s.count > bucket::overdraft_cap(limit)) {
+                    over_new_limit.set(over_new_limit.get() + 1);
+                }
                 let source = &sources[usize::from(writers[i])];
                 let before = window_state(conn, k);
                 now = step.apply(now, window_ms);
@@ -481,11 +527,13 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
         },
     );
     eprintln!(
-        "fixed window: {} cases, {} refusals with a retry, {} read the other format",
+        "fixed window: {} cases, {} refusals with a retry, {} read the other format, {} read a count past two of the limit in force",
         cases.get(),
         refused.get(),
-        switched.get()
+        switched.get(),
+        over_new_limit.get()
     );
+    assert!(over_new_limit.get() > 10, "{} reads", over_new_limit.get());
     assert!(cases.get() >= CASES, "{} cases ran", cases.get());
     assert!(switched.get() > 100, "{} format switches", switched.get());
     // Refusals that fit once the window ends, not only costs that never fit.
@@ -910,7 +958,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
     // lease.lua's TTLs: one `write_state` for both algorithms, its two formats.
-    let lease = both_formats(LEASE_LUA, 2);
+    let lease = both_formats(LEASE_LUA, 3);
     let token = both_formats(TOKEN_BUCKET_LUA, 2);
     let window = both_formats(FIXED_WINDOW_LUA, 2);
     let params = (
@@ -1033,7 +1081,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                 let read = |conn: &mut ::redis::Connection| {
                     if token_bucket {
                         let s = token_state(conn, k);
-                        (s.map(|(t, ts)| (t.to_bits(), ts)), None)
+                        (s.map(|(t, ts, c)| (t.to_bits(), ts, c.to_bits())), None)
                     } else {
                         (None, window_state(conn, k))
                     }
@@ -1053,9 +1101,10 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                     match tb_state {
                         None => prop_assert!(stored.0.is_none(), "{}: full is not stored", at),
                         Some(s) => {
+                            let capacity = s.capacity.expect("written with its capacity");
                             prop_assert_eq!(
                                 stored.0,
-                                Some((s.tokens.to_bits(), s.ts_ms)),
+                                Some((s.tokens.to_bits(), s.ts_ms, capacity.to_bits())),
                                 "{}",
                                 at
                             );
@@ -1142,7 +1191,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
 fn lua_lease_claim_on_a_bucket_in_debt_waits_as_the_rust_says() {
     let redis = TestRedis::start();
     let mut conn = redis.conn();
-    let lease = with_test_clock(LEASE_LUA, 2);
+    let lease = with_test_clock(LEASE_LUA, 3);
     let token = with_test_clock(TOKEN_BUCKET_LUA, 2);
     let mut debt_claims = 0;
     for (cap, refill) in [

@@ -131,8 +131,10 @@ async fn a_token_bucket_is_one_small_string() {
         k.len()
     );
     assert!(bytes < 200, "{bytes} bytes");
-    // A bucket that refills to full is deleted rather than kept.
-    assert!(one(&store, tb(&k, 1, 1_000_000, HOUR, 0)).await.allowed);
+    // A bucket that refills to full is deleted rather than kept (read a few ms later at a
+    // refill of 100 a ms).
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert!(one(&store, tb(&k, 100, 100, 1, 0)).await.allowed);
     let exists: i64 = redis.cmd(&["EXISTS", &k]);
     assert_eq!(exists, 0, "a full bucket is no key");
 }
@@ -228,7 +230,16 @@ async fn a_sliding_log_grows_with_the_hits_it_keeps() {
             algorithm: Algorithm::SlidingLog,
             calendar: None,
         };
-        let k = keys::bucket_key("tollgate:", "edge", [("tenant", "acme")], &rate, 0, None);
+        // One tenant per size: a key names no limit's numbers, so the sizes' logs would be one.
+        let tenant = format!("acme-{hits}");
+        let k = keys::bucket_key(
+            "tollgate:",
+            "edge",
+            [("tenant", tenant.as_str())],
+            &rate,
+            0,
+            None,
+        );
         let kind = tollgate::quota::OpKind::SlidingLog {
             limit: hits,
             window_ms: HOUR,

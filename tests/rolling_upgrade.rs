@@ -9,7 +9,11 @@
 //!   admits exactly the limit, and 0.1.0 never fails (leases included);
 //! - at the default (`packed`) this release carries on 0.1.0's buckets exactly, and 0.1.0
 //!   fails on a bucket this release wrote (`WRONGTYPE`: its requests go to its fallback), which
-//!   is why docs/redis.md has operators set `hash` for the rollout.
+//!   is why docs/redis.md has operators set `hash` for the rollout;
+//! - from the previous build of `main`, whose keys held the limit's numbers
+//!   (`…|tb:3600000:100}`; `tests/fixtures/keys-with-numbers/`): the two name a bucket
+//!   differently, so this release starts each bucket fresh once (the stated cost of the
+//!   upgrade, docs/redis.md "Upgrading"), and the old replicas keep theirs and never fail.
 
 mod common;
 
@@ -22,6 +26,10 @@ use tollgate::rules::{Algorithm, Rate, Unit};
 const RELEASE_0_1_TOKEN_BUCKET: &str = include_str!("fixtures/release-0.1.0/token_bucket.lua");
 const RELEASE_0_1_FIXED_WINDOW: &str = include_str!("fixtures/release-0.1.0/fixed_window.lua");
 const RELEASE_0_1_LEASE: &str = include_str!("fixtures/release-0.1.0/lease.lua");
+
+/// The previous build's `lua/token_bucket.lua` (`main` before issue 73), beside its keys.
+const NUMBERED_KEYS_TOKEN_BUCKET: &str =
+    include_str!("fixtures/keys-with-numbers/token_bucket.lua");
 
 /// A token bucket on `tenant`, a fixed window (the reference's algorithm) on `user`.
 const RULES: &str = "domain: upgrade\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 100}\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}\n";
@@ -76,21 +84,17 @@ fn release_0_1_hit(redis: &TestRedis, key: &str) -> Result<bool, String> {
 
 /// One take of 1 by a 0.1.0 replica, as its store sends it: `Ok(admitted)`, or the error.
 fn release_0_1_take(redis: &TestRedis, key: &str) -> Result<bool, String> {
+    take_with(RELEASE_0_1_TOKEN_BUCKET, redis, key)
+}
+
+/// One take of 1 by `script` (a token bucket's of another build, whose arguments are
+/// this release's: capacity, refill, window, cost, overdraft): `Ok(admitted)`, or the error.
+fn take_with(script: &str, redis: &TestRedis, key: &str) -> Result<bool, String> {
     let limit = LIMIT.to_string();
     let window = HOUR_MS.to_string();
     let reply: ::redis::RedisResult<Vec<i64>> = command(
         redis.port(),
-        &[
-            "EVAL",
-            RELEASE_0_1_TOKEN_BUCKET,
-            "1",
-            key,
-            &limit,
-            &limit,
-            &window,
-            "1",
-            "0",
-        ],
+        &["EVAL", script, "1", key, &limit, &limit, &window, "1", "0"],
     );
     reply.map(|r| r[0] == 1).map_err(|e| e.to_string())
 }
@@ -306,4 +310,47 @@ async fn fixed_windows_cross_over_as_token_buckets_do() {
         Ok(false),
         "spent, as 0.1.0 sees it"
     );
+}
+
+/// From the previous build of `main`, whose keys named a bucket by the limit's numbers
+/// (`…|tb:3600000:100}`), to this release's (`…|tb:3600000:0}`): the two builds never share a
+/// bucket, so during the rollout a tenant holds one bucket under each (up to twice its limit
+/// while both run; docs/redis.md "Upgrading"), this release starts each bucket fresh once,
+/// and the old replicas keep answering from theirs without an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_keys_with_numbers_each_bucket_starts_fresh_once_and_the_old_build_never_fails() {
+    let redis = TestRedis::start();
+    let prefix = unique_prefix("numbered");
+    let old_key = format!("{prefix}{{upgrade|tenant=acme|tb:3600000:100}}");
+    // The previous build spent 40 of acme's 100 before the upgrade.
+    for _ in 0..40 {
+        assert_eq!(
+            take_with(NUMBERED_KEYS_TOKEN_BUCKET, &redis, &old_key),
+            Ok(true)
+        );
+    }
+    let server = tollgate(&redis, &prefix, None);
+    let mut admitted = 0;
+    for _ in 0..150 {
+        admitted += usize::from(tollgate_take(&server, "acme").await);
+    }
+    assert_eq!(admitted, 100, "one fresh bucket: the upgrade's stated cost");
+    let new_key = bucket_key(&prefix, "acme");
+    let state: Vec<u8> = redis.cmd(&["GET", &new_key]);
+    assert_eq!(
+        state.len(),
+        24,
+        "tokens, ts and the capacity they count against"
+    );
+    // A replica of the previous build still running keeps its own bucket: the 60 it had left,
+    // then refusals, and never an error (it never meets this release's state).
+    let mut old_admitted = 0;
+    for _ in 0..70 {
+        let took = take_with(NUMBERED_KEYS_TOKEN_BUCKET, &redis, &old_key)
+            .unwrap_or_else(|e| panic!("the previous build failed: {e}"));
+        old_admitted += usize::from(took);
+    }
+    assert_eq!(old_admitted, 60);
+    let old_state: Vec<u8> = redis.cmd(&["GET", &old_key]);
+    assert_eq!(old_state.len(), 16, "the previous build's own two numbers");
 }

@@ -129,3 +129,44 @@ async fn rules_from_xds_apply_live_nack_errors_and_survive_the_server_going_away
     wait_version(server.admin, "4");
     assert_eq!(codes(&server, "e", 2).await, vec![1, 2], "v4: 1 an hour");
 }
+
+/// A limit edited over xDS keeps what was spent (docs/rules.md, "What a rules edit keeps"):
+/// 5 an hour with 5 spent, raised to 8, admits 3 more, not 8; lowered to 2, it refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_edited_over_xds_keeps_what_was_spent() {
+    let certs = TestCerts::generate();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ads = TestAds::start(&certs, listener, "1", edge(5, RateLimitUnit::Hour)).await;
+    let server = TestServer::builder("")
+        .arg(
+            "rules-xds-server",
+            &format!("127.0.0.1:{}", ads.addr.port()),
+        )
+        .arg("rules-xds-node-id", "envoy-ratelimit")
+        .arg("rules-xds-tls-ca", &certs.file("ca.crt"))
+        .arg("rules-xds-tls-cert", &certs.file("client.crt"))
+        .arg("rules-xds-tls-key", &certs.file("client.key"))
+        .start();
+    wait_version(server.admin, "1");
+    assert_eq!(
+        codes(&server, "a", 6).await,
+        vec![1, 1, 1, 1, 1, 2],
+        "5 of 5"
+    );
+    ads.publish("2", edge(8, RateLimitUnit::Hour));
+    wait_version(server.admin, "2");
+    assert_eq!(
+        codes(&server, "a", 4).await,
+        vec![1, 1, 1, 2],
+        "raised to 8 with 5 spent: 3 more"
+    );
+    ads.publish("3", edge(2, RateLimitUnit::Hour));
+    wait_version(server.admin, "3");
+    assert_eq!(
+        codes(&server, "a", 2).await,
+        vec![2, 2],
+        "lowered to 2: refused"
+    );
+    // Another tenant is unaffected: 2 of 2.
+    assert_eq!(codes(&server, "b", 3).await, vec![1, 1, 2]);
+}

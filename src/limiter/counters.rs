@@ -118,7 +118,8 @@ impl Limiter {
                 requests_per_unit: rate.requests_per_unit,
                 unit: rate.unit.name(),
                 unit_multiplier: rate.unit_multiplier,
-                burst: rate.numbers().3,
+                burst: (rate.algorithm == crate::rules::Algorithm::TokenBucket)
+                    .then_some(rate.burst),
                 calendar: rate.calendar.map(|c| c.to_string()),
                 leased_here: p
                     .keys

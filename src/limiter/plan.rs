@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(p.planned.iter().map(|x| x.desc).collect::<Vec<_>>(), [0, 0]);
         assert_ne!(p.ops[0].key, p.ops[1].key);
         assert!(p.ops.iter().all(|op| op.cost == 0), "descriptor cost wins");
-        assert!(p.ops[0].key.starts_with("t:{edge|both=x|tb:1000:5}"));
+        assert!(p.ops[0].key.starts_with("t:{edge|both=x|tb:1000:0}"));
 
         let p = plan(
             domain,
@@ -670,7 +670,7 @@ mod tests {
             &f.config,
             &OVERRIDE_CLASS.into(),
         );
-        assert!(p.ops[0].key.contains("|cw:month:2}"), "{}", p.ops[0].key);
+        assert!(p.ops[0].key.contains("|cw:month:0}"), "{}", p.ops[0].key);
         let first = f.decide(&r).statuses[0].clone();
         assert_eq!((first.code, first.reset_ms), (Code::Ok, to_december));
         f.decide(&r);

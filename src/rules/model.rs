@@ -245,10 +245,10 @@ pub struct Limit {
     /// (`telemetry/statsd/`).
     #[serde(skip)]
     pub stat_path: Arc<[String]>,
-    /// How many limits before this one on its descriptor have the same numbers (algorithm,
-    /// window, `requests_per_unit`, `burst`): 0 for nearly every limit. The store key names a
-    /// limit by its numbers and this count, not by its position, so a rules edit that
-    /// inserts, removes or reorders other limits keeps this one's bucket.
+    /// How many limits before this one on its descriptor have the same algorithm and window
+    /// ([`Rate::identity`]): 0 for nearly every limit. The store key names a limit by those
+    /// and this count, not by its numbers nor its position, so a rules edit that changes its
+    /// numbers, or inserts, removes or reorders other limits, keeps this one's bucket.
     pub index: usize,
     pub origin: Origin,
     /// This limit's `tollgate_decisions_total` series, kept with it.
@@ -334,19 +334,12 @@ impl Rate {
         self.unit.seconds() * 1000 * u64::from(self.unit_multiplier)
     }
 
-    /// The numbers that make a limit what it is (its store key names it by them, so a rules
-    /// edit that keeps them keeps its bucket): the algorithm, the window, `requests_per_unit`,
-    /// for a token bucket `burst` (the windows have none), and the calendar of a calendar
-    /// window.
-    pub fn numbers(&self) -> (Algorithm, u64, u32, Option<u64>, Option<Calendar>) {
-        let burst = (self.algorithm == Algorithm::TokenBucket).then_some(self.burst);
-        (
-            self.algorithm,
-            self.window_ms(),
-            self.requests_per_unit,
-            burst,
-            self.calendar,
-        )
+    /// What a limit's state means, so what names its bucket (`keys::bucket_key`): the
+    /// algorithm, the window and the calendar of a calendar window. Not `requests_per_unit`
+    /// nor `burst`: an edit of those keeps the bucket and what it spent (docs/rules.md, "What
+    /// a rules edit keeps"); an edit of these starts a fresh one.
+    pub fn identity(&self) -> (Algorithm, u64, Option<Calendar>) {
+        (self.algorithm, self.window_ms(), self.calendar)
     }
 }
 

@@ -50,7 +50,7 @@ pub fn command<T: ::redis::FromRedisValue>(port: u16, args: &[&str]) -> ::redis:
 }
 
 /// A token bucket's stored state, `(tokens, ts_ms)`, in either format `token_bucket.lua`
-/// reads: the packed string (two little-endian doubles) or 0.1.0's hash (`t`, `ts`). `None`
+/// reads: the packed string (three little-endian doubles, or two) or 0.1.0's hash (`t`, `ts`). `None`
 /// when the key is missing (a full bucket) or is something else.
 #[allow(dead_code)]
 pub fn token_state(port: u16, key: &str) -> Option<(f64, u64)> {
@@ -71,12 +71,14 @@ pub fn token_state(port: u16, key: &str) -> Option<(f64, u64)> {
     }
 }
 
-/// The packed state (`struct.pack('<dd', tokens, ts)`) as `(tokens, ts_ms)`.
+/// The packed state's first two numbers as `(tokens, ts_ms)`: a token bucket's
+/// (`struct.pack('<ddd', tokens, ts, capacity)`, or the previous release's two) or a fixed
+/// window's (`start, count`).
 #[allow(dead_code)]
 pub fn unpack_token_state(bytes: &[u8]) -> Option<(f64, u64)> {
-    let (tokens, ts) = bytes.split_first_chunk::<8>()?;
-    let ts: [u8; 8] = ts.try_into().ok()?;
-    Some((f64::from_le_bytes(*tokens), f64::from_le_bytes(ts) as u64))
+    let (tokens, rest) = bytes.split_first_chunk::<8>()?;
+    let (ts, _) = rest.split_first_chunk::<8>()?;
+    Some((f64::from_le_bytes(*tokens), f64::from_le_bytes(*ts) as u64))
 }
 
 /// One `redis-server` process.

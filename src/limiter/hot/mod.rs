@@ -694,8 +694,9 @@ mod tests {
     fn a_cached_refusal_under_one_limit_override_does_not_refuse_a_higher_one() {
         // The reference's issue #1077: its over-limit cache is keyed by the descriptor alone,
         // so a request arriving with a higher per-request `limit` than the one that filled
-        // the cache was refused. Here an override has its own bucket (its key names the
-        // override's limit) and the cache is keyed by that bucket and its numbers.
+        // the cache was refused. Here the cache is keyed by the bucket and the limit's
+        // numbers, so a higher override is decided by the store (the bucket, shared by
+        // overrides of any size, keeps what was spent).
         use super::super::{LimitOverride, Request, RequestDescriptor};
         let f = with_hot_keys(false, hot());
         let with_limit = |requests_per_unit: u32| Request {
@@ -718,8 +719,10 @@ mod tests {
         assert!(f.metrics.render().contains(
             r#"tollgate_local_decisions_total{class="envoy_override",reason="over_limit_cache"} 1"#
         ));
-        // The tenant's plan changed: the higher limit gets its whole quota, then is refused.
-        for _ in 0..3 {
+        // The tenant's plan changed: the higher limit is not refused from the lower one's
+        // cache entry, and keeps what was spent (one bucket per descriptor and window,
+        // whatever the override's size): 2 more of 3, then refused.
+        for _ in 0..2 {
             assert_eq!(f.codes(&high), [Code::Ok]);
         }
         assert_eq!(f.codes(&high), [Code::OverLimit]);

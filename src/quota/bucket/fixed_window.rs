@@ -12,6 +12,16 @@
 //! the same as the reference's, whose counter runs on), so a count past the limit always
 //! means tokens that were really admitted, and a give-back takes its tokens off that count
 //! without erasing anyone's debt.
+//!
+//! # A limit edit
+//!
+//! The state holds no limit: a window read with another limit (a rules edit, a region's share
+//! or a shard count that moved) keeps its count and compares it with the new one. Raised from
+//! 100 to 120 after 100 hits, it admits 20 more; lowered to 50 after 60, it refuses the rest of
+//! the window, and the 10 past the new limit are debt like any count past the limit, paid by
+//! the next window. A stored count is read as at most two limits (one limit of debt, the most
+//! `overdraft` ever leaves), so lowering a limit far below what a window counted costs the
+//! tenant at most the next window.
 
 use super::{ClaimAsk, Outcome};
 use crate::quota::calendar::Calendar;
@@ -106,14 +116,19 @@ impl Window {
 
     /// The count this window starts from: the stored window's count when it is this one; an
     /// earlier window's debt, less a limit per window since; else 0.
+    ///
+    /// A stored count is read as at most [`overdraft_cap`]`(limit)`: one limit of debt, the
+    /// most a window ever carries. Only a rules edit that lowered the limit below what the
+    /// window counted meets more (module doc, "A limit edit").
     fn before(&self, state: Option<WindowState>, limit: u64) -> u64 {
         match state {
-            Some(s) if s.start_ms == self.start_ms => s.count,
+            Some(s) if s.start_ms == self.start_ms => s.count.min(overdraft_cap(limit)),
             Some(s) if s.start_ms < self.start_ms => {
+                let count = s.count.min(overdraft_cap(limit));
                 // Enough windows to pay any count: one more than it holds limits.
-                let most = s.count.checked_div(limit).map_or(1, |n| n + 1);
+                let most = count.checked_div(limit).map_or(1, |n| n + 1);
                 let windows = self.windows.between(s.start_ms, self.start_ms, most);
-                s.count.saturating_sub(windows.saturating_mul(limit))
+                count.saturating_sub(windows.saturating_mul(limit))
             }
             _ => 0,
         }
@@ -260,6 +275,9 @@ fn take_in(
         // A check leaves an earlier window's debt as stored (what is left of it follows from
         // the time; `fixed_window.lua` leaves the key as it is too).
         Some(s) if cost == 0 && s.start_ms < start_ms && s.count > limit => s,
+        // A check in the stored window writes nothing (`fixed_window.lua` neither): a count
+        // read capped at two limits (a limit edit) is kept as counted.
+        Some(s) if cost == 0 && s.start_ms == start_ms => s,
         _ => WindowState { start_ms, count },
     };
     (next, outcome)
@@ -354,7 +372,7 @@ pub fn return_windows(
     };
     let (count, next) = match state {
         Some(s) if s.start_ms == start_ms => {
-            let count = give_back_count(s.count, limit, n);
+            let count = give_back_count(window.before(state, limit), limit, n);
             (count, WindowState { start_ms, count })
         }
         // Another window's count is left as it is (`lease.lua` writes nothing either).

@@ -1,6 +1,15 @@
 //! The token bucket (`lua/token_bucket.lua`, and the token half of `lua/lease.lua`):
 //! `capacity` tokens, refilled continuously at `refill` per `window_ms`; a take of `cost`
 //! succeeds when that many tokens are there and removes them, a refused take removes nothing.
+//!
+//! # A capacity edit keeps what was spent
+//!
+//! The state records the capacity its tokens were counted against. Read with another capacity
+//! (a rules edit of `burst` or `requests_per_unit`, a region's share or a shard count that
+//! moved), the bucket keeps what was spent, `capacity − tokens`: it holds `new capacity −
+//! spent` ([`carried`]), so a bucket of 5 with 5 spent raised to 8 holds 3, and lowered below
+//! what was spent it holds debt, at most one new capacity of it (the most any bucket carries,
+//! as with `overdraft`). The refill since the state was written runs at the new rate.
 
 use super::{ClaimAsk, Outcome};
 
@@ -13,12 +22,28 @@ pub struct TokenBucketParams {
     pub window_ms: u64,
 }
 
-/// A token bucket's stored state: two numbers.
+/// A token bucket's stored state: three numbers.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TokenBucketState {
     pub tokens: f64,
     /// When `tokens` was last brought up to date (monotonic ms; Redis `TIME` in Lua).
     pub ts_ms: u64,
+    /// The capacity `tokens` were counted against (module doc). `None`: a state written
+    /// before capacities were stored (0.1.0's hash, or the previous release's 16-byte
+    /// string), read as the current capacity.
+    pub capacity: Option<f64>,
+}
+
+/// The tokens a stored state holds against capacity `p.capacity`, before the refill since it
+/// was written: the same spent (`capacity − tokens`) against the new capacity, never more than
+/// one new capacity of debt. Unchanged (bit for bit) when the capacity is the same;
+/// `lua/token_bucket.lua` and `lua/lease.lua` compute the same, in the same order.
+pub fn carried(s: TokenBucketState, p: TokenBucketParams) -> f64 {
+    let capacity = p.capacity as f64;
+    match s.capacity {
+        Some(was) if was != capacity => (s.tokens + (capacity - was)).max(-capacity),
+        _ => s.tokens,
+    }
 }
 
 impl TokenBucketParams {
@@ -79,7 +104,7 @@ pub fn take_token(
         None => capacity,
         Some(s) => {
             let elapsed = now_ms.saturating_sub(s.ts_ms) as f64;
-            capacity.min(s.tokens + p.refilled(elapsed))
+            capacity.min(carried(s, p) + p.refilled(elapsed))
         }
     };
     let need = cost.max(1) as f64;
@@ -116,6 +141,7 @@ pub fn take_token(
         TokenBucketState {
             tokens,
             ts_ms: now_ms.max(last_ms),
+            capacity: Some(p.capacity as f64),
         },
         outcome,
     )
@@ -137,7 +163,7 @@ fn tokens_at(state: Option<TokenBucketState>, now_ms: u64, p: TokenBucketParams)
         None => (capacity, now_ms),
         Some(s) => {
             let elapsed = now_ms.saturating_sub(s.ts_ms) as f64;
-            (capacity.min(s.tokens + p.refilled(elapsed)), s.ts_ms)
+            (capacity.min(carried(s, p) + p.refilled(elapsed)), s.ts_ms)
         }
     }
 }
@@ -179,6 +205,7 @@ pub fn claim_token(
         TokenBucketState {
             tokens,
             ts_ms: now_ms.max(last_ms),
+            capacity: Some(p.capacity as f64),
         },
         outcome,
     )
@@ -227,6 +254,7 @@ pub fn return_token(
         TokenBucketState {
             tokens,
             ts_ms: now_ms.max(last_ms),
+            capacity: Some(p.capacity as f64),
         },
         outcome,
     )

@@ -71,7 +71,7 @@ impl FileWalk<'_> {
             }
             (None, None) => {}
         }
-        number_identical(&mut limits);
+        same_identity(&mut limits);
         ok.then(|| limits.into_iter().map(Arc::new).collect())
     }
 
@@ -627,17 +627,17 @@ impl AtLeastOne {
     }
 }
 
-/// Numbers the limits of one descriptor that have the same numbers ([`Rate::numbers`]): the
-/// store key names a limit by its numbers
-/// (`keys::bucket_key`), so inserting, removing or reordering other limits and reloading
-/// keeps each limit's bucket, and only limits identical in every number need their order to
-/// tell them apart (the second of two gets `index` 1).
-fn number_identical(limits: &mut [Limit]) {
+/// Numbers the limits of one descriptor that have the same algorithm and window
+/// ([`Rate::identity`]): the store key names a limit by them (`keys::bucket_key`), so
+/// inserting, removing or reordering other limits, or editing a limit's numbers, and
+/// reloading keeps each limit's bucket; only limits alike in algorithm and window need their
+/// order to tell them apart (the second of two gets `index` 1).
+fn same_identity(limits: &mut [Limit]) {
     for i in 0..limits.len() {
         let Some(rate) = limits[i].rate else { continue };
         let before = limits[..i]
             .iter()
-            .filter(|l| l.rate.is_some_and(|r| r.numbers() == rate.numbers()))
+            .filter(|l| l.rate.is_some_and(|r| r.identity() == rate.identity()))
             .count();
         limits[i].index = before;
     }
@@ -866,12 +866,12 @@ mod tests {
         assert_eq!(rate("w").calendar.unwrap().unit, CalendarUnit::Week);
         assert_eq!(rate("off").calendar, None);
         assert_ne!(
-            m.numbers(),
+            m.identity(),
             crate::rules::Rate {
                 calendar: None,
                 ..m
             }
-            .numbers(),
+            .identity(),
             "its own bucket"
         );
 
