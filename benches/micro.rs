@@ -197,6 +197,7 @@ fn bucket_math(c: &mut Criterion) {
     let w = Some(WindowState {
         start_ms: 1_699_999_980_000,
         count: 7,
+        limit: Some(100),
     });
     // One fixed-window hit in the current window.
     g.bench_function("take_window", |b| {

@@ -10,15 +10,21 @@
 -- assignment). Debt is carried into the next windows, which pay one limit each, whatever the
 -- operation; the key lives until it is paid (`reset_ms`).
 --
--- State: KEYS[1] is a 16-byte string, two little-endian doubles packed with
--- `struct.pack('<dd')`: the window's start (epoch ms) and the hits counted in it, debt
--- included. It is written with one `SET … PX`, to expire when the window (or its debt) ends.
+-- State: KEYS[1] is a 24-byte string, three little-endian doubles packed with
+-- `struct.pack('<ddd')`: the window's start (epoch ms), the hits counted in it, debt included,
+-- and the limit they were counted against. It is written with one `SET … PX`, to expire when
+-- the window (or its debt) ends.
 -- The start is stored rather than implied by the expiry because Redis checks expiry against the
 -- time the script started, while the window is computed from `TIME` inside it: at a window
 -- edge the two can disagree, and comparing the start keeps the count of the old window out of
 -- the new one (beyond its debt).
 --
--- 0.1.0 kept the same two numbers in a hash (`w`, `c`; `HMGET`, `HSET`, `PEXPIRE`), which costs
+-- A limit edit keeps what was admitted and the debt (`counted` in the Rust): a count kept
+-- against another limit is read as min(count, limit) plus its debt (what it holds past the
+-- larger of the two limits, at most one limit). A 16-byte string (the previous release's two
+-- numbers) or a hash without `l` was counted against the limit in force.
+--
+-- 0.1.0 kept the numbers in a hash (`w`, `c`, and now `l`; `HMGET`, `HSET`, `PEXPIRE`), which costs
 -- Redis a call and two decimals more per hit. Either is read (a rolling upgrade from 0.1.0 meets
 -- its hashes); which one is written is `HASH_STATE` below, set from `store_state_format` as in
 -- token_bucket.lua (docs/redis.md).
@@ -132,18 +138,19 @@ local function later(n, now_ms, end_ms, window_ms, calendar, offset_ms)
   return e - now_ms
 end
 
--- Stores the window starting at `start_ms` with `count` hits, to expire in `ttl_ms`, in the
+-- Stores the window starting at `start_ms` with `count` hits counted against `limit`, to
+-- expire in `ttl_ms`, in the
 -- format this replica writes. `packed`: whether the key holds the packed format now.
-local function write_window(key, start_ms, count, ttl_ms, packed)
+local function write_window(key, start_ms, count, limit, ttl_ms, packed)
   if HASH_STATE then
     if packed then
       -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
       redis.call('DEL', key)
     end
-    redis.call('HSET', key, 'w', start_ms, 'c', count)
+    redis.call('HSET', key, 'w', start_ms, 'c', count, 'l', limit)
     redis.call('PEXPIRE', key, ttl_ms)
   else
-    redis.call('SET', key, struct.pack('<dd', start_ms, count), 'PX', ttl_ms)
+    redis.call('SET', key, struct.pack('<ddd', start_ms, count, limit), 'PX', ttl_ms)
   end
 end
 
@@ -178,10 +185,10 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
   -- The stored window, in either format. The one this replica writes is asked for first: the
   -- other answers WRONGTYPE (which Redis counts in its errorstats), so that happens once per
   -- key while the formats change over, not on every call.
-  local stored_w, stored_c
+  local stored_w, stored_c, stored_l
   local packed, hash
   if HASH_STATE then
-    hash = redis.pcall('HMGET', key, 'w', 'c')
+    hash = redis.pcall('HMGET', key, 'w', 'c', 'l')
     if hash.err then
       hash = nil
       packed = redis.call('GET', key)
@@ -190,22 +197,30 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
     packed = redis.pcall('GET', key)
     if type(packed) == 'table' then
       packed = nil
-      hash = redis.call('HMGET', key, 'w', 'c')
+      hash = redis.call('HMGET', key, 'w', 'c', 'l')
     end
   end
   if packed then
-    if #packed ~= 16 then
+    if #packed == 24 then
+      stored_w, stored_c, stored_l = struct.unpack('<ddd', packed)
+    elseif #packed == 16 then
+      stored_w, stored_c = struct.unpack('<dd', packed)
+    else
       return redis.error_reply('tollgate: ' .. key .. ' holds something other than a fixed window')
     end
-    stored_w, stored_c = struct.unpack('<dd', packed)
   elseif hash and hash[1] and hash[2] then
-    stored_w, stored_c = tonumber(hash[1]), tonumber(hash[2])
+    stored_w, stored_c, stored_l = tonumber(hash[1]), tonumber(hash[2]), tonumber(hash[3])
   end
   local before = 0
   local stored_count = stored_c
   if stored_c then
+    -- counted: a count kept against another limit, in this limit's terms.
+    if stored_l and stored_l ~= limit then
+      local debt = math.min(math.max(stored_c - math.max(stored_l, limit), 0), limit)
+      stored_c = math.min(stored_c, limit) + debt
+    end
     -- Window::before: a stored count is read as at most one limit of debt (the most a window
-    -- carries; only a limit edit leaves more).
+    -- carries).
     stored_c = math.min(stored_c, 2 * limit)
   end
   if stored_w == start_ms then
@@ -251,7 +266,7 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
       reset_ms = later(math.ceil(count / limit), now_ms, end_ms, window_ms, calendar, offset_ms)
     end
     if stored_w == start_ms then
-      write_window(key, start_ms, count, reset_ms, packed)
+      write_window(key, start_ms, count, limit, reset_ms, packed)
     end
     return {1, math.max(limit - count, 0), reset_ms, 0}
   end
@@ -289,7 +304,7 @@ local function take_window(key, now_ms, limit, window_ms, cost, mode, calendar, 
     reset_ms = later(math.ceil(count / limit), now_ms, end_ms, window_ms, calendar, offset_ms)
   end
   if cost > 0 then
-    write_window(key, start_ms, count, reset_ms, packed)
+    write_window(key, start_ms, count, limit, reset_ms, packed)
   end
 
   -- The Rust's retry_of: until a hit of `c` fits after `count` (-1: never).

@@ -62,20 +62,18 @@ local function grant(available)
   return need + math.min(math.max(want - need, 0), math.max(spare, 0))
 end
 
--- The key's stored numbers, in either format (as token_bucket.lua and fixed_window.lua read
--- them): the packed string's doubles, or 0.1.0's hash fields `f1`, `f2` (and `f3`, a token
--- bucket's capacity, absent from 0.1.0's hashes). A token bucket's packed string is three
--- doubles (tokens, ts, capacity), or two from the previous release (no capacity); a window's
--- is two. The one this replica writes is asked for first: the other answers WRONGTYPE (which
--- Redis counts in its errorstats), so that happens once per key while the formats change
--- over, not on every call. Returns the numbers (nil: no state; the third nil when not
--- stored) and whether the key holds the packed format; or, for a string of another length,
--- nil, nil, nil, nil and an error reply.
+-- The key's three stored numbers, in either format (as token_bucket.lua and fixed_window.lua
+-- read them): the packed string's doubles, or 0.1.0's hash fields `f1`, `f2` and `f3` (the
+-- capacity or limit the state counts against, which 0.1.0's hashes lack). A packed string of
+-- two doubles (the previous release's) has no third either. The one this replica writes is
+-- asked for first: the other answers WRONGTYPE (which Redis counts in its errorstats), so that
+-- happens once per key while the formats change over, not on every call. Returns the numbers
+-- (nil: no state; the third nil when not stored) and whether the key holds the packed format;
+-- or, for a string of another length, nil, nil, nil, nil and an error reply.
 local function read_state(f1, f2, f3, what)
-  local fields = {f1, f2, f3}
   local packed, hash
   if HASH_STATE then
-    hash = redis.pcall('HMGET', KEYS[1], unpack(fields))
+    hash = redis.pcall('HMGET', KEYS[1], f1, f2, f3)
     if hash.err then
       hash = nil
       packed = redis.call('GET', KEYS[1])
@@ -84,11 +82,11 @@ local function read_state(f1, f2, f3, what)
     packed = redis.pcall('GET', KEYS[1])
     if type(packed) == 'table' then
       packed = nil
-      hash = redis.call('HMGET', KEYS[1], unpack(fields))
+      hash = redis.call('HMGET', KEYS[1], f1, f2, f3)
     end
   end
   if packed then
-    if f3 and #packed == 24 then
+    if #packed == 24 then
       local a, b, c = struct.unpack('<ddd', packed)
       return a, b, c, true
     elseif #packed == 16 then
@@ -98,30 +96,24 @@ local function read_state(f1, f2, f3, what)
     return nil, nil, nil, nil,
       redis.error_reply('tollgate: ' .. KEYS[1] .. ' holds something other than ' .. what)
   elseif hash and hash[1] and hash[2] then
-    return tonumber(hash[1]), tonumber(hash[2]), f3 and tonumber(hash[3]), false
+    return tonumber(hash[1]), tonumber(hash[2]), tonumber(hash[3]), false
   end
   return nil, nil, nil, false
 end
 
--- Stores the numbers `a`, `b` (0.1.0's hash fields `f1`, `f2`) and, for a token bucket, its
--- capacity `c` (field `f3`) to expire in `ttl_ms`, in the format this replica writes.
--- `packed`: whether the key holds the packed format now.
+-- Stores the numbers `a`, `b` and `c` (0.1.0's hash fields `f1`, `f2`, and `f3`) to expire in
+-- `ttl_ms`, in the format this replica writes. `packed`: whether the key holds the packed
+-- format now.
 local function write_state(f1, a, f2, b, f3, c, ttl_ms, packed)
   if HASH_STATE then
     if packed then
       -- A packed state (this release's default) becomes a hash: HSET cannot write a string.
       redis.call('DEL', KEYS[1])
     end
-    if f3 then
-      redis.call('HSET', KEYS[1], f1, a, f2, b, f3, c)
-    else
-      redis.call('HSET', KEYS[1], f1, a, f2, b)
-    end
+    redis.call('HSET', KEYS[1], f1, a, f2, b, f3, c)
     redis.call('PEXPIRE', KEYS[1], ttl_ms)
-  elseif f3 then
-    redis.call('SET', KEYS[1], struct.pack('<ddd', a, b, c), 'PX', ttl_ms)
   else
-    redis.call('SET', KEYS[1], struct.pack('<dd', a, b), 'PX', ttl_ms)
+    redis.call('SET', KEYS[1], struct.pack('<ddd', a, b, c), 'PX', ttl_ms)
   end
 end
 
@@ -220,14 +212,19 @@ end
 -- limit paid per window).
 local limit = capacity
 local start_ms = now_ms - now_ms % window_ms
-local stored_w, stored_c, _, packed, bad = read_state('w', 'c', nil, 'a fixed window')
+local stored_w, stored_c, stored_l, packed, bad = read_state('w', 'c', 'l', 'a fixed window')
 if bad then
   return bad
 end
 local current = stored_w == start_ms
 local before = 0
 if stored_c then
-  -- As fixed_window.lua: a count read as at most one limit of debt (a limit edit).
+  -- As fixed_window.lua: a count kept against another limit in this one's terms, and read as
+  -- at most one limit of debt.
+  if stored_l and stored_l ~= limit then
+    local debt = math.min(math.max(stored_c - math.max(stored_l, limit), 0), limit)
+    stored_c = math.min(stored_c, limit) + debt
+  end
   stored_c = math.min(stored_c, 2 * limit)
 end
 if current then
@@ -237,7 +234,7 @@ elseif stored_w and stored_w < start_ms then
   before = math.max(stored_c - windows * limit, 0)
 end
 local function write_window(count, ttl_ms)
-  write_state('w', start_ms, 'c', count, nil, nil, ttl_ms, packed)
+  write_state('w', start_ms, 'c', count, 'l', limit, ttl_ms, packed)
 end
 local window_left = start_ms + window_ms - now_ms
 -- fixed_window.rs's reset_of: until the count is back at 0.

@@ -36,12 +36,11 @@ const KEY_NAMES: [&str; 2] = ["KEYS[1]", "key"];
 /// What a packed state packs: a token bucket's `tokens, ts`, a fixed window's `start_ms, count`,
 /// either in lease.lua's `write_state` (`a, b`).
 /// The packed states the scripts write (`struct.pack(<format>, <state>)`): a token bucket's
-/// three numbers, a window's two, and lease.lua's either.
-const PACKED_STATES: [(&str, &str); 4] = [
+/// three numbers, a window's three, and lease.lua's either.
+const PACKED_STATES: [(&str, &str); 3] = [
     ("<ddd", "tokens, ts, capacity"),
-    ("<dd", "start_ms, count"),
+    ("<ddd", "start_ms, count, limit"),
     ("<ddd", "a, b, c"),
-    ("<dd", "a, b"),
 ];
 
 /// `script` with each TTL it sets (`PEXPIRE`, or the packed state's `SET … PX`) written to

@@ -157,8 +157,8 @@ fn with_test_clock(source: &str, ttl_sites: usize) -> String {
         "the script reads TIME once"
     );
     // The key is `KEYS[1]`, or `key` inside `take_token` and `take_window`; a packed state is
-    // a token bucket's `tokens, ts, capacity`, a window's `start_ms, count` or lease.lua's
-    // `a, b, c` (a token bucket) and `a, b` (a window).
+    // a token bucket's `tokens, ts, capacity`, a window's `start_ms, count, limit` or
+    // lease.lua's `a, b, c`.
     let sites = |key: &str| {
         let packed = |format: &str, state: &str| {
             (
@@ -175,10 +175,9 @@ fn with_test_clock(source: &str, ttl_sites: usize) -> String {
                 format!("redis.call('SET', {key} .. ':ttl', "),
             ),
             packed("<ddd", "tokens, ts, capacity"),
-            packed("<dd", "start_ms, count"),
+            packed("<ddd", "start_ms, count, limit"),
             // lease.lua's `write_state`, for either algorithm.
             packed("<ddd", "a, b, c"),
-            packed("<dd", "a, b"),
         ]
     };
     let mut out = source.replace(time, "{ARGV[#ARGV - 1], ARGV[#ARGV]}");
@@ -237,9 +236,10 @@ fn token_state(conn: &mut ::redis::Connection, k: &str) -> Option<(f64, u64, f64
     stored_numbers(conn, k, ["t", "ts", "c"]).map(|[tokens, ts, c]| (tokens, ts as u64, c))
 }
 
-/// A fixed window's stored `(start, count)`, in either format.
-fn window_state(conn: &mut ::redis::Connection, k: &str) -> Option<(u64, u64)> {
-    stored_numbers(conn, k, ["w", "c"]).map(|[w, c]| (w as u64, c as u64))
+/// A fixed window's stored `(start, count, limit)`, in either format.
+fn window_state(conn: &mut ::redis::Connection, k: &str) -> Option<(u64, u64, Option<u64>)> {
+    stored_numbers(conn, k, ["w", "c", "l"])
+        .map(|[w, c, l]| (w as u64, c as u64, (!l.is_nan()).then_some(l as u64)))
 }
 
 /// Which numbers each call of a sequence runs with: `true` = the edited ones (a rules edit
@@ -466,7 +466,7 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
             for (i, (step, cost)) in takes.into_iter().enumerate() {
                 // A rules edit between calls: the same window read with another limit.
                 let limit = if edits[i] { limit1 } else { limit0 };
-                if state.is_some_and(|s| s.count > bucket::overdraft_cap(limit)) {
+                if state.is_some_and(|s| s.limit != Some(limit) && s.count > limit) {
                     over_new_limit.set(over_new_limit.get() + 1);
                 }
                 let source = &sources[usize::from(writers[i])];
@@ -511,7 +511,7 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
                     prop_assert_eq!(kind.as_str(), want_kind, "{}", at);
                     prop_assert_eq!(
                         window_state(conn, k),
-                        Some((next.start_ms, next.count)),
+                        Some((next.start_ms, next.count, next.limit)),
                         "{}: stored",
                         at
                     );
@@ -527,7 +527,7 @@ fn lua_fixed_window_mirrors_take_window_exactly() {
         },
     );
     eprintln!(
-        "fixed window: {} cases, {} refusals with a retry, {} read the other format, {} read a count past two of the limit in force",
+        "fixed window: {} cases, {} refusals with a retry, {} read the other format, {} read a count past the limit in force, kept against another",
         cases.get(),
         refused.get(),
         switched.get(),
@@ -666,8 +666,13 @@ fn lua_calendar_window_mirrors_rust() {
                     prop_assert_eq!(wrote, Some(want.reset_ms), "{}: the refund's TTL", at);
                 }
                 // What is stored is what the Rust keeps (a missing key or count 0 are alike).
-                if let Some((w, c)) = window_state(conn, k) {
-                    prop_assert_eq!((w, c), (next.start_ms, next.count), "{}: stored", at);
+                if let Some((w, c, l)) = window_state(conn, k) {
+                    prop_assert_eq!(
+                        (w, c, l),
+                        (next.start_ms, next.count, next.limit),
+                        "{}: stored",
+                        at
+                    );
                 } else {
                     prop_assert!(
                         next.count == 0 || state.is_some_and(|s| s == next),
@@ -958,7 +963,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
     let redis = TestRedis::start();
     let conn = RefCell::new(redis.conn());
     // lease.lua's TTLs: one `write_state` for both algorithms, its two formats.
-    let lease = both_formats(LEASE_LUA, 3);
+    let lease = both_formats(LEASE_LUA, 2);
     let token = both_formats(TOKEN_BUCKET_LUA, 2);
     let window = both_formats(FIXED_WINDOW_LUA, 2);
     let params = (
@@ -1130,7 +1135,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
                             0
                         }
                     };
-                    let stored_count = stored.1.map_or(0, |(w, c)| carried(w, c));
+                    let stored_count = stored.1.map_or(0, |(w, c, _)| carried(w, c));
                     let rust_count = fw_state.map_or(0, |w| carried(w.start_ms, w.count));
                     prop_assert_eq!(stored_count, rust_count, "{}: the window's count", at);
                     prop_assert!(!wrote || ttl.is_some(), "{}: stored without a TTL", at);
@@ -1191,7 +1196,7 @@ fn lua_lease_mirrors_the_claims_and_shares_state_with_takes() {
 fn lua_lease_claim_on_a_bucket_in_debt_waits_as_the_rust_says() {
     let redis = TestRedis::start();
     let mut conn = redis.conn();
-    let lease = with_test_clock(LEASE_LUA, 3);
+    let lease = with_test_clock(LEASE_LUA, 2);
     let token = with_test_clock(TOKEN_BUCKET_LUA, 2);
     let mut debt_claims = 0;
     for (cap, refill) in [

@@ -157,7 +157,7 @@ settings! {
     store_batch_max_ops: usize = 64,
         "the most bucket ops one batched store call carries (1 to 1,024; 1: no batching, one script call per op as before)";
     store_state_format: StateFormat = StateFormat::Packed,
-        "how the token bucket's state is written in Redis: packed (one string: 24 bytes for a token bucket, 16 for a window; the cheaper) or hash (0.1.0's two-field hash, which 0.1.0 replicas can read: set it for a rolling upgrade or rollback beside 0.1.0); both are read";
+        "how the token bucket's state is written in Redis: packed (one 24-byte string, the cheaper) or hash (0.1.0's two-field hash, which 0.1.0 replicas can read: set it for a rolling upgrade or rollback beside 0.1.0); both are read";
     grpc_tls_cert: String = String::new(),
         "PEM certificate chain for TLS on the gRPC port (with grpc_tls_key; empty: plain h2c)";
     grpc_tls_key: String = String::new(),

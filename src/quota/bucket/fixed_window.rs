@@ -15,13 +15,13 @@
 //!
 //! # A limit edit
 //!
-//! The state holds no limit: a window read with another limit (a rules edit, a region's share
-//! or a shard count that moved) keeps its count and compares it with the new one. Raised from
-//! 100 to 120 after 100 hits, it admits 20 more; lowered to 50 after 60, it refuses the rest of
-//! the window, and the 10 past the new limit are debt like any count past the limit, paid by
-//! the next window. A stored count is read as at most two limits (one limit of debt, the most
-//! `overdraft` ever leaves), so lowering a limit far below what a window counted costs the
-//! tenant at most the next window.
+//! The state records the limit its count was kept against. A window read with another limit
+//! (a rules edit, a region's share or a shard count that moved) keeps what it admitted and
+//! its debt, and compares them with the new limit ([`counted`]): raised from 100 to 120 after
+//! 100 hits, it admits 20 more; lowered to 50 after 60, it refuses the rest of the window and
+//! the next window starts at 0, as the reference's does (what was admitted under the old limit
+//! is not debt). Debt (a count past the limit, from charges) is kept, at most one new limit of
+//! it, so lowering a limit far below a window's debt costs the tenant at most the next window.
 
 use super::{ClaimAsk, Outcome};
 use crate::quota::calendar::Calendar;
@@ -32,6 +32,25 @@ pub struct WindowState {
     /// Wall-clock start of the window (epoch ms, a multiple of the window length).
     pub start_ms: u64,
     pub count: u64,
+    /// The limit `count` was kept against (module doc, "A limit edit"). `None`: a state
+    /// written before limits were stored (0.1.0's hash, or the previous release's 16-byte
+    /// string), read as kept against the limit in force.
+    pub limit: Option<u64>,
+}
+
+/// A stored count in the terms of `limit`: the count itself when it was kept against this
+/// limit; after an edit, what it admitted within the limits (never more than the new limit)
+/// plus its debt (what it holds past the larger of the two limits: charges beyond a limit, never
+/// the edit itself), at most one new limit of it. `lua/fixed_window.lua` and `lua/lease.lua`
+/// compute the same.
+pub fn counted(s: WindowState, limit: u64) -> u64 {
+    match s.limit {
+        Some(was) if was != limit => {
+            let debt = s.count.saturating_sub(was.max(limit)).min(limit);
+            s.count.min(limit) + debt
+        }
+        _ => s.count,
+    }
 }
 
 /// How a fixed window's windows are laid out: every `window_ms` from the epoch (the
@@ -117,14 +136,14 @@ impl Window {
     /// The count this window starts from: the stored window's count when it is this one; an
     /// earlier window's debt, less a limit per window since; else 0.
     ///
-    /// A stored count is read as at most [`overdraft_cap`]`(limit)`: one limit of debt, the
-    /// most a window ever carries. Only a rules edit that lowered the limit below what the
-    /// window counted meets more (module doc, "A limit edit").
+    /// A stored count is read in the terms of `limit` ([`counted`]) and as at most
+    /// [`overdraft_cap`]`(limit)`: one limit of debt, the most a window ever carries (a state
+    /// that does not say its limit may hold more only after a limit edit).
     fn before(&self, state: Option<WindowState>, limit: u64) -> u64 {
         match state {
-            Some(s) if s.start_ms == self.start_ms => s.count.min(overdraft_cap(limit)),
+            Some(s) if s.start_ms == self.start_ms => counted(s, limit).min(overdraft_cap(limit)),
             Some(s) if s.start_ms < self.start_ms => {
-                let count = s.count.min(overdraft_cap(limit));
+                let count = counted(s, limit).min(overdraft_cap(limit));
                 // Enough windows to pay any count: one more than it holds limits.
                 let most = count.checked_div(limit).map_or(1, |n| n + 1);
                 let windows = self.windows.between(s.start_ms, self.start_ms, most);
@@ -278,7 +297,11 @@ fn take_in(
         // A check in the stored window writes nothing (`fixed_window.lua` neither): a count
         // read capped at two limits (a limit edit) is kept as counted.
         Some(s) if cost == 0 && s.start_ms == start_ms => s,
-        _ => WindowState { start_ms, count },
+        _ => WindowState {
+            start_ms,
+            count,
+            limit: Some(limit),
+        },
     };
     (next, outcome)
 }
@@ -324,7 +347,11 @@ pub fn claim_window(
     // is not this one stays as it is, as after a clock step back into an earlier window.
     let next = match state {
         Some(s) if !allowed => s,
-        _ => WindowState { start_ms, count },
+        _ => WindowState {
+            start_ms,
+            count,
+            limit: Some(limit),
+        },
     };
     (next, outcome)
 }
@@ -373,11 +400,25 @@ pub fn return_windows(
     let (count, next) = match state {
         Some(s) if s.start_ms == start_ms => {
             let count = give_back_count(window.before(state, limit), limit, n);
-            (count, WindowState { start_ms, count })
+            (
+                count,
+                WindowState {
+                    start_ms,
+                    count,
+                    limit: Some(limit),
+                },
+            )
         }
         // Another window's count is left as it is (`lease.lua` writes nothing either).
         Some(s) => (window.before(state, limit), s),
-        None => (0, WindowState { start_ms, count: 0 }),
+        None => (
+            0,
+            WindowState {
+                start_ms,
+                count: 0,
+                limit: Some(limit),
+            },
+        ),
     };
     let outcome = Outcome {
         allowed: true,
@@ -408,6 +449,39 @@ pub fn receipt_is_current(window_end_ms: Option<u64>, start_ms: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_limit_edit_keeps_the_count_and_never_turns_it_into_debt() {
+        let (w, hour) = (Windows::Every(3_600_000), 3_600_000);
+        // 100 an hour, 100 hits; raised to 120: 20 more, then refused.
+        let (s, _) = take_windows(None, 1_000, 100, w, 100, false);
+        let (s, o) = take_windows(Some(s), 2_000, 120, w, 20, false);
+        assert!(o.allowed && o.remaining == 0);
+        let (_, o) = take_windows(Some(s), 3_000, 120, w, 1, false);
+        assert!(!o.allowed);
+        // 60 hits of 100; lowered to 50: refused for the rest of the window, and the next
+        // window starts at 0 (what was admitted under 100 is not debt).
+        let (s, _) = take_windows(None, 1_000, 100, w, 60, false);
+        let (s, o) = take_windows(Some(s), 2_000, 50, w, 1, false);
+        assert_eq!((o.allowed, o.retry_ms), (false, Some(hour - 2_000)));
+        assert_eq!(o.reset_ms, hour - 2_000, "no debt past this window");
+        let (_, o) = take_windows(Some(s), hour + 1, 50, w, 50, false);
+        assert!(o.allowed, "a fresh window of 50");
+        // Debt is kept, at most one new limit: 100 with overdraft charged 150 (50 of debt),
+        // lowered to 20: the next window pays 20 of it and starts at 20, full.
+        let (s, _) = take_windows(None, 1_000, 100, w, 150, true);
+        assert_eq!(s.count, 150);
+        assert_eq!(
+            counted(s, 20),
+            40,
+            "20 admitted within the limit, 20 of debt"
+        );
+        let (_, o) = take_windows(Some(s), hour + 1, 20, w, 1, false);
+        assert!(!o.allowed, "the next window pays the debt");
+        // A state that does not say its limit is read as counted against the one in force.
+        let legacy = WindowState { limit: None, ..s };
+        assert_eq!(counted(legacy, 20), 150);
+    }
 
     #[test]
     fn a_refund_never_pays_debt_nor_reaches_a_window_after_its_own() {

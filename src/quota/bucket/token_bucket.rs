@@ -284,6 +284,33 @@ mod tests {
     }
 
     #[test]
+    fn a_capacity_edit_keeps_what_was_spent() {
+        // 5 an hour, 5 spent; raised to 8: 3 more, not 8.
+        let p = |n| TokenBucketParams {
+            capacity: n,
+            refill: n,
+            window_ms: 3_600_000,
+        };
+        let (s, _) = take_token(None, 0, p(5), 5, false);
+        let (s, o) = take_token(Some(s), 1, p(8), 3, false);
+        assert!(o.allowed && o.remaining == 0);
+        let (s, o) = take_token(Some(s), 2, p(8), 1, false);
+        assert!(!o.allowed);
+        // Lowered to 2 with 8 spent: debt, at most one capacity (2) of it.
+        let (s, o) = take_token(Some(s), 3, p(2), 0, false);
+        assert!(!o.allowed);
+        assert_eq!(s.tokens.round(), -2.0);
+        assert_eq!(s.capacity, Some(2.0));
+        // A state that does not say its capacity is read as counted against the one in force.
+        let legacy = TokenBucketState {
+            tokens: 1.0,
+            ts_ms: 0,
+            capacity: None,
+        };
+        assert_eq!(carried(legacy, p(100)), 1.0);
+    }
+
+    #[test]
     fn a_refund_never_pays_debt() {
         // 10 an hour with overdraft: a charge of 25 leaves -10 (capped one limit deep).
         let p = TokenBucketParams {

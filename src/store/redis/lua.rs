@@ -39,7 +39,7 @@ pub const BATCHED_LUA: [&str; 5] = [
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StateFormat {
-    /// One string of doubles (`SET … PX`; a token bucket three, a window two): the cheaper one for Redis.
+    /// One string of three doubles (`SET … PX`): the cheaper one for Redis.
     #[default]
     Packed,
     /// 0.1.0's two-field hashes (`HSET` + `PEXPIRE`), which 0.1.0 replicas can read: for the
