@@ -4,7 +4,10 @@
 //! script in a real `redis-server` and through the Rust function, and must give identical
 //! outcomes, bit-identical stored state and the TTL the Rust math implies; each with and
 //! without overdraft (a take that does not fit charged anyway). The sliding log's hits, one
-//! sorted-set member each, are the Rust log's runs.
+//! sorted-set member each, are the Rust log's runs. A call now and then runs with other
+//! numbers (a rules edit: the bucket's key names none), so what an edit keeps
+//! (`TokenBucketState::capacity`, `WindowState::limit`, the sliding counts and entries) is held
+//! to the Rust too.
 //!
 //! Redis cannot be given a fake clock, so each script runs with `TIME` replaced by two extra
 //! ARGV the test sets, and each TTL it sets (`PEXPIRE`, `SET … PX`) replaced by writing the
@@ -739,8 +742,10 @@ fn lua_sliding_window_mirrors_rust() {
             any::<bool>(),
             // About one op in four is a refund (Envoy's `is_negative_hits`) of its cost.
             prop::collection::vec(0u8..4, MAX_TAKES),
+            // A rules edit between calls: the same counts read against another limit.
+            (limit(&[0, 1, 2, 5, 8, 1_000]), edits()),
         ),
-        |((limit, window_ms), (start, takes), overdraft, kinds)| {
+        |((limit0, window_ms), (start, takes), overdraft, kinds, (limit1, edits))| {
             let conn = &mut *conn.borrow_mut();
             let k = "mirror:{sw}";
             del(conn, k);
@@ -748,7 +753,8 @@ fn lua_sliding_window_mirrors_rust() {
             let mut state: Option<SlidingWindowState> = None;
             // When the script last wrote the hash and the TTL it set then.
             let mut expires_at: Option<u64> = None;
-            for ((step, cost), kind) in takes.into_iter().zip(kinds) {
+            for (i, ((step, cost), kind)) in takes.into_iter().zip(kinds).enumerate() {
+                let limit = if edits[i] { limit1 } else { limit0 };
                 now = step.apply(now, window_ms);
                 let cost = cost.of(limit);
                 let refund = kind == 0;
@@ -861,61 +867,68 @@ fn lua_sliding_log_mirrors_take_log_exactly() {
         window_ms(&[1, 7, 1_000, 60_000, HOUR]),
     );
     let (cases, refused, kept) = (Cell::new(0), Cell::new(0), Cell::new(0));
-    check((params, takes()), |((limit, window_ms), (start, takes))| {
-        let conn = &mut *conn.borrow_mut();
-        let k = "mirror:{sl}";
-        del(conn, k);
-        del(conn, "mirror:{sl}:ttl");
-        let mut now = BASE_MS + start;
-        let mut log = SlidingLog::default();
-        for (step, cost) in takes {
-            now = step.apply(now, window_ms);
-            let cost = cost.of(limit);
-            let from = log.clone();
-            let want = bucket::take_log(&mut log, now, limit, window_ms, cost);
-            let op = Op::take(k.to_string(), OpKind::SlidingLog { limit, window_ms }, cost);
-            let got = eval_at(conn, &source, &op, now);
-            let at = format!("limit {limit} window {window_ms} cost {cost} at {now} from {from:?}");
-            prop_assert_eq!(got, want, "{}", at);
-            // The stored hits, by time, are the Rust runs.
-            let members: Vec<(String, u64)> = ::redis::cmd("ZRANGE")
-                .arg(k)
-                .arg(0)
-                .arg(-1)
-                .arg("WITHSCORES")
-                .query(conn)
-                .unwrap();
-            let mut runs: Vec<(u64, u64)> = Vec::new();
-            for (_, t) in members {
-                match runs.last_mut() {
-                    Some((u, n)) if *u == t => *n += 1,
-                    _ => runs.push((t, 1)),
-                }
-            }
-            prop_assert_eq!(
-                &runs,
-                &log.runs.iter().copied().collect::<Vec<_>>(),
-                "{}",
-                at
-            );
-            if !log.is_empty() {
-                let ttl: u64 = ::redis::cmd("GET")
-                    .arg("mirror:{sl}:ttl")
+    // A rules edit between calls: the same entries read against another limit.
+    let edited = (limit(&[0, 1, 2, 5, 8, 100]), edits());
+    check(
+        (params, takes(), edited),
+        |((limit0, window_ms), (start, takes), (limit1, edits))| {
+            let conn = &mut *conn.borrow_mut();
+            let k = "mirror:{sl}";
+            del(conn, k);
+            del(conn, "mirror:{sl}:ttl");
+            let mut now = BASE_MS + start;
+            let mut log = SlidingLog::default();
+            for (i, (step, cost)) in takes.into_iter().enumerate() {
+                let limit = if edits[i] { limit1 } else { limit0 };
+                now = step.apply(now, window_ms);
+                let cost = cost.of(limit);
+                let from = log.clone();
+                let want = bucket::take_log(&mut log, now, limit, window_ms, cost);
+                let op = Op::take(k.to_string(), OpKind::SlidingLog { limit, window_ms }, cost);
+                let got = eval_at(conn, &source, &op, now);
+                let at =
+                    format!("limit {limit} window {window_ms} cost {cost} at {now} from {from:?}");
+                prop_assert_eq!(got, want, "{}", at);
+                // The stored hits, by time, are the Rust runs.
+                let members: Vec<(String, u64)> = ::redis::cmd("ZRANGE")
+                    .arg(k)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
                     .query(conn)
                     .unwrap();
+                let mut runs: Vec<(u64, u64)> = Vec::new();
+                for (_, t) in members {
+                    match runs.last_mut() {
+                        Some((u, n)) if *u == t => *n += 1,
+                        _ => runs.push((t, 1)),
+                    }
+                }
                 prop_assert_eq!(
-                    ttl,
-                    want.reset_ms.max(1),
-                    "{}: expires when the newest hit leaves",
+                    &runs,
+                    &log.runs.iter().copied().collect::<Vec<_>>(),
+                    "{}",
                     at
                 );
-                kept.set(kept.get() + 1);
+                if !log.is_empty() {
+                    let ttl: u64 = ::redis::cmd("GET")
+                        .arg("mirror:{sl}:ttl")
+                        .query(conn)
+                        .unwrap();
+                    prop_assert_eq!(
+                        ttl,
+                        want.reset_ms.max(1),
+                        "{}: expires when the newest hit leaves",
+                        at
+                    );
+                    kept.set(kept.get() + 1);
+                }
+                refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
             }
-            refused.set(refused.get() + usize::from(!want.allowed && want.retry_ms.is_some()));
-        }
-        cases.set(cases.get() + 1);
-        Ok(())
-    });
+            cases.set(cases.get() + 1);
+            Ok(())
+        },
+    );
     eprintln!(
         "sliding log: {} cases, {} takes left hits, {} refusals with a retry",
         cases.get(),
