@@ -48,20 +48,25 @@ async fn codes(server: &TestServer, tenant: &str, n: usize) -> Vec<i32> {
     out
 }
 
+/// The real binary with no rules file: its rules are the xDS server's at `addr`, over mutual
+/// TLS (the server's certificate names 127.0.0.1).
+fn served_by(certs: &TestCerts, addr: std::net::SocketAddr) -> TestServer {
+    TestServer::builder("")
+        .arg("rules-xds-server", &format!("127.0.0.1:{}", addr.port()))
+        .arg("rules-xds-node-id", "envoy-ratelimit")
+        .arg("rules-xds-tls-ca", &certs.file("ca.crt"))
+        .arg("rules-xds-tls-cert", &certs.file("client.crt"))
+        .arg("rules-xds-tls-key", &certs.file("client.key"))
+        .start()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_from_xds_apply_live_nack_errors_and_survive_the_server_going_away() {
     let certs = TestCerts::generate();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let ads = TestAds::start(&certs, listener, "1", edge(2, RateLimitUnit::Hour)).await;
     let addr = ads.addr;
-    // No rules file: the rules are the xDS server's. Its certificate names 127.0.0.1.
-    let server = TestServer::builder("")
-        .arg("rules-xds-server", &format!("127.0.0.1:{}", addr.port()))
-        .arg("rules-xds-node-id", "envoy-ratelimit")
-        .arg("rules-xds-tls-ca", &certs.file("ca.crt"))
-        .arg("rules-xds-tls-cert", &certs.file("client.crt"))
-        .arg("rules-xds-tls-key", &certs.file("client.key"))
-        .start();
+    let server = served_by(&certs, addr);
     wait_version(server.admin, "1");
     assert_eq!(codes(&server, "a", 3).await, vec![1, 1, 2], "v1: 2 an hour");
     {
@@ -137,16 +142,7 @@ async fn a_limit_edited_over_xds_keeps_what_was_spent() {
     let certs = TestCerts::generate();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let ads = TestAds::start(&certs, listener, "1", edge(5, RateLimitUnit::Hour)).await;
-    let server = TestServer::builder("")
-        .arg(
-            "rules-xds-server",
-            &format!("127.0.0.1:{}", ads.addr.port()),
-        )
-        .arg("rules-xds-node-id", "envoy-ratelimit")
-        .arg("rules-xds-tls-ca", &certs.file("ca.crt"))
-        .arg("rules-xds-tls-cert", &certs.file("client.crt"))
-        .arg("rules-xds-tls-key", &certs.file("client.key"))
-        .start();
+    let server = served_by(&certs, ads.addr);
     wait_version(server.admin, "1");
     assert_eq!(
         codes(&server, "a", 6).await,
