@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `POST /counters/read`  | the buckets of a RateLimitRequest in proto3 JSON (as `/json` takes it): one per counted limit that applies, with remaining, reset, the key, a sharded limit's shards and what this replica's lease holds; nothing is spent |
 //! | `POST /counters/reset` | the same buckets, as they were, and then deleted: each starts over, full |
+//! | `POST /counters/explain` | the same buckets, each with the rule it comes from (file:line, path), the capacity enforced here, the balance signed (debt below zero) and what would decide a request of it now (`decided_by`: this replica's over-limit cache, its lease, the store, or the fallback and why); nothing is spent, no lease is claimed; answered when the store is down too |
 //!
 //! A domain no rules file declares is answered 404 with the domains in force (and the nearest
 //! one by spelling), not an empty list of buckets.
@@ -58,12 +59,13 @@ struct Api {
     handler: Arc<Handler>,
 }
 
-/// The two routes, on `handler`'s rules and limiter; a body of at most `max_body` bytes.
+/// The routes, on `handler`'s rules and limiter; a body of at most `max_body` bytes.
 pub fn router(config: CounterApi, handler: Arc<Handler>, max_body: usize) -> Router {
     let state = Arc::new(Api { config, handler });
     Router::new()
         .route("/counters/read", post(read))
         .route("/counters/reset", post(reset))
+        .route("/counters/explain", post(explain))
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
@@ -106,12 +108,14 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 enum Action {
     Read,
     Reset,
+    Explain,
 }
 
 impl Action {
     fn name(&self) -> &'static str {
         match self {
             Action::Read => "read",
+            Action::Explain => "explain",
             Action::Reset => "reset",
         }
     }
@@ -133,6 +137,15 @@ async fn reset(
     body: Bytes,
 ) -> Response {
     call(&s, Action::Reset, peer, &headers, &body).await
+}
+
+async fn explain(
+    State(s): State<Arc<Api>>,
+    peer: Option<Extension<Peer>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    call(&s, Action::Explain, peer, &headers, &body).await
 }
 
 /// An optional header for the log: at most 200 characters, without control characters.
@@ -253,8 +266,17 @@ async fn call(
         );
     }
     let limiter = &s.handler.limiter;
+    if let Action::Explain = action {
+        // Answered whatever the store says: when it cannot be read, each bucket says the
+        // fallback decides and why.
+        let explained = limiter.explain(&rules, &req).await;
+        count("ok");
+        let keys: Vec<&str> = explained.iter().map(|b| b.bucket.key.as_str()).collect();
+        tracing::info!(%peer, %operator, %reason, domain = %proto.domain, ?keys, "counter API: explain");
+        return Json(json!({ "domain": proto.domain, "buckets": explained })).into_response();
+    }
     let result = match action {
-        Action::Read => limiter.read_buckets(&rules, &req).await,
+        Action::Read | Action::Explain => limiter.read_buckets(&rules, &req).await,
         Action::Reset => limiter.reset_buckets(&rules, &req, &api.members_key).await,
     };
     match result {
@@ -262,7 +284,7 @@ async fn call(
             count("ok");
             let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
             match action {
-                Action::Read => tracing::info!(
+                Action::Read | Action::Explain => tracing::info!(
                     %peer, %operator, %reason, domain = %proto.domain, ?keys,
                     "counter API: read"
                 ),
@@ -272,7 +294,7 @@ async fn call(
                 ),
             }
             let field = match action {
-                Action::Read => "buckets",
+                Action::Read | Action::Explain => "buckets",
                 Action::Reset => "reset",
             };
             Json(json!({ "domain": proto.domain, field: buckets })).into_response()

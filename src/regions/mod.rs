@@ -416,6 +416,29 @@ impl Shares {
         region_part(kind, ppm)
     }
 
+    /// What this region holds of global bucket `key` now, read without counting it as demand
+    /// nor tracking a key never seen (the counter API's read and explain): the op kind scaled
+    /// to the share, and the share in ppm (a key not tracked here: the share a request would
+    /// start it on).
+    pub fn peek(&self, key: &str, kind: OpKind) -> (OpKind, u32) {
+        let now = self.clock.mono_ms();
+        let tracked = read(&self.keys)
+            .get(key)
+            .map(|e| e.effective.load(Ordering::Relaxed));
+        let ppm = match tracked {
+            Some(ppm) => self.held(ppm, now),
+            None if !matches!(kind, OpKind::TokenBucket { .. }) => WHOLE as u32,
+            None if self.partitioned_at(now) => self.held(self.floor_ppm, now),
+            None => self.held(self.start_share(), now),
+        };
+        (region_part(kind, ppm), ppm)
+    }
+
+    /// The floor, in ppm: what a region holds of a key at the least.
+    pub fn floor_ppm(&self) -> u32 {
+        self.floor_ppm
+    }
+
     fn share_of(&self, key: &str, kind: OpKind, cost: u64, now: u64) -> u32 {
         let found = read(&self.keys).get(key).cloned();
         let entry = match found {

@@ -131,6 +131,14 @@ impl HotKeys {
             .map_or(0, |l| l.held(crate::keys::bucket_id(key)))
     }
 
+    /// How long this replica's over-limit cache goes on refusing a request of `key` (a bucket
+    /// of `kind`) without the store, if it holds a refusal of it (`/counters/explain`).
+    pub(super) fn cached_refusal(&self, key: &str, kind: OpKind) -> Option<u64> {
+        let cache = self.cache.as_ref()?;
+        let refusal = cache.check(key, kind, 1, self.clock.mono_ms())?;
+        refusal.retry_ms
+    }
+
     /// Forgets what this replica holds of the bucket with store key `key`, which was reset
     /// (the counter API): its over-limit cache entry, and its lease's tokens (dropped, not
     /// given back). How many leased tokens were dropped.
