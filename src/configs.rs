@@ -46,6 +46,8 @@ pub fn limiter_config(
         near_limit_ratio: s.near_limit_ratio,
         fallback_max_keys: s.memory_max_keys,
         detailed_metric_max_series: s.detailed_metric_max_series,
+        decision_log_per_s: s.decision_log_per_s,
+        decision_log_values: s.decision_log_values,
     }
 }
 

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `POST /counters/read`  | the buckets of a RateLimitRequest in proto3 JSON (as `/json` takes it): one per counted limit that applies, with remaining, reset, the key, a sharded limit's shards and what this replica's lease holds; nothing is spent |
 //! | `POST /counters/reset` | the same buckets, as they were, and then deleted: each starts over, full |
-//! | `POST /counters/explain` | the same buckets, each with the rule it comes from (file:line, path), the capacity enforced here, the balance signed (debt below zero) and what would decide a request of it now (`decided_by`: this replica's over-limit cache, its lease, the store, or the fallback and why); nothing is spent, no lease is claimed; answered when the store is down too |
+//! | `POST /counters/explain` | the same buckets, each with the rule it comes from (file:line, path), the capacity enforced here, the balance signed (debt below zero) and what would decide a request of it now (`decided_by`: this replica's lease, its over-limit cache, the store, or the fallback and why); nothing is spent, no lease is claimed; answered when the store is down too |
 //!
 //! A domain no rules file declares is answered 404 with the domains in force (and the nearest
 //! one by spelling), not an empty list of buckets.

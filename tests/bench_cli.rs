@@ -166,27 +166,37 @@ fn open_loop_sends_on_schedule_and_reports_the_servers_cpu_per_request() {
     let target = server.grpc.to_string();
     let pid = server.pid().to_string();
     let cpu_after = || cpu_ms(server.pid());
-    let cpu_before = cpu_after();
-    let (code, out, err) = run_tollgate(
-        &[
-            "bench",
-            "--target",
-            &target,
-            "--rate",
-            "400",
-            "--duration",
-            "1.5",
-            "--warmup",
-            "0.3",
-            "--keys",
-            "1000",
-            "--target-pid",
-            &pid,
-        ],
-        &[],
-    );
-    assert_eq!(code, 0, "{out}{err}");
-    let v = json_line(&out);
+    // A busy machine can make the generator itself late (its run then says it is invalid, and
+    // its window no longer holds the server's work): up to three runs, until one is valid.
+    let mut attempt = 0;
+    let (out, v, cpu_before) = loop {
+        attempt += 1;
+        let cpu_before = cpu_after();
+        let (code, out, err) = run_tollgate(
+            &[
+                "bench",
+                "--target",
+                &target,
+                "--rate",
+                "400",
+                "--duration",
+                "1.5",
+                "--warmup",
+                "0.3",
+                "--keys",
+                "1000",
+                "--target-pid",
+                &pid,
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{out}{err}");
+        let v = json_line(&out);
+        if v["valid"] == true || attempt == 3 {
+            break (out, v, cpu_before);
+        }
+        eprintln!("attempt {attempt}: the generator sent late; again");
+    };
     assert_eq!(v["mode"], "open", "{out}");
     assert_eq!(v["offered_rps"], 400.0);
     // The schedule decides the count: 400/s over the 1.5 s window, whatever the server does.
@@ -214,10 +224,16 @@ fn open_loop_sends_on_schedule_and_reports_the_servers_cpu_per_request() {
         "server CPU: {in_window_ms:.0} ms in the measured window (bench), {around_ms} ms around the run (/proc); {cpu:.0} µs per request, {user:.0} of them user"
     );
     assert!(user > 0.0 && user <= cpu, "{out}");
-    assert!(
-        in_window_ms <= around_ms + 20.0 && in_window_ms >= 0.5 * around_ms - 20.0,
-        "the bench says {in_window_ms:.0} ms of server CPU in its window, /proc {around_ms} ms around the run: {out}"
-    );
+    if v["valid"] == true {
+        assert!(
+            in_window_ms <= around_ms + 20.0 && in_window_ms >= 0.5 * around_ms - 20.0,
+            "the bench says {in_window_ms:.0} ms of server CPU in its window, /proc {around_ms} ms around the run: {out}"
+        );
+    } else {
+        // Three late runs in a row: the machine is saturated. The run says so, and why.
+        let why = v["invalid_reason"].as_str().unwrap_or_default();
+        assert!(why.contains("sent late"), "{out}");
+    }
     assert!(out.contains("open loop: offered 400 req/s"), "{out}");
 }
 

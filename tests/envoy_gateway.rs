@@ -271,4 +271,13 @@ async fn as_envoy_ai_gateway_runs_it_quota_policies_charge_tokens_from_metadata(
             .any(|l| l.contains(" h2::") || l.contains("\"h2::")),
         "h2 frames at LOG_LEVEL=debug:\n{log}"
     );
+    // And the decision log's lines: one per decision, each naming what answered it.
+    let decisions = log
+        .lines()
+        .filter(|l| l.contains("decision") && l.contains(" by store"))
+        .count();
+    assert!(
+        decisions >= 3,
+        "{decisions} decision lines at LOG_LEVEL=debug:\n{log}"
+    );
 }

@@ -13,7 +13,7 @@
 //! An explain ([`Limiter::explain`], `POST /counters/explain`) reads the same buckets and
 //! adds, per bucket, the rule it comes from, the capacity enforced here, the balance signed
 //! (debt below zero) and what would decide a request of it now, in the order a decision takes
-//! them: this replica's over-limit cache, its lease, the store, or, when the store cannot
+//! them: this replica's lease, its over-limit cache, the store, or, when the store cannot
 //! answer, the limit's fallback. Nothing is spent, no lease is claimed, nothing is cached.
 //!
 //! A reset deletes the buckets (each starts over, full) and forgets what this replica holds of
@@ -280,10 +280,12 @@ impl Limiter {
             let leased = self.leased_of(&p);
             let outcomes = read.as_ref().ok().and_then(|all| all.get(i)).cloned();
             let mut capacity_here = capacity_here;
-            let decided_by = if let Some(retry_ms) = cached {
-                DecidedBy::OverLimitCache { retry_ms }
-            } else if leased > 0 {
+            // A decision spends a lease's tokens first, even while the cache holds a refusal
+            // of a larger claim (`hot/mod.rs`, `look`).
+            let decided_by = if leased > 0 {
                 DecidedBy::Lease { tokens: leased }
+            } else if let Some(retry_ms) = cached {
+                DecidedBy::OverLimitCache { retry_ms }
             } else {
                 match &read {
                     Ok(_) => DecidedBy::Store,

@@ -24,6 +24,7 @@
 //! cost, and a sharded limit falls back as a whole limit (not one shard's part).
 
 mod counters;
+pub mod decision_log;
 pub mod fallback;
 mod hot;
 mod overlimit;
@@ -133,6 +134,38 @@ pub struct Decision {
     pub from_fallback: bool,
 }
 
+/// One op's answer from [`hot`]: the outcome or the store's error, and why this replica
+/// answered it without the store (`lease`, `over_limit_cache`), if it did.
+pub(crate) type Answer = (Result<Outcome, StoreError>, Option<&'static str>);
+
+/// What answered one op of a decision (the decision log's `source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The store, on the shared bucket.
+    Store,
+    /// This replica's lease of the bucket.
+    Lease,
+    /// This replica's over-limit cache.
+    OverLimitCache,
+    /// The limit's fallback, because the store failed so (`deadline`: the caller's deadline
+    /// came first).
+    Fallback(StoreErrorKind),
+}
+
+impl Source {
+    pub fn is_fallback(self) -> bool {
+        matches!(self, Source::Fallback(_))
+    }
+
+    fn local(reason: Option<&'static str>) -> Source {
+        match reason {
+            Some("lease") => Source::Lease,
+            Some(_) => Source::OverLimitCache,
+            None => Source::Store,
+        }
+    }
+}
+
 /// What an RLQS bucket draws from ([`Limiter::quota_of`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Quota {
@@ -194,6 +227,10 @@ pub struct LimiterConfig {
     pub fallback_max_keys: usize,
     /// Series per `detailed_metric` limit before its values count as `<class>.(overflow)`.
     pub detailed_metric_max_series: usize,
+    /// The decision log (`decision_log.rs`): lines a second at most, and whether descriptor
+    /// values are shown (else hashed).
+    pub decision_log_per_s: u64,
+    pub decision_log_values: bool,
 }
 
 impl LimiterConfig {
@@ -214,6 +251,8 @@ impl LimiterConfig {
             fallback_max_keys: crate::store::memory::DEFAULT_MAX_KEYS,
             detailed_metric_max_series: 1_000,
             near_limit_ratio: 0.8,
+            decision_log_per_s: 20,
+            decision_log_values: true,
         }
     }
 }
@@ -238,6 +277,7 @@ pub struct Limiter {
     /// the store did not answer within it.
     late_at_arrival: prometheus_client::metrics::counter::Counter,
     late_in_store: prometheus_client::metrics::counter::Counter,
+    decision_log: decision_log::DecisionLog,
 }
 
 impl Limiter {
@@ -276,6 +316,8 @@ impl Limiter {
             config.near_limit_ratio,
             config.detailed_metric_max_series,
         );
+        let decision_log =
+            decision_log::DecisionLog::new(config.decision_log_per_s, config.decision_log_values);
         Limiter {
             store,
             config,
@@ -285,6 +327,7 @@ impl Limiter {
             hot,
             late_at_arrival,
             late_in_store,
+            decision_log,
         }
     }
 
@@ -416,7 +459,7 @@ impl Limiter {
         };
 
         // 3. What the store could not answer, the fallback decides.
-        let (mut outcomes, from_fallback) = self.resolve(&plan, results)?;
+        let (mut outcomes, sources) = self.resolve(&plan, results)?;
         // A refund is never refused: on a sliding log, which takes none, it is a check that may
         // find the limit spent, but nothing was asked of it.
         for (o, p) in outcomes.iter_mut().zip(&plan.planned) {
@@ -432,13 +475,20 @@ impl Limiter {
             req,
             &plan,
             &outcomes,
-            &from_fallback,
+            &sources,
             Modes {
                 shadow: self.config.shadow_mode,
                 quota: self.config.quota_mode,
             },
             &self.tally,
         );
+
+        // The decision log, when tollgate logs at debug (a level check otherwise).
+        if self.decision_log.on() {
+            let now = self.config.clock.mono_ms();
+            self.decision_log
+                .log(now, req, &plan, &outcomes, &sources, &decision);
+        }
 
         // 5. Each reservation that passed gets its receipt.
         for (desc, key) in plan.receipts {
@@ -455,9 +505,9 @@ impl Limiter {
                 .planned
                 .iter()
                 .zip(&plan.ops)
-                .zip(outcomes.iter().zip(&from_fallback))
+                .zip(outcomes.iter().zip(&sources))
                 .filter(|((p, _), _)| p.desc == desc)
-                .map(|((_, op), (o, &f))| (op, o, f));
+                .map(|((_, op), (o, s))| (op, o, s.is_fallback()));
             status.receipt = Some((key, receipt::issue(tokens, sent_ms, ops)));
         }
         Ok(decision)
@@ -546,17 +596,13 @@ impl Limiter {
 
     /// The store's part of a decision within `budget` (see [`Limiter::decide_within`]): the
     /// outcomes, or a [`StoreErrorKind::Deadline`] error for every op when the budget ran out.
-    async fn apply_within(
-        &self,
-        plan: &plan::Plan,
-        budget: Duration,
-    ) -> Vec<Result<Outcome, StoreError>> {
+    async fn apply_within(&self, plan: &plan::Plan, budget: Duration) -> Vec<Answer> {
         let late = || {
             let e = StoreError::new(
                 StoreErrorKind::Deadline,
                 "the decision budget (the caller's deadline less decision_margin_ms) ran out",
             );
-            plan.ops.iter().map(|_| Err(e.clone())).collect()
+            plan.ops.iter().map(|_| (Err(e.clone()), None)).collect()
         };
         let share = self.config.replicas.count();
         let settles = plan
@@ -606,15 +652,17 @@ impl Limiter {
     fn resolve(
         &self,
         plan: &plan::Plan,
-        results: Vec<Result<Outcome, StoreError>>,
-    ) -> Result<(Vec<Outcome>, Vec<bool>), StoreError> {
+        results: Vec<Answer>,
+    ) -> Result<(Vec<Outcome>, Vec<Source>), StoreError> {
         let mut outcomes = Vec::with_capacity(results.len());
-        let mut from_fallback = Vec::with_capacity(results.len());
-        for ((result, planned), op) in results.into_iter().zip(&plan.planned).zip(&plan.ops) {
+        let mut sources = Vec::with_capacity(results.len());
+        for (((result, local), planned), op) in
+            results.into_iter().zip(&plan.planned).zip(&plan.ops)
+        {
             match result {
                 Ok(o) => {
                     outcomes.push(o);
-                    from_fallback.push(false);
+                    sources.push(Source::local(local));
                 }
                 Err(e) => {
                     let mode = planned.limit.fallback.unwrap_or(self.fallback.mode);
@@ -635,12 +683,13 @@ impl Limiter {
                         StoreErrorKind::Deadline => op.action.is_return(),
                         _ => e.outcome_unknown(),
                     };
+                    let kind = e.kind;
                     outcomes.push(self.fallback.decide(op, mode, unknown).ok_or(e)?);
-                    from_fallback.push(true);
+                    sources.push(Source::Fallback(kind));
                 }
             }
         }
-        Ok((outcomes, from_fallback))
+        Ok((outcomes, sources))
     }
 }
 

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::counter::Counter;
 
 use super::plan::{Plan, Planned};
-use super::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Status};
+use super::{Code, Decision, ReportedLimit, Request, RequestDescriptor, Source, Status};
 use crate::quota::Outcome;
 use crate::rules::{Limit, Unit};
 use crate::telemetry::{self, DecisionLabels, Hits, Metrics, Split};
@@ -338,7 +338,7 @@ pub(super) fn fold(
     req: &Request<'_>,
     plan: &Plan,
     outcomes: &[Outcome],
-    from_fallback: &[bool],
+    sources: &[Source],
     modes: Modes,
     tally: &Tally,
 ) -> Decision {
@@ -376,7 +376,7 @@ pub(super) fn fold(
                 limits,
                 &plan.planned,
                 outcomes,
-                from_fallback,
+                sources,
                 desc,
                 &plan.metric_values[i],
                 modes.quota,
@@ -396,7 +396,7 @@ pub(super) fn fold(
     Decision {
         overall,
         statuses,
-        from_fallback: from_fallback.iter().any(|&f| f),
+        from_fallback: sources.iter().any(|s| s.is_fallback()),
     }
 }
 
@@ -431,7 +431,7 @@ fn descriptor_status(
     limits: &[Arc<Limit>],
     planned: &[Planned],
     outcomes: &[Outcome],
-    from_fallback: &[bool],
+    sources: &[Source],
     req: &RequestDescriptor<'_>,
     metric_values: &[usize],
     global_quota: bool,
@@ -478,9 +478,9 @@ fn descriptor_status(
         .unwrap_or(first);
     let fallback = planned
         .iter()
-        .zip(from_fallback)
+        .zip(sources)
         .filter(|(p, _)| p.desc == desc)
-        .map(|(_, &f)| f);
+        .map(|(_, s)| s.is_fallback());
     let costs = planned.iter().filter(|p| p.desc == desc).map(|p| p.cost);
     for (((l, o), fallback), cost) in counted.iter().zip(fallback).zip(costs) {
         let outcome = match (o.allowed, l.shadow_mode, fallback) {

@@ -103,7 +103,7 @@ settings! {
     admin_json: bool = true,
         "serve POST /json on the admin port (decisions over HTTP: it spends tokens); false where more than operators reach that port";
     counter_api_token_file: String = String::new(),
-        "a file holding the bearer token of the counter API (POST /counters/read and /counters/reset on the admin port: a descriptor's buckets read, or reset); empty: the API is off. Read at each call (a rotated Secret applies at once); never logged or shown";
+        "a file holding the bearer token of the counter API (POST /counters/read, /counters/reset and /counters/explain on the admin port: a descriptor's buckets read, reset, or explained); empty: the API is off. Read at each call (a rotated Secret applies at once); never logged or shown";
     store: String = "memory".to_string(),
         "`memory`, or redis://… / redis+cluster://… / redis+sentinel://… (rediss… over TLS) / redis+unix:///path (see docs/redis.md)";
     default_algorithm: Algorithm = Algorithm::TokenBucket,
@@ -262,6 +262,10 @@ settings! {
         "log filter, e.g. info or tollgate=debug";
     log_format: LogFormat = LogFormat::Text,
         "log lines on stderr: text (for people) or json (one object per line, for log pipelines)";
+    decision_log_per_s: u64 = 20,
+        "at most this many decision lines a second, logged at debug (log_level debug): the domain, each descriptor, each limit's rule, outcome and what answered it (store, lease, over_limit_cache, fallback/<why>); the rest are counted in the next line; 0: none";
+    decision_log_values: bool = true,
+        "show descriptor values in the decision lines; false: each value as a short hash (the same value, the same hash: a tenant can be followed without its identity in the log)";
     drain_ms: u64 = 0,
         "after SIGTERM: how long to stay up, unready, before closing the listeners";
     otlp_endpoint: String = String::new(),

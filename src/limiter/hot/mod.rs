@@ -156,19 +156,26 @@ impl HotKeys {
         self.cache.as_ref().map_or(0, |c| c.clear())
     }
 
-    /// One outcome (or store error) per op of `plan`, in op order. `share` is the live
-    /// replica count, which splits a nearly spent bucket between claims.
+    /// One outcome (or store error) per op of `plan`, in op order, each with why this replica
+    /// answered it without the store (`lease`, `over_limit_cache`; `None`: the store's
+    /// answer). `share` is the live replica count, which splits a nearly spent bucket between
+    /// claims.
     pub(super) async fn apply(
         &self,
         store: &Arc<Store>,
         plan: &Plan,
         share: u64,
-    ) -> Vec<Result<Outcome, StoreError>> {
+    ) -> Vec<super::Answer> {
         if self.cache.is_none()
             && self.leases.is_none()
             && plan.planned.iter().all(|p| p.shard.is_none())
         {
-            return store.apply_each(&plan.ops).await;
+            return store
+                .apply_each(&plan.ops)
+                .await
+                .into_iter()
+                .map(|r| (r, None))
+                .collect();
         }
         let now = self.clock.mono_ms();
         let mut work: Vec<Work<'_>> = plan
@@ -231,6 +238,7 @@ impl HotKeys {
 
         work.into_iter()
             .map(|w| {
+                let local = w.local;
                 let class = &w.planned.limit.class;
                 if let Some(reason) = w.local {
                     self.metrics
@@ -241,7 +249,7 @@ impl HotKeys {
                         })
                         .inc();
                 }
-                match w.state {
+                let result = match w.state {
                     State::Done(Ok(mut o)) => {
                         if w.planned.limit.shards > 1 {
                             o.remaining = crate::quota::share::shard_remaining(
@@ -258,7 +266,8 @@ impl HotKeys {
                         crate::store::StoreErrorKind::Protocol,
                         "an op got no answer",
                     )),
-                }
+                };
+                (result, local)
             })
             .collect()
     }
