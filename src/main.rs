@@ -46,6 +46,22 @@ enum Command {
     /// Plan a fleet: run the real limiter code for N replicas on a virtual clock against a
     /// simulated store, from a scenario file (see docs/simulate.md).
     Simulate(SimulateArgs),
+    /// Ask a running tollgate why a request would be limited: its counter API's explain
+    /// (`POST /counters/explain`): each bucket's rule, what is enforced, what would decide it
+    /// now and why. Spends nothing.
+    Explain {
+        /// The domain, as Envoy sends it.
+        domain: String,
+        /// The descriptor's entries, `key=value` each, in order.
+        #[arg(required = true)]
+        entries: Vec<String>,
+        /// The replica's admin address.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        admin: String,
+        /// The file holding the counter API's token (the replica's `counter_api_token_file`).
+        #[arg(long)]
+        token_file: PathBuf,
+    },
     /// Validate a rules file or directory: print a summary, or every error with file:line.
     Check {
         /// A *.yaml/*.yml file or a directory of them.
@@ -113,6 +129,12 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             path,
             default_algorithm,
         } => Ok(check(&path, default_algorithm)),
+        Command::Explain {
+            domain,
+            entries,
+            admin,
+            token_file,
+        } => explain(&domain, &entries, &admin, &token_file),
         // Runs on its own single-threaded runtime and virtual clock (the same seed, the same
         // result), on a thread of its own.
         Command::Simulate(args) => {
@@ -120,6 +142,49 @@ async fn run(command: Command) -> anyhow::Result<bool> {
             Ok(true)
         }
     }
+}
+
+/// `tollgate explain`: one `POST /counters/explain` over plain HTTP/1.1 (the admin port has
+/// no TLS), its JSON answer printed; `Ok(false)` when the replica refused it (said why).
+fn explain(
+    domain: &str,
+    entries: &[String],
+    admin: &str,
+    token_file: &Path,
+) -> anyhow::Result<bool> {
+    use std::io::{Read, Write};
+    let entries = entries
+        .iter()
+        .map(|e| match e.split_once('=') {
+            Some((k, v)) => Ok(serde_json::json!({ "key": k, "value": v })),
+            None => Err(anyhow::anyhow!("`{e}`: an entry is key=value")),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let body = serde_json::json!({ "domain": domain, "descriptors": [{ "entries": entries }] })
+        .to_string();
+    let token = tollgate::counter_api::read_token(token_file)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", token_file.display()))?;
+    let mut conn = std::net::TcpStream::connect(admin)
+        .map_err(|e| anyhow::anyhow!("cannot reach the admin port at {admin}: {e}"))?;
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    write!(
+        conn,
+        "POST /counters/explain HTTP/1.1\r\nHost: {admin}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)?;
+    let (head, text) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let ok = head.starts_with("HTTP/1.1 200");
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) => println!("{}", serde_json::to_string_pretty(&v)?),
+        Err(_) => println!("{text}"),
+    }
+    if !ok {
+        eprintln!("{}", head.lines().next().unwrap_or(head));
+    }
+    Ok(ok)
 }
 
 fn check(path: &Path, default_algorithm: Algorithm) -> bool {

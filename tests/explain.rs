@@ -118,7 +118,7 @@ async fn spend(server: &InProcess, key: &str, value: &str, hits: u32, n: usize) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_names_what_decides_and_spends_nothing() {
     let mut redis = TestRedis::start();
-    let (server, _dir) = server(&redis.url());
+    let (server, dir) = server(&redis.url());
 
     // Without the token: refused, nothing read.
     let (status, _) = explain(&server, "tenant", "acme", None);
@@ -146,6 +146,39 @@ async fn explain_names_what_decides_and_spends_nothing() {
             .unwrap()
             .ends_with("|tenant=acme|tb:3600000:0}")
     );
+
+    // The same from the command line: `tollgate explain` against the admin port.
+    let token_file = dir.path().join("token");
+    let admin = server.admin.to_string();
+    let args = |file: &str| {
+        [
+            "explain",
+            "api",
+            "tenant=acme",
+            "--admin",
+            &admin,
+            "--token-file",
+            file,
+        ]
+        .map(String::from)
+    };
+    let (code, out, err) = common::run_tollgate(
+        &args(token_file.to_str().unwrap())
+            .each_ref()
+            .map(String::as_str),
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let cli: Value = serde_json::from_str(&out).expect("the answer, as JSON");
+    assert_eq!(cli["buckets"][0]["decided_by"]["source"], "store", "{out}");
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "nope").unwrap();
+    let (code, _, err) = common::run_tollgate(
+        &args(wrong.to_str().unwrap()).each_ref().map(String::as_str),
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("401"), "{err}");
 
     // 100 explains spend nothing: one spent of 3, and 2 left after them.
     assert_eq!(spend(&server, "tenant", "acme", 1, 1).await, [1]);
