@@ -297,3 +297,75 @@ async fn explain_shows_a_global_limits_share_here_and_a_partition() {
     assert!(cut["capacity_here"].as_u64().unwrap() <= 5, "{cut}");
     eprintln!("shared: {shared}\ncut off: {cut}");
 }
+
+/// docs/troubleshooting.md's "Why was this request limited?" shows a curl of the explain call
+/// and its answer: the same call (its `-d` body, read from the page) sent to a real replica
+/// with the rules the answer names (3 an hour on `tenant`), the tenant spent and refused once,
+/// answers every field the page shows, with the same values but the ones that depend on the
+/// moment or the machine (`reset_ms`, `retry_ms`, the rules file's directory, the key prefix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_explain_call_answers_as_the_page_shows() {
+    let page = include_str!("../docs/troubleshooting.md");
+    let section = page
+        .split("### Why was this request limited?")
+        .nth(1)
+        .expect("the section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("its sh block");
+    let body = block
+        .split("-d '")
+        .nth(1)
+        .and_then(|b| b.split('\'').next())
+        .expect("the curl's body");
+    let shown: String = block
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(str::trim)
+        .collect();
+    let shown: Value = serde_json::from_str(&shown).expect("the answer shown is JSON");
+
+    let redis = TestRedis::start();
+    let rules = "domain: api\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 3}\n";
+    let (server, _dir) = server_with(rules, &redis.url(), |_| {});
+    assert_eq!(spend(&server, "tenant", "acme", 1, 4).await, [1, 1, 1, 2]);
+    let r = request_with(
+        server.admin,
+        "POST",
+        "/counters/explain",
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+        body,
+    )
+    .expect("the admin port answers");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let got: Value = serde_json::from_str(&r.body).unwrap();
+    let (want, got) = (&shown["buckets"][0], &got["buckets"][0]);
+    assert_eq!(shown["domain"], "api");
+    let fields = want.as_object().expect("a bucket");
+    assert_eq!(
+        fields.keys().collect::<Vec<_>>(),
+        got.as_object().unwrap().keys().collect::<Vec<_>>(),
+        "the page shows every field, and no other: {got}"
+    );
+    for (field, value) in fields {
+        match field.as_str() {
+            "reset_ms" => assert!(got[field].as_u64().unwrap() > 3_500_000, "{got}"),
+            "key" => {
+                let tail = value.as_str().unwrap().trim_start_matches("tollgate:");
+                assert!(got[field].as_str().unwrap().ends_with(tail), "{got}");
+            }
+            "rule" => {
+                assert_eq!(got["rule"]["path"], value["path"]);
+                assert_eq!(got["rule"]["shadow_mode"], value["shadow_mode"]);
+                assert!(got["rule"]["origin"].as_str().unwrap().ends_with("/rules.yaml:4"));
+            }
+            "decided_by" => {
+                assert_eq!(got[field]["source"], value["source"], "{got}");
+                assert!(got[field]["retry_ms"].as_u64().unwrap() > 1_000_000, "{got}");
+            }
+            _ => assert_eq!(&got[field], value, "{field}: {got}"),
+        }
+    }
+}
