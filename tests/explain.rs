@@ -359,11 +359,19 @@ async fn the_documented_explain_call_answers_as_the_page_shows() {
             "rule" => {
                 assert_eq!(got["rule"]["path"], value["path"]);
                 assert_eq!(got["rule"]["shadow_mode"], value["shadow_mode"]);
-                assert!(got["rule"]["origin"].as_str().unwrap().ends_with("/rules.yaml:4"));
+                assert!(
+                    got["rule"]["origin"]
+                        .as_str()
+                        .unwrap()
+                        .ends_with("/rules.yaml:4")
+                );
             }
             "decided_by" => {
                 assert_eq!(got[field]["source"], value["source"], "{got}");
-                assert!(got[field]["retry_ms"].as_u64().unwrap() > 1_000_000, "{got}");
+                assert!(
+                    got[field]["retry_ms"].as_u64().unwrap() > 1_000_000,
+                    "{got}"
+                );
             }
             _ => assert_eq!(&got[field], value, "{field}: {got}"),
         }
