@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Two tollgate binaries side by side, in instructions per request: each server runs under
-# valgrind's callgrind, collecting only inside `Handler::should_rate_limit` (the decision path:
-# bounds, rules, limiter, store call, response; not tonic's or h2's framing), while
+# valgrind's callgrind, collecting only inside the RateLimitService impl's poll,
+# `Rls::should_rate_limit` (the decision path: bounds, rules, limiter, store call, response; not
+# tonic's or h2's framing; `Handler::should_rate_limit`'s future is inlined into that poll, so a
+# toggle on the handler alone counted 9 instructions a request), while
 # `tollgate bench` sends a few thousand requests (100,000 keys, 4 in flight, no warm-up).
 # Instruction counts do not move with the load of a shared machine the way CPU time does:
 # differences of a few tenths of a percent are real. Stores: memory, one Redis, a 3-node
@@ -22,7 +24,7 @@ start_compare_stores
 measure() { # binary label store
   local g a out="$TMP/$2.callgrind" vp
   g=$(free_port); a=$(free_port)
-  valgrind --tool=callgrind --callgrind-out-file="$out" --toggle-collect='*Handler*should_rate_limit*' \
+  valgrind --tool=callgrind --callgrind-out-file="$out" --toggle-collect='*service*rls*Rls*should_rate_limit*' \
     "$1" serve --rules "$TMP/rules" --store "$3" --key-prefix "$2:" --grpc-addr 127.0.0.1:$g \
     --admin-addr 127.0.0.1:$a --log-level warn --store-timeout-ms 2000 --store-connect-timeout-ms 5000 \
     >/dev/null 2>>"$TMP/servers.log" &
