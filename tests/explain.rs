@@ -179,6 +179,21 @@ async fn explain_names_what_decides_and_spends_nothing() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("401"), "{err}");
+    // An entry that is not key=value: said so, nothing sent.
+    let (code, _, err) = common::run_tollgate(
+        &[
+            "explain",
+            "api",
+            "tenant",
+            "--admin",
+            &admin,
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("an entry is key=value"), "{err}");
 
     // 100 explains spend nothing: one spent of 3, and 2 left after them.
     assert_eq!(spend(&server, "tenant", "acme", 1, 1).await, [1]);
@@ -375,5 +390,58 @@ async fn the_documented_explain_call_answers_as_the_page_shows() {
             }
             _ => assert_eq!(&got[field], value, "{field}: {got}"),
         }
+    }
+}
+
+/// The decision log through the real binary's settings: `--log-level debug` writes one line
+/// per decision naming what answered it; `decision_log_per_s` bounds them (the rest counted in
+/// the next line's `skipped`) and `decision_log_values: false` writes no tenant value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_log_is_rate_bounded_and_hides_values_when_asked() {
+    let server = common::TestServer::builder(RULES)
+        .arg("log-level", "debug")
+        .arg("decision-log-per-s", "2")
+        .arg("decision-log-values", "false")
+        .start();
+    let mut client = server.client().await;
+    let started = std::time::Instant::now();
+    for _ in 0..6 {
+        client
+            .should_rate_limit(request("api", &[&[("tenant", "secret-tenant")]]))
+            .await
+            .unwrap();
+    }
+    let burst_took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    client
+        .should_rate_limit(request("api", &[&[("tenant", "secret-tenant")]]))
+        .await
+        .unwrap();
+    let lines = poll(Duration::from_secs(5), || {
+        let log = server.log();
+        let lines: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains(" decision "))
+            .map(String::from)
+            .collect();
+        lines
+            .iter()
+            .any(|l| l.contains("skipped="))
+            .then_some(lines)
+    })
+    .expect("decision lines");
+    let log = server.log();
+    assert!(!log.contains("secret-tenant"), "a value in the log:\n{log}");
+    assert!(lines.iter().all(|l| l.contains("tenant=#")), "{lines:#?}");
+    assert!(lines[0].contains("by store"), "{lines:#?}");
+    // Six decisions in one second (they took well under one here) give at most two lines
+    // per second they spanned; the one a second later says how many were skipped.
+    if burst_took < Duration::from_millis(900) {
+        let last = lines.last().unwrap();
+        assert!(lines.len() <= 5, "{lines:#?}");
+        assert!(
+            !last.contains("skipped=0"),
+            "the skipped ones counted: {last}"
+        );
     }
 }

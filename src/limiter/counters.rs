@@ -263,7 +263,7 @@ impl Limiter {
         let mut out = Vec::with_capacity(planned.len());
         for (i, p) in planned.into_iter().enumerate() {
             let limit = p.limit.clone();
-            let capacity_here: u64 = p.keys.iter().map(|(_, k)| capacity_of(k)).sum();
+            let mut capacity_here: u64 = p.keys.iter().map(|(_, k)| capacity_of(k)).sum();
             let region = p
                 .region_ppm
                 .zip(self.regions())
@@ -279,7 +279,6 @@ impl Limiter {
                 .max();
             let leased = self.leased_of(&p);
             let outcomes = read.as_ref().ok().and_then(|all| all.get(i)).cloned();
-            let mut capacity_here = capacity_here;
             // A decision spends a lease's tokens first, even while the cache holds a refusal
             // of a larger claim (`hot/mod.rs`, `look`).
             let decided_by = if leased > 0 {
@@ -322,13 +321,12 @@ impl Limiter {
                 shadow_mode: limit.shadow_mode,
                 replaces: limit.replaces.clone(),
             };
-            let store_error = read.as_ref().err().map(|e| e.to_string());
             let Some(bucket) = self.view(p, outcomes.as_deref().unwrap_or(&[])) else {
                 continue;
             };
             out.push(Explained {
                 bucket,
-                read: store_error.is_none(),
+                read: read.is_ok(),
                 balance,
                 capacity_here,
                 region,

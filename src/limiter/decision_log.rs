@@ -128,10 +128,8 @@ impl DecisionLog {
 /// A source's name in a log line: `store`, `lease`, `over_limit_cache`, `fallback/<failure>`.
 pub fn source_name(s: Source) -> String {
     match s {
-        Source::Store => "store".into(),
-        Source::Lease => "lease".into(),
-        Source::OverLimitCache => "over_limit_cache".into(),
         Source::Fallback(kind) => format!("fallback/{}", kind.label()),
+        _ => s.label().to_string(),
     }
 }
 

@@ -134,9 +134,9 @@ pub struct Decision {
     pub from_fallback: bool,
 }
 
-/// One op's answer from [`hot`]: the outcome or the store's error, and why this replica
-/// answered it without the store (`lease`, `over_limit_cache`), if it did.
-pub(crate) type Answer = (Result<Outcome, StoreError>, Option<&'static str>);
+/// One op's answer from [`hot`]: the outcome or the store's error, and what answered it
+/// without the store (a lease, the over-limit cache), if anything.
+pub(crate) type Answer = (Result<Outcome, StoreError>, Option<Source>);
 
 /// What answered one op of a decision (the decision log's `source`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,11 +157,14 @@ impl Source {
         matches!(self, Source::Fallback(_))
     }
 
-    fn local(reason: Option<&'static str>) -> Source {
-        match reason {
-            Some("lease") => Source::Lease,
-            Some(_) => Source::OverLimitCache,
-            None => Source::Store,
+    /// The name of a source answered in this replica: the `reason` label of
+    /// `tollgate_local_decisions_total`, and the decision log's.
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Store => "store",
+            Source::Lease => "lease",
+            Source::OverLimitCache => "over_limit_cache",
+            Source::Fallback(_) => "fallback",
         }
     }
 }
@@ -662,7 +665,7 @@ impl Limiter {
             match result {
                 Ok(o) => {
                     outcomes.push(o);
-                    sources.push(Source::local(local));
+                    sources.push(local.unwrap_or(Source::Store));
                 }
                 Err(e) => {
                     let mode = planned.limit.fallback.unwrap_or(self.fallback.mode);

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use super::overlimit::OverLimitCache;
 use super::plan::{Plan, Planned};
-use super::shard;
+use super::{Source, shard};
 use crate::clock::Clock;
 use crate::keys;
 use crate::quota::lease::{Claim, LeasePolicy, Leases, Take, TokenEvents};
@@ -92,8 +92,9 @@ struct Work<'p> {
     /// The shard in use, for a sharded limit.
     shard: Option<u32>,
     retried: bool,
-    /// Why it was answered without the store (`lease`, `over_limit_cache`), for the metrics.
-    local: Option<&'static str>,
+    /// What answered it without the store (a lease, the over-limit cache), if anything: the
+    /// decision's source and the `reason` of `tollgate_local_decisions_total`.
+    local: Option<Source>,
     state: State,
 }
 
@@ -156,9 +157,8 @@ impl HotKeys {
         self.cache.as_ref().map_or(0, |c| c.clear())
     }
 
-    /// One outcome (or store error) per op of `plan`, in op order, each with why this replica
-    /// answered it without the store (`lease`, `over_limit_cache`; `None`: the store's
-    /// answer). `share` is the live replica count, which splits a nearly spent bucket between
+    /// One outcome (or store error) per op of `plan`, in op order, each with what answered it
+    /// without the store, if anything (`None`: the store's answer). `share` is the live replica count, which splits a nearly spent bucket between
     /// claims.
     pub(super) async fn apply(
         &self,
@@ -240,12 +240,12 @@ impl HotKeys {
             .map(|w| {
                 let local = w.local;
                 let class = &w.planned.limit.class;
-                if let Some(reason) = w.local {
+                if let Some(source) = w.local {
                     self.metrics
                         .local_decisions
                         .get_or_create(&LocalLabels {
                             class: class.clone(),
-                            reason,
+                            reason: source.label(),
                         })
                         .inc();
                 }
@@ -298,11 +298,11 @@ impl HotKeys {
         self.count_tokens(&limit.class, events);
         w.state = match take {
             Take::Local(o) => {
-                w.local = Some("lease");
+                w.local = Some(Source::Lease);
                 State::Done(Ok(o))
             }
             Take::LocalAndAhead(o, claim) => {
-                w.local = Some("lease");
+                w.local = Some(Source::Lease);
                 self.count_claim(&limit.class);
                 State::Ahead(o, op.into_owned(), claim, policy)
             }
@@ -370,7 +370,7 @@ impl HotKeys {
             self.switch_shard(w);
             return false;
         }
-        w.local = Some("over_limit_cache");
+        w.local = Some(Source::OverLimitCache);
         w.state = State::Done(Ok(o));
         true
     }
